@@ -1,0 +1,50 @@
+"""colab_gpu: see and tune the GPU inside a notebook.
+
+``%load_ext colab_gpu`` adds ``%gpu_status``, ``%alloc_conf``, ``%clear_cache`` and
+``%%find_batch``. Each is a thin layer over the plain functions exported here, which
+scripts and tests use directly. Importing this package is cheap: torch, matplotlib,
+ipywidgets and even IPython are imported only when a feature needs them, and nothing here
+ever initializes CUDA.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# Public name -> module that defines it, imported on first use (PEP 562).
+_LAZY = {
+    "status": "colab_gpu.status",
+    "Status": "colab_gpu.status",
+    "detect_runtime": "colab_gpu.runtime",
+    "open_source": "colab_gpu.devices",
+}
+
+__all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'colab_gpu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
+
+
+def load_ipython_extension(shell) -> None:
+    """Register the magics; loading twice keeps the first registration."""
+    from .magics import register
+
+    register(shell)
+
+
+def unload_ipython_extension(shell) -> None:
+    """Remove every magic, hook and thread the extension added."""
+    from .magics import unregister
+
+    unregister(shell)

@@ -1,0 +1,183 @@
+"""What the user should do, as data: each rule is a condition on a Status and a message.
+
+Rules are checked in order; each one that holds adds one line of advice. Adding a rule is
+adding one entry to ``RULES`` (and one test).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
+
+from .devices import GiB
+from .runtime import COLAB, KAGGLE
+
+if TYPE_CHECKING:
+    from .status import Advice, Status
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str
+    level: str  # "warning" (something is wrong), "tip" (do this), "info"
+    message: Callable[["Status"], Optional[str]]  # None when the rule does not apply
+
+
+def _no_gpu(status: "Status") -> bool:
+    return not status.gpus and status.runtime.tpu_type is None
+
+
+def colab_no_gpu(status):
+    if _no_gpu(status) and status.runtime.platform == COLAB:
+        return ("This Colab runtime has no GPU: Runtime > Change runtime type > T4 GPU, then "
+                "run your cells again (the runtime restarts and variables are lost).")
+
+
+def kaggle_no_gpu(status):
+    if _no_gpu(status) and status.runtime.platform == KAGGLE:
+        return ("This Kaggle notebook has no GPU: Settings > Accelerator > GPU T4 x2 "
+                "(your account needs phone verification).")
+
+
+def no_gpu_found(status):
+    if not _no_gpu(status) or status.runtime.platform in (COLAB, KAGGLE):
+        return None
+    why = status.snapshot.problem or "NVML answered but reported no GPU"
+    return f"No NVIDIA GPU found: {why}. torch will run on the CPU."
+
+
+def tpu_runtime(status):
+    if status.runtime.tpu_type:
+        return (f"This is a TPU runtime ({status.runtime.tpu_type}): torch reaches it only "
+                f"through torch_xla; the CUDA memory tools here do not apply.")
+
+
+def visible_devices_hide_all(status):
+    visible = status.runtime.cuda_visible_devices
+    if status.gpus and visible is not None and not status.torch_index_of:
+        return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from torch: unset it or "
+                f"list GPU indices or UUIDs, before torch starts CUDA.")
+
+
+def device_order_differs(status):
+    names = {gpu.name for gpu in status.gpus}
+    if len(names) > 1 and status.runtime.cuda_device_order != "PCI_BUS_ID":
+        return ("These GPUs differ and CUDA numbers them fastest first, unlike nvidia-smi: "
+                "set CUDA_DEVICE_ORDER=PCI_BUS_ID before torch starts so the indices agree.")
+
+
+def _capabilities(status):
+    return {gpu.compute_capability for gpu in status.gpus if gpu.compute_capability}
+
+
+def turing_fp16(status):
+    if any((7, 0) <= cc < (8, 0) for cc in _capabilities(status)):
+        return ("This GPU (compute capability 7.x, e.g. a T4) has fp16 tensor cores but no "
+                "native bf16: train with torch.autocast('cuda', dtype=torch.float16) and a "
+                "torch.amp.GradScaler, not bf16 (which runs emulated, slowly).")
+
+
+def ampere_bf16(status):
+    if _capabilities(status) and all(cc >= (8, 0) for cc in _capabilities(status)):
+        return ("This GPU supports bf16: torch.autocast('cuda', dtype=torch.bfloat16) needs no "
+                "gradient scaler, and torch.set_float32_matmul_precision('high') enables TF32.")
+
+
+def pre_volta(status):
+    if any(cc < (7, 0) for cc in _capabilities(status)):
+        return ("This GPU predates tensor cores (compute capability below 7.0): mixed "
+                "precision saves memory but gains little speed.")
+
+
+def cpu_torch_on_gpu_machine(status):
+    if not status.gpus:
+        return None
+    torch = status.runtime.torch
+    if torch.imported:
+        cpu_build = not torch.cuda_built
+    else:
+        try:
+            cpu_build = "+cpu" in importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    if cpu_build:
+        return ("The installed torch is a CPU-only build, but this machine has a GPU: install "
+                "a CUDA build (see pytorch.org for the command matching your CUDA driver).")
+
+
+def fragmentation(status):
+    for memory in status.torch_memory:
+        waste = memory.reserved_unallocated
+        if memory.num_alloc_retries or (waste > 1 * GiB and waste > 0.25 * memory.reserved):
+            return (f"cuda:{memory.torch_index} is fragmented ({waste / GiB:.1f} GiB reserved "
+                    f"but unallocated, {memory.num_alloc_retries} cache flushes): after a "
+                    f"runtime restart run %alloc_conf expandable_segments=True before CUDA starts.")
+
+
+def had_oom(status):
+    for memory in status.torch_memory:
+        if memory.num_ooms:
+            return (f"cuda:{memory.torch_index} ran out of memory {memory.num_ooms} time(s): "
+                    f"%clear_cache frees what the failed cell still holds; %%find_batch finds a "
+                    f"batch size that fits.")
+
+
+def memory_nearly_full(status):
+    for gpu in status.gpus:
+        fraction = gpu.memory_used_fraction
+        if fraction is not None and fraction > 0.9:
+            return (f"GPU {gpu.index} is {fraction:.0%} full: %clear_cache --vars shows which "
+                    f"variables hold the memory.")
+
+
+def other_processes(status):
+    for part in status.breakdown:
+        if part.other_processes and part.other_processes > 256 * 1024 ** 2:
+            return (f"Other processes hold {part.other_processes / GiB:.1f} GiB on GPU "
+                    f"{part.nvml_index} (an earlier kernel still running?).")
+
+
+def throttled(status):
+    serious = {"power cap", "thermal (software)", "thermal (hardware)", "hardware slowdown", "power brake"}
+    for gpu in status.gpus:
+        active = serious.intersection(gpu.clock_event_reasons or ())
+        if active:
+            return (f"GPU {gpu.index} is slowing its clocks ({', '.join(sorted(active))}): "
+                    f"expect lower throughput than its peak.")
+
+
+def cuda_not_started(status):
+    torch = status.runtime.torch
+    if status.gpus and not torch.cuda_initialized:
+        return ("CUDA is not started yet: %alloc_conf can still change every allocator setting.")
+
+
+RULES: Tuple[Rule, ...] = (
+    Rule("colab_no_gpu", "warning", colab_no_gpu),
+    Rule("kaggle_no_gpu", "warning", kaggle_no_gpu),
+    Rule("no_gpu_found", "warning", no_gpu_found),
+    Rule("tpu_runtime", "info", tpu_runtime),
+    Rule("visible_devices_hide_all", "warning", visible_devices_hide_all),
+    Rule("device_order_differs", "warning", device_order_differs),
+    Rule("cpu_torch_on_gpu_machine", "warning", cpu_torch_on_gpu_machine),
+    Rule("had_oom", "warning", had_oom),
+    Rule("fragmentation", "tip", fragmentation),
+    Rule("memory_nearly_full", "tip", memory_nearly_full),
+    Rule("other_processes", "info", other_processes),
+    Rule("throttled", "info", throttled),
+    Rule("turing_fp16", "tip", turing_fp16),
+    Rule("ampere_bf16", "tip", ampere_bf16),
+    Rule("pre_volta", "info", pre_volta),
+    Rule("cuda_not_started", "info", cuda_not_started),
+)
+
+
+def advise(status: "Status") -> Tuple["Advice", ...]:
+    from .status import Advice
+
+    found = []
+    for rule in RULES:
+        message = rule.message(status)
+        if message:
+            found.append(Advice(rule.name, rule.level, message))
+    return tuple(found)

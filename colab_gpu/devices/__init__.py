@@ -1,0 +1,105 @@
+"""The hardware boundary: what a GPU looks like to the rest of colab_gpu.
+
+Everything above this package sees GPUs only as the dataclasses below, produced by a
+:class:`DeviceSource`. Two sources exist: :class:`~colab_gpu.devices.nvml.NvmlSource` reads
+the live driver through NVML (which never creates a CUDA context), and
+:class:`~colab_gpu.devices.replay.ReplaySource` reads a saved ``nvidia-smi`` recording.
+Sizes are bytes, power watts, clocks MHz, temperatures degrees Celsius; ``None`` means the
+device or the recording does not report that field ("n/a").
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Optional, Protocol, Tuple
+
+MiB = 1024 ** 2
+GiB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUProcess:
+    """A process that holds memory on a GPU (host pid: inside containers it may not match)."""
+
+    pid: int
+    name: Optional[str] = None
+    used_memory: Optional[int] = None
+    kind: str = "compute"  # "compute" or "graphics"
+
+
+@dataclasses.dataclass(frozen=True)
+class GPU:
+    """One GPU as NVML or nvidia-smi reports it, in NVML's (PCI bus) order."""
+
+    index: int
+    name: str
+    uuid: Optional[str] = None
+    bus_id: Optional[str] = None
+    compute_capability: Optional[Tuple[int, int]] = None
+    memory_total: Optional[int] = None
+    memory_used: Optional[int] = None
+    memory_free: Optional[int] = None
+    memory_reserved: Optional[int] = None  # by the driver; None when only memory info v1 exists
+    utilization_gpu: Optional[float] = None  # percent of time a kernel ran
+    utilization_memory: Optional[float] = None  # percent of time the memory bus was busy
+    temperature: Optional[float] = None
+    power_draw: Optional[float] = None
+    power_limit: Optional[float] = None
+    sm_clock: Optional[int] = None
+    sm_clock_max: Optional[int] = None
+    memory_clock: Optional[int] = None
+    memory_clock_max: Optional[int] = None
+    clock_event_reasons: Optional[Tuple[str, ...]] = None  # decoded words, () when none active
+    performance_state: Optional[str] = None
+    pcie_generation: Optional[int] = None
+    pcie_generation_max: Optional[int] = None
+    pcie_width: Optional[int] = None
+    pcie_width_max: Optional[int] = None
+    processes: Optional[Tuple[GPUProcess, ...]] = None
+    error: Optional[str] = None  # set when the device itself failed (e.g. fell off the bus)
+
+    @property
+    def memory_used_fraction(self) -> Optional[float]:
+        if not self.memory_total or self.memory_used is None:
+            return None
+        return self.memory_used / self.memory_total
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """Every GPU a source sees at one moment, and why it saw none if so."""
+
+    source: str  # "NVML" or "replay of <file>"
+    gpus: Tuple[GPU, ...] = ()
+    driver_version: Optional[str] = None
+    cuda_driver_version: Optional[str] = None
+    problem: Optional[str] = None  # one line: why the source could not be read (no driver ...)
+    timestamp: float = dataclasses.field(default_factory=time.time)
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+class DeviceSource(Protocol):
+    """Anything that can take snapshots of GPUs: the live driver or a recording."""
+
+    label: str
+
+    def snapshot(self) -> Snapshot:
+        """Read every GPU now. Never raises: a failure becomes ``Snapshot.problem``."""
+
+    def close(self) -> None:
+        """Release the library (NVML) or file; harmless to call twice."""
+
+
+def open_source(path: Optional[str] = None) -> "DeviceSource":
+    """The live NVML source, or a replay of the ``nvidia-smi`` recording at ``path``."""
+    if path is not None:
+        from .replay import ReplaySource
+
+        return ReplaySource(os.fspath(path))
+    from .nvml import NvmlSource
+
+    return NvmlSource()

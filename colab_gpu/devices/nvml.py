@@ -1,0 +1,207 @@
+"""The live source: NVML through the ``pynvml`` module of NVIDIA's ``nvidia-ml-py``.
+
+NVML reads never create a CUDA context, so this source is safe before ``%alloc_conf``.
+Every failure becomes words: a missing module or library, an unloaded driver or a lost GPU
+is ``Snapshot.problem`` or ``GPU.error``; a field a device does not support is ``None``.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional, Tuple
+
+from . import GPU, GPUProcess, Snapshot
+
+# nvml.h's clocks-event reason bits, in words a notebook user understands.
+CLOCK_EVENT_REASONS = (
+    (0x001, "idle"),
+    (0x002, "application clock setting"),
+    (0x004, "power cap"),
+    (0x008, "hardware slowdown"),
+    (0x010, "sync boost"),
+    (0x020, "thermal (software)"),
+    (0x040, "thermal (hardware)"),
+    (0x080, "power brake"),
+    (0x100, "display clock setting"),
+)
+
+# Why NVML could not start, by the pynvml exception class name (classes are made at import).
+_INIT_PROBLEMS = {
+    "NVMLError_LibraryNotFound": "the NVML library (libnvidia-ml.so) was not found: no NVIDIA driver is installed here",
+    "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded: this machine has no usable NVIDIA GPU",
+    "NVMLError_LibRmVersionMismatch": "the NVIDIA driver and its library differ in version (the driver was updated): restart the machine",
+    "NVMLError_NoPermission": "no permission to read the GPU through NVML",
+    "NVMLError_GpuIsLost": "a GPU has fallen off the bus: restart the runtime or the machine",
+    "NVMLError_FunctionNotFound": "the NVIDIA driver is too old for this NVML function",
+    "NVMLError_Uninitialized": "NVML is not initialized",
+}
+
+NO_PYNVML = ("the pynvml module is not installed (it comes with NVIDIA's nvidia-ml-py package: "
+             "pip install nvidia-ml-py)")
+
+
+def decode_clock_event_reasons(mask: int) -> Tuple[str, ...]:
+    """Words for each bit set in an NVML clocks-event (throttle) reason mask."""
+    return tuple(word for bit, word in CLOCK_EVENT_REASONS if mask & bit)
+
+
+def describe_nvml_error(error: BaseException) -> str:
+    """One line for an NVML exception, in words rather than a class name."""
+    name = type(error).__name__
+    return _INIT_PROBLEMS.get(name, f"NVML error: {error}")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlSource:
+    """Reads every GPU through NVML. Initializes NVML once; ``close()`` shuts it down."""
+
+    label = "NVML"
+
+    def __init__(self, nvml: Any = None):
+        self._nvml = nvml  # injectable: tests pass a recording-backed stand-in
+        self._started = False
+        self._lock = threading.Lock()  # one NVML call sequence at a time; close waits for it
+
+    def _start(self) -> Optional[str]:
+        """Import and initialize NVML; the problem in words if that fails."""
+        if self._started:
+            return None
+        if self._nvml is None:
+            try:
+                import pynvml
+            except ImportError:
+                return NO_PYNVML
+            self._nvml = pynvml
+        try:
+            self._nvml.nvmlInit()
+        except Exception as error:  # pynvml raises NVMLError subclasses; OSError from ctypes
+            return describe_nvml_error(error)
+        self._started = True
+        return None
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            problem = self._start()
+            if problem:
+                return Snapshot(source=self.label, problem=problem)
+            nvml = self._nvml
+            try:
+                count = nvml.nvmlDeviceGetCount()
+            except Exception as error:
+                return Snapshot(source=self.label, problem=describe_nvml_error(error))
+            gpus = tuple(self._read_gpu(index) for index in range(count))
+            return Snapshot(
+                source=self.label,
+                gpus=gpus,
+                driver_version=self._field(lambda: _text(nvml.nvmlSystemGetDriverVersion())),
+                cuda_driver_version=self._field(self._cuda_driver_version),
+            )
+
+    def close(self) -> None:
+        with self._lock:  # waits for a sampler thread's call in flight (nvitop's segfault)
+            if self._started:
+                self._started = False
+                try:
+                    self._nvml.nvmlShutdown()
+                except Exception:
+                    pass
+
+    @staticmethod
+    def _field(read: Callable[[], Any]) -> Any:
+        """A field's value, or None where the device or driver does not support it."""
+        try:
+            return read()
+        except Exception:
+            return None
+
+    def _cuda_driver_version(self) -> str:
+        version = self._nvml.nvmlSystemGetCudaDriverVersion()
+        return f"{version // 1000}.{version % 1000 // 10}"
+
+    def _read_gpu(self, index: int) -> GPU:
+        nvml = self._nvml
+        field = self._field
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            name = _text(nvml.nvmlDeviceGetName(handle))
+        except Exception as error:
+            return GPU(index=index, name="unknown GPU", error=describe_nvml_error(error))
+        memory = field(lambda: self._memory(handle))
+        utilization = field(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+        power = field(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        limit = field(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+        reasons = field(lambda: self._clock_event_mask(handle))
+        pstate = field(lambda: nvml.nvmlDeviceGetPerformanceState(handle))
+        return GPU(
+            index=index,
+            name=name,
+            uuid=field(lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
+            bus_id=field(lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
+            compute_capability=field(lambda: tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle))),
+            memory_total=memory and memory[0],
+            memory_used=memory and memory[1],
+            memory_free=memory and memory[2],
+            memory_reserved=memory and memory[3],
+            utilization_gpu=utilization and float(utilization.gpu),
+            utilization_memory=utilization and float(utilization.memory),
+            temperature=field(lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+            power_draw=None if power is None else power / 1000.0,
+            power_limit=None if limit is None else limit / 1000.0,
+            sm_clock=field(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            sm_clock_max=field(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            memory_clock=field(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),
+            memory_clock_max=field(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM)),
+            clock_event_reasons=None if reasons is None else decode_clock_event_reasons(reasons),
+            performance_state=None if pstate is None else f"P{pstate}",
+            pcie_generation=field(lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)),
+            pcie_generation_max=field(lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
+            pcie_width=field(lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(handle)),
+            pcie_width_max=field(lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)),
+            processes=field(lambda: self._processes(handle)),
+        )
+
+    def _memory(self, handle: Any) -> Tuple[int, int, int, Optional[int]]:
+        """(total, used, free, reserved): v2 keeps the driver's reserve out of "used"."""
+        nvml = self._nvml
+        version = getattr(nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                info = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+                return int(info.total), int(info.used), int(info.free), int(info.reserved)
+            except Exception:
+                pass  # drivers before 510 have no v2: fall back to v1 below
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        return int(info.total), int(info.used), int(info.free), None
+
+    def _clock_event_mask(self, handle: Any) -> int:
+        nvml = self._nvml
+        read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if read is not None:
+            try:
+                return int(read(handle))
+            except Exception:
+                pass  # an older driver: try the deprecated name
+        return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+    def _processes(self, handle: Any) -> Tuple[GPUProcess, ...]:
+        nvml = self._nvml
+        found = {}
+        for kind, read in (("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
+                           ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses)):
+            try:
+                infos = read(handle)
+            except Exception:
+                continue
+            for info in infos:
+                if info.pid in found:
+                    continue
+                used = getattr(info, "usedGpuMemory", None)
+                found[info.pid] = GPUProcess(
+                    pid=int(info.pid),
+                    name=self._field(lambda: _text(nvml.nvmlSystemGetProcessName(info.pid))),
+                    used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
+                    kind=kind,
+                )
+        return tuple(found.values())

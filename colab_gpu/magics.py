@@ -1,0 +1,122 @@
+"""The magics: parse a line, call the plain API, display the result. Nothing more.
+
+Options are declared with IPython's ``magic_arguments``, so ``%gpu_status?`` shows them;
+settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%config``.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Callable, List
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Enum
+
+
+def _friendly_errors(method: Callable) -> Callable:
+    """Turn a missing package or an NVML failure into one line instead of a traceback."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except UsageError:
+            raise
+        except ImportError as error:
+            print(f"colab_gpu: {error.name or 'a module'} could not be imported ({error}); "
+                  f"install it with pip", file=sys.stderr)
+        except Exception as error:
+            if not type(error).__name__.startswith("NVMLError"):
+                raise
+            from .devices.nvml import describe_nvml_error
+
+            print(f"colab_gpu: {describe_nvml_error(error)}", file=sys.stderr)
+
+    return wrapper
+
+
+@magics_class
+class GPUMagics(Magics):
+    """See and tune the GPU from a notebook: %gpu_status, %alloc_conf, %clear_cache, %%find_batch."""
+
+    output = Enum(
+        ["auto", "text", "html"], default_value="auto",
+        help="How results are shown: 'auto' lets the front end choose (an HTML card in "
+             "notebooks, text in a terminal); 'text' forces plain text everywhere.",
+    ).tag(config=True)
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell=shell, **kwargs)
+        self._cleanups: List[Callable[[], None]] = []
+
+    def add_cleanup(self, cleanup: Callable[[], None]) -> None:
+        """Something to undo on unload (a hook, a thread); run last-added first."""
+        self._cleanups.append(cleanup)
+
+    def close(self) -> None:
+        while self._cleanups:
+            self._cleanups.pop()()
+
+    def _show(self, result) -> None:
+        from IPython.display import display
+
+        if self.output == "text":
+            from IPython.lib.pretty import pretty
+
+            print(pretty(result))
+        else:
+            display(result)
+
+    @magic_arguments()
+    @argument("--json", action="store_true", help="Print the status as JSON, for scripts.")
+    @argument("--from", dest="path", metavar="FILE",
+              help="Show the status recorded in an `nvidia-smi -q -x` XML file or an "
+                   "`nvidia-smi --query-gpu=... --format=csv` log instead of the live GPUs.")
+    @line_magic
+    @_friendly_errors
+    def gpu_status(self, line: str = ""):
+        """Show the runtime, every GPU, who holds its memory, and what to do about it.
+
+        Reads the GPUs through NVML, which never initializes CUDA: running this before
+        ``%alloc_conf`` is safe. torch's allocator view appears only once your own code
+        has started CUDA.
+        """
+        from .status import status
+
+        args = parse_argstring(self.gpu_status, line)
+        result = status(path=args.path, shell=self.shell)
+        if args.json:
+            print(result.to_json())
+        else:
+            self._show(result)
+
+
+def _loaded(shell) -> "GPUMagics | None":
+    instance = shell.magics_manager.registry.get(GPUMagics.__name__)
+    return instance if isinstance(instance, GPUMagics) else None
+
+
+def register(shell) -> GPUMagics:
+    """Register the magics once per shell; a second load returns the first instance."""
+    instance = _loaded(shell)
+    if instance is None:
+        instance = GPUMagics(shell=shell)
+        shell.register_magics(instance)
+    return instance
+
+
+def unregister(shell) -> None:
+    """Remove the magics and undo every hook and thread they added."""
+    instance = _loaded(shell)
+    if instance is None:
+        return
+    instance.close()
+    manager = shell.magics_manager
+    for kind, names in instance.magics.items():
+        table = manager.magics[kind]
+        for name in names:
+            if getattr(table.get(name), "__self__", None) is instance:
+                del table[name]
+    del manager.registry[GPUMagics.__name__]

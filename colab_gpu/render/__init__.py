@@ -1,0 +1,64 @@
+"""Renderers: turn the core's dataclasses into text, HTML, widgets and charts.
+
+Shared here: the few formatting rules every renderer must agree on (sizes, n/a).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+NA = "n/a"
+
+
+def size(value: Optional[float]) -> str:
+    """Bytes in the unit nvidia-smi users read: MiB below 1 GiB, GiB above."""
+    if value is None:
+        return NA
+    if abs(value) < 1024 ** 3:
+        return f"{value / 1024 ** 2:.0f} MiB"
+    return f"{value / 1024 ** 3:.2f} GiB"
+
+
+def number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
+    if value is None:
+        return NA
+    return f"{value:.{digits}f}{unit}"
+
+
+def ratio(value: Optional[float], maximum: Optional[float], unit: str) -> str:
+    """"1590 / 1590 MHz", or the one known half."""
+    if value is None and maximum is None:
+        return NA
+    if maximum is None:
+        return f"{value:.0f} {unit}"
+    return f"{number(value)} / {maximum:.0f} {unit}"
+
+
+def words(items: Optional[Sequence[str]], empty: str = "none") -> str:
+    if items is None:
+        return NA
+    return ", ".join(items) if items else empty
+
+
+def torch_summary(torch) -> str:
+    """"torch 2.11.0 (CUDA 12.8), CUDA not initialized", from a TorchState."""
+    if not torch.imported:
+        return "torch not imported yet"
+    build = f"CUDA {torch.cuda_version}" if torch.cuda_built else "CPU-only build"
+    state = "CUDA initialized" if torch.cuda_initialized else "CUDA not initialized"
+    return f"torch {torch.version} ({build}), {state}"
+
+
+def allocator_summary(memory) -> str:
+    """One line of torch's allocator statistics for a device."""
+    return (f"allocated {size(memory.allocated)} (peak {size(memory.peak_allocated)}), reserved "
+            f"{size(memory.reserved)} (peak {size(memory.peak_reserved)}), reserved but unallocated "
+            f"{size(memory.reserved_unallocated)}; {memory.num_ooms} OOMs, "
+            f"{memory.num_alloc_retries} cache flushes")
+
+
+def breakdown_summary(part) -> str:
+    """Where a GPU's memory went, largest consumers named."""
+    others = size(part.other_processes) if part.other_processes is not None else "unknown"
+    return (f"other processes {others}, CUDA context and non-torch "
+            f"{size(part.context_and_non_torch)}, torch cache {size(part.torch_cache)}, "
+            f"torch tensors {size(part.torch_tensors)}, free {size(part.free)}")

@@ -1,0 +1,64 @@
+"""Plain-text rendering, for terminals and for the text/plain part of notebook output."""
+from __future__ import annotations
+
+from typing import List
+
+from . import NA, allocator_summary, breakdown_summary, number, ratio, size, torch_summary, words
+
+
+def _gpu_lines(gpu, torch_index) -> List[str]:
+    if gpu.error:
+        return [f"GPU {gpu.index}  {gpu.name}: {gpu.error}"]
+    cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else NA
+    seen_as = f"cuda:{torch_index}" if torch_index is not None else "hidden from torch"
+    pcie = NA
+    if gpu.pcie_generation is not None or gpu.pcie_width is not None:
+        pcie = (f"gen {number(gpu.pcie_generation)}/{number(gpu.pcie_generation_max)}"
+                f" x{number(gpu.pcie_width)}/{number(gpu.pcie_width_max)}")
+    lines = [
+        f"GPU {gpu.index}  {gpu.name}  ({seen_as}, compute capability {cc})",
+        f"  memory      {size(gpu.memory_used)} used / {size(gpu.memory_total)}"
+        f"  ({size(gpu.memory_free)} free, {size(gpu.memory_reserved)} reserved by the driver)",
+        f"  busy        {number(gpu.utilization_gpu, '%')} compute, "
+        f"{number(gpu.utilization_memory, '%')} memory bus",
+        f"  power       {number(gpu.power_draw, ' W', 1)} of {number(gpu.power_limit, ' W', 0)}"
+        f"   temperature {number(gpu.temperature, ' C')}   state {gpu.performance_state or NA}",
+        f"  clocks      SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
+        f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by: "
+        f"{words(gpu.clock_event_reasons)}",
+        f"  PCIe        {pcie}   bus {gpu.bus_id or NA}   uuid {gpu.uuid or NA}",
+    ]
+    if gpu.processes is None:
+        lines.append(f"  processes   {NA}")
+    elif not gpu.processes:
+        lines.append("  processes   none visible")
+    for process in gpu.processes or ():
+        lines.append(f"  process     {process.pid:>7}  {size(process.used_memory):>10}  {process.name or NA}")
+    return lines
+
+
+def _torch_lines(status) -> List[str]:
+    lines = [f"torch cuda:{memory.torch_index}  {allocator_summary(memory)}" for memory in status.torch_memory]
+    lines += [f"GPU {part.nvml_index} memory: {breakdown_summary(part)}" for part in status.breakdown]
+    return lines
+
+
+def render_status(status) -> str:
+    runtime, snapshot = status.runtime, status.snapshot
+    lines = [f"{runtime.platform_name} - {torch_summary(runtime.torch)}"]
+    if snapshot.source != "NVML":
+        lines.append(f"Source: {snapshot.source}")
+    if snapshot.driver_version or snapshot.cuda_driver_version:
+        lines.append(f"Driver {snapshot.driver_version or NA}, CUDA driver {snapshot.cuda_driver_version or NA}")
+    if runtime.cuda_visible_devices is not None:
+        lines.append(f"CUDA_VISIBLE_DEVICES={runtime.cuda_visible_devices!r}")
+    if snapshot.problem:
+        lines.append(f"No GPU read: {snapshot.problem}")
+    elif not snapshot.gpus:
+        lines.append("No GPU found.")
+    for gpu in snapshot.gpus:
+        lines.extend(_gpu_lines(gpu, status.torch_index_of.get(gpu.index)))
+    lines.extend(_torch_lines(status))
+    for advice in status.advice:
+        lines.append(f"{advice.level}: {advice.message}")
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""Where the notebook runs and what state torch is in, read without side effects.
+
+Nothing here imports torch or initializes CUDA: torch is inspected only when the user's code
+has already imported it, and CUDA's state only through ``torch.cuda.is_initialized()``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Mapping, Optional, Sequence, Tuple
+
+COLAB = "colab"
+KAGGLE = "kaggle"
+BINDER = "binder"
+JUPYTER = "jupyter"
+TERMINAL = "terminal"
+PLAIN_PYTHON = "python"
+
+PLATFORM_NAMES = {
+    COLAB: "Google Colab",
+    KAGGLE: "Kaggle",
+    BINDER: "Binder",
+    JUPYTER: "Jupyter",
+    TERMINAL: "IPython in a terminal",
+    PLAIN_PYTHON: "plain Python",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchState:
+    """What torch the user has, as far as can be told without importing or starting anything."""
+
+    imported: bool
+    version: Optional[str] = None
+    cuda_version: Optional[str] = None  # the CUDA torch was built with; None for a CPU build
+    cuda_initialized: bool = False
+
+    @property
+    def cuda_built(self) -> bool:
+        return self.cuda_version is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """The notebook's surroundings: platform, accelerator hints, torch and device visibility."""
+
+    platform: str
+    accelerator_hint: Optional[str]  # "gpu" / "tpu" / "none" from the platform's own variables
+    tpu_type: Optional[str]
+    torch: TorchState
+    cuda_visible_devices: Optional[str]  # None when unset; "" hides every GPU
+    cuda_device_order: str  # "FASTEST_FIRST" (CUDA's default) or "PCI_BUS_ID"
+
+    @property
+    def platform_name(self) -> str:
+        return PLATFORM_NAMES.get(self.platform, self.platform)
+
+    @property
+    def is_colab(self) -> bool:
+        return self.platform == COLAB
+
+
+def detect_platform(shell: object = None, environ: Mapping[str, str] = os.environ) -> str:
+    """Colab, Kaggle, Binder, Jupyter, a terminal IPython or plain Python.
+
+    Colab's own shell class is the strongest sign. Kaggle runs on Colab's base image and so
+    also sets ``COLAB_RELEASE_TAG``; its own ``KAGGLE_KERNEL_RUN_TYPE`` must win.
+    """
+    shell_module = type(shell).__module__ if shell is not None else ""
+    if shell_module.startswith("google.colab"):
+        return COLAB
+    if environ.get("KAGGLE_KERNEL_RUN_TYPE") or environ.get("KAGGLE_URL_BASE"):
+        return KAGGLE
+    if environ.get("COLAB_RELEASE_TAG") or environ.get("COLAB_BACKEND_VERSION"):
+        return COLAB
+    if environ.get("BINDER_SERVICE_HOST") or environ.get("BINDER_REQUEST") or environ.get("BINDER_LAUNCH_HOST"):
+        return BINDER
+    shell_class = type(shell).__name__ if shell is not None else ""
+    if shell_class == "ZMQInteractiveShell" or "ipykernel" in shell_module:
+        return JUPYTER
+    if shell is not None:
+        return TERMINAL
+    return PLAIN_PYTHON
+
+
+def detect_tpu(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The TPU type of a TPU VM runtime ("v2-8", ...), "TPU" when only flagged, else None."""
+    if environ.get("TPU_ACCELERATOR_TYPE"):
+        return environ["TPU_ACCELERATOR_TYPE"]
+    if environ.get("COLAB_TPU_1VM") or environ.get("PJRT_DEVICE", "").upper() == "TPU":
+        return "TPU"
+    if environ.get("COLAB_TPU_ADDR"):  # the retired TPU-node runtimes
+        return "TPU (node)"
+    return None
+
+
+def torch_state(modules: Mapping[str, object] = sys.modules) -> TorchState:
+    """torch's version and CUDA state, only if the user already imported torch."""
+    torch = modules.get("torch")
+    if torch is None:
+        return TorchState(imported=False)
+    version = getattr(torch, "__version__", None)
+    cuda_version = getattr(getattr(torch, "version", None), "cuda", None)
+    try:
+        initialized = bool(torch.cuda.is_initialized())
+    except Exception:  # a half-imported or broken torch: report it as not started
+        initialized = False
+    return TorchState(imported=True, version=str(version) if version else None,
+                      cuda_version=cuda_version, cuda_initialized=initialized)
+
+
+def detect_runtime(shell: object = None, environ: Mapping[str, str] = os.environ) -> Runtime:
+    """Everything about the surroundings that can be read without touching the GPU."""
+    platform = detect_platform(shell, environ)
+    tpu = detect_tpu(environ)
+    colab_gpu = environ.get("COLAB_GPU")
+    if tpu:
+        hint = "tpu"
+    elif colab_gpu == "1":
+        hint = "gpu"
+    elif platform == COLAB and colab_gpu is not None:
+        hint = "none"
+    else:
+        hint = None
+    return Runtime(
+        platform=platform,
+        accelerator_hint=hint,
+        tpu_type=tpu,
+        torch=torch_state(),
+        cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+        cuda_device_order=environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
+    )
+
+
+def torch_indices(cuda_visible_devices: Optional[str],
+                  gpus: Sequence[Tuple[int, Optional[str]]]) -> dict:
+    """Map NVML indices to the indices torch will use, given ``CUDA_VISIBLE_DEVICES``.
+
+    ``gpus`` is ``(nvml_index, uuid)`` per device. Entries may be ordinals or (prefixes of)
+    UUIDs; CUDA stops at the first entry it cannot resolve, and so does this. A GPU hidden
+    from CUDA is absent from the result.
+    """
+    if cuda_visible_devices is None:
+        return {index: position for position, (index, _) in enumerate(gpus)}
+    mapping: dict = {}
+    for entry in (part.strip() for part in cuda_visible_devices.split(",")):
+        match = _resolve_visible_entry(entry, gpus)
+        if match is None or match in mapping:
+            break
+        mapping[match] = len(mapping)
+    return mapping
+
+
+def _resolve_visible_entry(entry: str, gpus: Sequence[Tuple[int, Optional[str]]]) -> Optional[int]:
+    if entry.lstrip("-").isdigit():
+        ordinal = int(entry)
+        return ordinal if any(index == ordinal for index, _ in gpus) else None
+    if entry.startswith("GPU-") or entry.startswith("MIG-"):
+        candidates = [index for index, uuid in gpus if uuid and uuid.startswith(entry)]
+        return candidates[0] if len(candidates) == 1 else None
+    return None

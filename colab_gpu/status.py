@@ -1,0 +1,175 @@
+"""``status()``: the GPUs, torch's view of their memory, and what to do about it.
+
+Reads the device source (NVML or a recording) and, only when the user's code has already
+initialized CUDA, torch's allocator statistics. Never initializes CUDA itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Dict, Optional, Tuple
+
+from .devices import GPU, DeviceSource, Snapshot, open_source
+from .runtime import Runtime, detect_runtime, torch_indices
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchMemory:
+    """torch's caching allocator on one device (``torch.cuda.memory_stats``)."""
+
+    torch_index: int
+    nvml_index: Optional[int]
+    allocated: int
+    reserved: int
+    peak_allocated: int
+    peak_reserved: int
+    inactive_split: int  # cached blocks split off and unusable for larger requests
+    num_ooms: int
+    num_alloc_retries: int  # times the cache was flushed to satisfy a request ("thrashing")
+
+    @property
+    def reserved_unallocated(self) -> int:
+        """What an OOM message calls "reserved but unallocated": the fragmentation to watch."""
+        return max(0, self.reserved - self.allocated)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBreakdown:
+    """Where one GPU's memory went, largest consumers named separately."""
+
+    nvml_index: int
+    total: int
+    driver_reserved: Optional[int]
+    other_processes: Optional[int]  # None when this process cannot be told apart (containers)
+    context_and_non_torch: int  # CUDA context, cuBLAS/cuDNN workspaces, other libraries
+    torch_cache: int
+    torch_tensors: int
+    free: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    rule: str
+    level: str  # "info", "tip" or "warning"
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """What ``%gpu_status`` shows; ``status()`` returns it."""
+
+    runtime: Runtime
+    snapshot: Snapshot
+    torch_index_of: Dict[int, int]  # NVML index -> torch index under CUDA_VISIBLE_DEVICES
+    torch_memory: Tuple[TorchMemory, ...] = ()
+    breakdown: Tuple[MemoryBreakdown, ...] = ()
+    advice: Tuple[Advice, ...] = ()
+
+    @property
+    def gpus(self) -> Tuple[GPU, ...]:
+        return self.snapshot.gpus
+
+    def to_dict(self) -> Dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["torch_index_of"] = {str(k): v for k, v in self.torch_index_of.items()}
+        return data
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str)
+
+    def __repr__(self) -> str:
+        gpus = ", ".join(f"{gpu.index}: {gpu.name}" for gpu in self.gpus) or "no GPU"
+        return (f"<Status {self.runtime.platform_name}; {gpus}; "
+                f"{len(self.advice)} advice; source {self.snapshot.source}>")
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        from .render.text import render_status
+
+        printer.text(render_status(self))
+
+    def _repr_html_(self) -> str:
+        from .render.html import render_status
+
+        return render_status(self)
+
+
+def torch_memory(index_of: Dict[int, int], modules=sys.modules) -> Tuple[TorchMemory, ...]:
+    """Allocator statistics per device, read only when CUDA is already initialized."""
+    torch = modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return ()
+    nvml_of = {torch_index: nvml_index for nvml_index, torch_index in index_of.items()}
+    result = []
+    for device in range(torch.cuda.device_count()):
+        stats = torch.cuda.memory_stats(device)
+        result.append(TorchMemory(
+            torch_index=device,
+            nvml_index=nvml_of.get(device),
+            allocated=stats.get("allocated_bytes.all.current", 0),
+            reserved=stats.get("reserved_bytes.all.current", 0),
+            peak_allocated=stats.get("allocated_bytes.all.peak", 0),
+            peak_reserved=stats.get("reserved_bytes.all.peak", 0),
+            inactive_split=stats.get("inactive_split_bytes.all.current", 0),
+            num_ooms=stats.get("num_ooms", 0),
+            num_alloc_retries=stats.get("num_alloc_retries", 0),
+        ))
+    return tuple(result)
+
+
+def breakdown(gpu: GPU, memory: Optional[TorchMemory], pid: int) -> Optional[MemoryBreakdown]:
+    """Split NVML's "used" into other processes, context/non-torch, torch cache and tensors."""
+    if gpu.memory_total is None or gpu.memory_used is None or gpu.memory_free is None:
+        return None
+    reserved = memory.reserved if memory else 0
+    allocated = memory.allocated if memory else 0
+    others = None
+    if gpu.processes is not None and any(p.pid == pid for p in gpu.processes):
+        others = sum(p.used_memory or 0 for p in gpu.processes if p.pid != pid)
+    used = gpu.memory_used  # with memory info v1 this includes the driver's reserve
+    return MemoryBreakdown(
+        nvml_index=gpu.index,
+        total=gpu.memory_total,
+        driver_reserved=gpu.memory_reserved,
+        other_processes=others,
+        context_and_non_torch=max(0, used - reserved - (others or 0)),
+        torch_cache=max(0, reserved - allocated),
+        torch_tensors=allocated,
+        free=gpu.memory_free,
+    )
+
+
+def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
+           shell: Any = None) -> Status:
+    """Take a status: the live GPUs (or the recording at ``path``), torch's view and advice."""
+    from .advice import advise
+
+    if source is None:
+        source = open_source(path) if path is not None else default_source()
+    snapshot = source.snapshot()
+    runtime = detect_runtime(shell)
+    index_of = torch_indices(runtime.cuda_visible_devices,
+                             [(gpu.index, gpu.uuid) for gpu in snapshot.gpus])
+    memory = torch_memory(index_of) if runtime.torch.cuda_initialized else ()
+    by_nvml = {m.nvml_index: m for m in memory}
+    parts = tuple(part for part in (breakdown(gpu, by_nvml.get(gpu.index), os.getpid())
+                                    for gpu in snapshot.gpus if gpu.index in by_nvml)
+                  if part is not None)
+    result = Status(runtime=runtime, snapshot=snapshot, torch_index_of=index_of,
+                    torch_memory=memory, breakdown=parts)
+    return dataclasses.replace(result, advice=advise(result))
+
+
+_default_source: Optional[DeviceSource] = None
+
+
+def default_source() -> DeviceSource:
+    """The process's one live NVML source, initialized once and shut down at exit."""
+    global _default_source
+    if _default_source is None:
+        import atexit
+
+        _default_source = open_source()
+        atexit.register(_default_source.close)
+    return _default_source

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install colab_gpu on a fresh machine and open IPython with it loaded and %gpu_status shown.
+#   bash scripts/run.sh                    # the live GPUs (or why there are none)
+#   bash scripts/run.sh --from FILE        # a saved nvidia-smi recording instead
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.venv/app
+[[ -x $venv/bin/python ]] || "${PYTHON:-python3}" -m venv "$venv"
+# torch's CPU build first where no torch is installed: the project's range is then satisfied
+# without a multi-GB CUDA download (on a GPU machine, install the CUDA build you want first).
+"$venv/bin/python" -c 'import torch' 2>/dev/null || "$venv/bin/python" -m pip install -q torch==2.13.0
+"$venv/bin/python" -m pip install -q -e .
+exec "$venv/bin/ipython" -i -c "%load_ext colab_gpu
+%gpu_status $*"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install everything the tests need on a fresh machine and run them at both ends of what
+# users have: Colab's pins (IPython 7.34.0, ipywidgets 7.7.1) and the newest releases.
+#   bash scripts/test.sh            # both environments
+#   bash scripts/test.sh latest -k status   # one environment, extra pytest arguments
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+envs=(colab latest)
+if [[ $# -gt 0 && ( $1 == colab || $1 == latest ) ]]; then envs=("$1"); shift; fi
+
+# Chromium for the live-monitor browser tests, from Debian (never a browser a tool downloads).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "warning: chromium could not be installed" >&2
+fi
+
+status=0
+for env in "${envs[@]}"; do
+    venv=.venv/$env
+    if [[ ! -x $venv/bin/python ]]; then
+        "$PYTHON" -m venv "$venv"
+    fi
+    # The CPU build of torch first, so that the project's torch range is already satisfied
+    # and pip never pulls a multi-GB CUDA build.
+    "$venv/bin/python" -m pip install -q torch==2.13.0
+    extras=test; [[ $env == latest ]] && extras=test,browser
+    "$venv/bin/python" -m pip install -q -e ".[$extras]" -c "ci/$env.txt"
+    "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
+    echo "== tests in $env: $("$venv/bin/python" -c 'import IPython, ipywidgets, torch; print("IPython", IPython.__version__, "ipywidgets", ipywidgets.__version__, "torch", torch.__version__)')"
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
+done
+exit $status

@@ -1,0 +1,35 @@
+"""Shared fixtures: a real IPython shell with the extension loaded, and the recordings."""
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session")
+def ipython():
+    """The one real IPython shell of the test session (a TerminalInteractiveShell)."""
+    from IPython.testing.globalipapp import start_ipython
+
+    return start_ipython()
+
+
+@pytest.fixture
+def shell(ipython):
+    """The real shell with ``%load_ext colab_gpu`` run, unloaded again after the test."""
+    ipython.run_line_magic("load_ext", "colab_gpu")
+    yield ipython
+    ipython.run_line_magic("unload_ext", "colab_gpu")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """An environment without any platform or GPU variable, as on a plain local machine."""
+    for name in list(os.environ):
+        if name.startswith(("COLAB_", "KAGGLE_", "BINDER_", "TPU_", "PYTORCH_", "CUDA_")) or name == "PJRT_DEVICE":
+            monkeypatch.delenv(name)
+    return monkeypatch
