@@ -13,7 +13,7 @@ from .devices import GiB
 from .runtime import COLAB, KAGGLE
 
 if TYPE_CHECKING:
-    from .status import Advice, Status
+    from .gpu_status import Advice, Status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +173,7 @@ RULES: Tuple[Rule, ...] = (
 
 
 def advise(status: "Status") -> Tuple["Advice", ...]:
-    from .status import Advice
+    from .gpu_status import Advice
 
     found = []
     for rule in RULES:

@@ -83,7 +83,7 @@ class GPUMagics(Magics):
         ``%alloc_conf`` is safe. torch's allocator view appears only once your own code
         has started CUDA.
         """
-        from .status import status
+        from .gpu_status import status
 
         args = parse_argstring(self.gpu_status, line)
         result = status(path=args.path, shell=self.shell)

@@ -103,3 +103,17 @@ def open_source(path: Optional[str] = None) -> "DeviceSource":
     from .nvml import NvmlSource
 
     return NvmlSource()
+
+
+_default_source: Optional[DeviceSource] = None
+
+
+def default_source() -> DeviceSource:
+    """The process's one live NVML source, initialized once and shut down at exit."""
+    global _default_source
+    if _default_source is None:
+        import atexit
+
+        _default_source = open_source()
+        atexit.register(_default_source.close)
+    return _default_source

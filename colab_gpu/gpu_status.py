@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, Dict, Optional, Tuple
 
-from .devices import GPU, DeviceSource, Snapshot, open_source
+from .devices import GPU, DeviceSource, Snapshot, default_source, open_source
 from .runtime import Runtime, detect_runtime, torch_indices
 
 
@@ -159,17 +159,3 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
     result = Status(runtime=runtime, snapshot=snapshot, torch_index_of=index_of,
                     torch_memory=memory, breakdown=parts)
     return dataclasses.replace(result, advice=advise(result))
-
-
-_default_source: Optional[DeviceSource] = None
-
-
-def default_source() -> DeviceSource:
-    """The process's one live NVML source, initialized once and shut down at exit."""
-    global _default_source
-    if _default_source is None:
-        import atexit
-
-        _default_source = open_source()
-        atexit.register(_default_source.close)
-    return _default_source

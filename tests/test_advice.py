@@ -1,0 +1,146 @@
+"""Each advice rule: it fires where it should and stays quiet where it should not."""
+import dataclasses
+
+import pytest
+
+from colab_gpu.advice import RULES, advise
+from colab_gpu.devices import GPU, GiB, MiB, GPUProcess, Snapshot
+from colab_gpu.runtime import Runtime, TorchState
+from colab_gpu.gpu_status import MemoryBreakdown, Status, TorchMemory
+
+# Values of the real Tesla T4 recording (shared/data/nvidia-smi-xml/tesla-t4.xml).
+T4 = GPU(index=0, name="Tesla T4", uuid="GPU-t4", compute_capability=(7, 5), memory_total=15360 * MiB,
+         memory_used=1032 * MiB, memory_free=13939 * MiB, memory_reserved=388 * MiB, clock_event_reasons=())
+A100 = GPU(index=0, name="NVIDIA A100-SXM4-80GB", uuid="GPU-a100", compute_capability=(8, 0),
+           memory_total=81920 * MiB, memory_used=1 * MiB, memory_free=81000 * MiB, clock_event_reasons=())
+P100 = GPU(index=0, name="Tesla P100-PCIE-16GB", compute_capability=(6, 0))
+NO_TORCH = TorchState(imported=False)
+CUDA_TORCH = TorchState(imported=True, version="2.11.0+cu128", cuda_version="12.8", cuda_initialized=True)
+
+
+def make_status(gpus=(), platform="jupyter", torch=CUDA_TORCH, tpu=None, visible=None, order="FASTEST_FIRST",
+                problem=None, memory=(), parts=()):
+    runtime = Runtime(platform=platform, accelerator_hint=None, tpu_type=tpu, torch=torch,
+                      cuda_visible_devices=visible, cuda_device_order=order)
+    index_of = {} if visible == "" else {gpu.index: i for i, gpu in enumerate(gpus)}
+    return Status(runtime=runtime, snapshot=Snapshot(source="test", gpus=tuple(gpus), problem=problem),
+                  torch_index_of=index_of, torch_memory=tuple(memory), breakdown=tuple(parts))
+
+
+def fired(status):
+    return {advice.rule: advice.message for advice in advise(status)}
+
+
+def test_every_rule_has_a_test_below():
+    tested = {name[len("test_"):].split("__")[0] for name in globals() if name.startswith("test_")}
+    assert {rule.name for rule in RULES} <= tested
+
+
+def test_colab_no_gpu():
+    message = fired(make_status(platform="colab", problem="the NVIDIA driver is not loaded"))["colab_no_gpu"]
+    assert "Runtime > Change runtime type > T4 GPU" in message
+    assert "colab_no_gpu" not in fired(make_status([T4], platform="colab"))
+
+
+def test_kaggle_no_gpu():
+    assert "GPU T4 x2" in fired(make_status(platform="kaggle"))["kaggle_no_gpu"]
+    assert "kaggle_no_gpu" not in fired(make_status([T4, dataclasses.replace(T4, index=1)], platform="kaggle"))
+
+
+def test_no_gpu_found():
+    message = fired(make_status(problem="the NVML library (libnvidia-ml.so) was not found"))["no_gpu_found"]
+    assert "libnvidia-ml.so" in message and "CPU" in message
+    assert "no_gpu_found" not in fired(make_status(platform="colab"))  # Colab's own rule speaks there
+    assert "no_gpu_found" not in fired(make_status([T4]))
+
+
+def test_tpu_runtime():
+    status = fired(make_status(platform="colab", tpu="v2-8"))
+    assert "torch_xla" in status["tpu_runtime"]
+    assert "colab_no_gpu" not in status
+
+
+def test_visible_devices_hide_all():
+    assert "CUDA_VISIBLE_DEVICES=''" in fired(make_status([T4], visible=""))["visible_devices_hide_all"]
+    assert "visible_devices_hide_all" not in fired(make_status([T4], visible="0"))
+
+
+def test_device_order_differs():
+    mixed = [A100, dataclasses.replace(T4, index=1)]
+    assert "PCI_BUS_ID" in fired(make_status(mixed))["device_order_differs"]
+    assert "device_order_differs" not in fired(make_status(mixed, order="PCI_BUS_ID"))
+    assert "device_order_differs" not in fired(make_status([T4, dataclasses.replace(T4, index=1)]))
+
+
+def test_cpu_torch_on_gpu_machine():
+    cpu_torch = TorchState(imported=True, version="2.13.0+cpu")
+    assert "CPU-only" in fired(make_status([T4], torch=cpu_torch))["cpu_torch_on_gpu_machine"]
+    assert "cpu_torch_on_gpu_machine" not in fired(make_status([T4]))
+    assert "cpu_torch_on_gpu_machine" not in fired(make_status([], torch=cpu_torch))
+
+
+def test_cpu_torch_on_gpu_machine__from_installed_metadata_without_importing():
+    # torch is not imported in this status, so the rule reads the installed distribution's
+    # version (2.13.0+cpu in the test environments) instead of importing torch.
+    assert "cpu_torch_on_gpu_machine" in fired(make_status([T4], torch=NO_TORCH))
+
+
+def memory(**changes):
+    values = dict(torch_index=0, nvml_index=0, allocated=4 * GiB, reserved=5 * GiB, peak_allocated=6 * GiB,
+                  peak_reserved=7 * GiB, inactive_split=0, num_ooms=0, num_alloc_retries=0)
+    values.update(changes)
+    return TorchMemory(**values)
+
+
+def test_had_oom():
+    assert "%clear_cache" in fired(make_status([T4], memory=[memory(num_ooms=2)]))["had_oom"]
+    assert "had_oom" not in fired(make_status([T4], memory=[memory()]))
+
+
+def test_fragmentation():
+    fragmented = memory(allocated=2 * GiB, reserved=6 * GiB)
+    assert "expandable_segments=True" in fired(make_status([T4], memory=[fragmented]))["fragmentation"]
+    assert "fragmentation" in fired(make_status([T4], memory=[memory(num_alloc_retries=3)]))
+    assert "fragmentation" not in fired(make_status([T4], memory=[memory()]))  # 1 GiB of 5 cached: normal
+
+
+def test_memory_nearly_full():
+    full = dataclasses.replace(T4, memory_used=14900 * MiB, memory_free=72 * MiB)
+    assert "%clear_cache --vars" in fired(make_status([full]))["memory_nearly_full"]
+    assert "memory_nearly_full" not in fired(make_status([T4]))
+
+
+def test_other_processes():
+    part = MemoryBreakdown(nvml_index=0, total=15 * GiB, driver_reserved=None, other_processes=3 * GiB,
+                           context_and_non_torch=300 * MiB, torch_cache=0, torch_tensors=0, free=11 * GiB)
+    assert "3.0 GiB" in fired(make_status([T4], parts=[part]))["other_processes"]
+    quiet = dataclasses.replace(part, other_processes=None)
+    assert "other_processes" not in fired(make_status([T4], parts=[quiet]))
+
+
+def test_throttled():
+    hot = dataclasses.replace(T4, clock_event_reasons=("power cap", "thermal (hardware)"))
+    assert "power cap" in fired(make_status([hot]))["throttled"]
+    idle = dataclasses.replace(T4, clock_event_reasons=("idle",))
+    assert "throttled" not in fired(make_status([idle]))
+
+
+def test_turing_fp16():
+    message = fired(make_status([T4]))["turing_fp16"]
+    assert "float16" in message and "GradScaler" in message and "not bf16" in message
+    assert "turing_fp16" not in fired(make_status([A100]))
+
+
+def test_ampere_bf16():
+    assert "bfloat16" in fired(make_status([A100]))["ampere_bf16"]
+    assert "ampere_bf16" not in fired(make_status([A100, dataclasses.replace(T4, index=1)]))
+
+
+def test_pre_volta():
+    assert "tensor cores" in fired(make_status([P100]))["pre_volta"]
+    assert "pre_volta" not in fired(make_status([T4]))
+
+
+def test_cuda_not_started():
+    assert "%alloc_conf" in fired(make_status([T4], torch=NO_TORCH))["cuda_not_started"]
+    assert "cuda_not_started" not in fired(make_status([T4]))

@@ -1,0 +1,90 @@
+"""%gpu_status in a real IPython shell, on this real machine without a GPU."""
+import json
+import sys
+
+import pytest
+from IPython.core.error import UsageError
+
+import colab_gpu
+
+
+def test_load_twice_is_harmless_and_unload_removes_every_magic(ipython):
+    before = {kind: set(table) for kind, table in ipython.magics_manager.magics.items()}
+    ipython.run_line_magic("load_ext", "colab_gpu")
+    first = ipython.magics_manager.registry["GPUMagics"]
+    colab_gpu.load_ipython_extension(ipython)  # a direct second load, bypassing %load_ext's guard
+    assert ipython.magics_manager.registry["GPUMagics"] is first
+    assert "gpu_status" in ipython.magics_manager.magics["line"]
+    ipython.run_line_magic("unload_ext", "colab_gpu")
+    after = {kind: set(table) for kind, table in ipython.magics_manager.magics.items()}
+    assert after == before
+    assert "GPUMagics" not in ipython.magics_manager.registry
+
+
+def test_help_lists_the_options(shell):
+    doc = shell.find_line_magic("gpu_status").__doc__
+    assert "--json" in doc and "--from" in doc and "NVML" in doc
+
+
+def test_loading_imports_neither_torch_nor_matplotlib_nor_ipywidgets():
+    import subprocess
+
+    from conftest import ROOT
+
+    # Compared with what the shell itself had imported: IPython's test shell may import matplotlib.
+    code = ("import sys; from IPython.testing.globalipapp import start_ipython; ip = start_ipython(); "
+            "before = set(sys.modules); ip.run_line_magic('load_ext', 'colab_gpu'); "
+            "print('IMPORTED', sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
+            "('torch', 'matplotlib', 'ipywidgets')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert "IMPORTED []" in out.stdout
+
+
+def test_status_without_a_gpu_says_why(shell, clean_env, capsys):
+    result = shell.run_cell("%gpu_status")
+    out = capsys.readouterr().out
+    assert result.success
+    assert "No NVIDIA GPU found" in out
+    assert "libnvidia-ml.so" in out or "pynvml" in out  # the real pynvml, the real missing library
+
+
+def test_gpu_status_leaves_cuda_uninitialized(shell, capsys):
+    import torch
+
+    shell.run_cell("import torch\n%gpu_status")
+    assert "torch 2." in capsys.readouterr().out
+    assert torch.cuda.is_initialized() is False
+
+
+def test_json_is_machine_readable(shell, clean_env, capsys):
+    shell.run_cell("%gpu_status --json")
+    data = json.loads(capsys.readouterr().out)
+    assert data["runtime"]["platform"] == "terminal"
+    assert data["snapshot"]["gpus"] == []
+    assert any(advice["rule"] == "no_gpu_found" for advice in data["advice"])
+
+
+def test_unknown_option_is_a_one_line_usage_error(shell, capsys):
+    result = shell.run_cell("%gpu_status --bogus")
+    assert isinstance(result.error_in_exec, UsageError)
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "Traceback" not in text
+    assert "unrecognized arguments: --bogus" in text
+
+
+def test_output_is_configurable_with_config(shell, capsys):
+    shell.run_cell("%config GPUMagics.output = 'text'")
+    try:
+        assert shell.magics_manager.registry["GPUMagics"].output == "text"
+        shell.run_cell("%gpu_status")
+        assert "No NVIDIA GPU found" in capsys.readouterr().out
+    finally:
+        shell.run_cell("%config GPUMagics.output = 'auto'")
+
+
+def test_python_api_returns_the_same_data():
+    status = colab_gpu.status()
+    assert isinstance(status, colab_gpu.Status)
+    assert repr(status).startswith("<Status ")
+    assert "No GPU read" in status._repr_html_() or "No GPU found" in status._repr_html_()

@@ -1,0 +1,98 @@
+"""Runtime detection from the real signals each platform gives."""
+import sys
+import types
+
+import pytest
+
+from colab_gpu.runtime import (COLAB, JUPYTER, KAGGLE, BINDER, PLAIN_PYTHON, TERMINAL, detect_platform,
+                               detect_runtime, detect_tpu, torch_indices, torch_state)
+
+# A real partial env dump from a Colab GPU runtime (shared/data/colab/env-partial-dumps_servalshell.txt).
+COLAB_GPU_ENV = {"COLAB_GPU": "1", "COLAB_BACKEND_VERSION": "next", "COLAB_RELEASE_TAG": "release-colab_20240626-060133_RC00"}
+
+
+def shell_of(module, name):
+    """An instance of a class defined in ``module``: detection reads only the class's identity."""
+    return type(name, (), {"__module__": module})()
+
+
+def test_colab_shell_class_is_the_strongest_sign():
+    assert detect_platform(shell_of("google.colab._shell", "Shell"), {}) == COLAB
+
+
+def test_colab_from_its_environment():
+    assert detect_platform(None, COLAB_GPU_ENV) == COLAB
+
+
+def test_kaggle_wins_over_the_colab_tag_it_inherits():
+    env = dict(COLAB_GPU_ENV, KAGGLE_KERNEL_RUN_TYPE="Interactive")
+    assert detect_platform(None, env) == KAGGLE
+
+
+def test_binder_jupyter_terminal_and_plain_python():
+    assert detect_platform(None, {"BINDER_SERVICE_HOST": "10.0.0.1"}) == BINDER
+    assert detect_platform(shell_of("ipykernel.zmqshell", "ZMQInteractiveShell"), {}) == JUPYTER
+    assert detect_platform(shell_of("IPython.terminal.interactiveshell", "TerminalInteractiveShell"), {}) == TERMINAL
+    assert detect_platform(None, {}) == PLAIN_PYTHON
+
+
+def test_the_real_test_shell_is_a_terminal(ipython, clean_env):
+    assert detect_runtime(ipython).platform == TERMINAL
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"TPU_ACCELERATOR_TYPE": "v2-8"}, "v2-8"),
+    ({"COLAB_TPU_1VM": "1"}, "TPU"),
+    ({"PJRT_DEVICE": "TPU"}, "TPU"),
+    ({"PJRT_DEVICE": "CUDA"}, None),
+    ({}, None),
+])
+def test_tpu_detection(env, expected):
+    assert detect_tpu(env) == expected
+
+
+def test_accelerator_hint_on_colab_cpu_runtime(clean_env):
+    clean_env.setenv("COLAB_RELEASE_TAG", "release-colab")
+    clean_env.setenv("COLAB_GPU", "0")
+    runtime = detect_runtime(None)
+    assert (runtime.platform, runtime.accelerator_hint) == (COLAB, "none")
+
+
+def test_torch_state_without_torch_imports_nothing():
+    assert torch_state({}) == torch_state({}).__class__(imported=False)
+
+
+def test_torch_state_of_the_real_cpu_build():
+    import torch
+
+    state = torch_state(sys.modules)
+    assert state.imported and state.version == torch.__version__
+    assert not state.cuda_built  # the CPU build has no torch.version.cuda
+    assert state.cuda_initialized is False
+    assert torch.cuda.is_initialized() is False
+
+
+def test_torch_state_reports_initialized_cuda_from_torch_itself():
+    fake_torch = types.SimpleNamespace(__version__="2.11.0+cu128", version=types.SimpleNamespace(cuda="12.8"),
+                                       cuda=types.SimpleNamespace(is_initialized=lambda: True))
+    state = torch_state({"torch": fake_torch})
+    assert state.cuda_built and state.cuda_initialized and state.cuda_version == "12.8"
+
+
+GPUS = [(0, "GPU-aaaa-1111"), (1, "GPU-bbbb-2222"), (2, "GPU-cccc-3333")]
+
+
+@pytest.mark.parametrize("visible, expected", [
+    (None, {0: 0, 1: 1, 2: 2}),
+    ("", {}),
+    ("-1", {}),
+    ("2,0", {2: 0, 0: 1}),
+    ("1, 2", {1: 0, 2: 1}),
+    ("GPU-bbbb", {1: 0}),
+    ("GPU-cccc-3333,0", {2: 0, 0: 1}),
+    ("0,7,1", {0: 0}),  # CUDA stops at the first entry it cannot resolve
+    ("0,0", {0: 0}),
+    ("GPU-", {}),  # ambiguous prefix
+])
+def test_cuda_visible_devices_mapping(visible, expected):
+    assert torch_indices(visible, GPUS) == expected
