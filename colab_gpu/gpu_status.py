@@ -71,6 +71,17 @@ class Status:
     def gpus(self) -> Tuple[GPU, ...]:
         return self.snapshot.gpus
 
+    def torch_memory_of(self, nvml_index: int) -> Optional[TorchMemory]:
+        return next((m for m in self.torch_memory if m.nvml_index == nvml_index), None)
+
+    @property
+    def torch_memory_without_gpu(self) -> Tuple[TorchMemory, ...]:
+        """torch devices NVML could not be matched to (no NVML, or an unresolvable mapping)."""
+        return tuple(m for m in self.torch_memory if m.nvml_index is None)
+
+    def breakdown_of(self, nvml_index: int) -> Optional[MemoryBreakdown]:
+        return next((part for part in self.breakdown if part.nvml_index == nvml_index), None)
+
     def to_dict(self) -> Dict[str, Any]:
         data = dataclasses.asdict(self)
         data["torch_index_of"] = {str(k): v for k, v in self.torch_index_of.items()}

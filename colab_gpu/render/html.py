@@ -1,34 +1,31 @@
 """The HTML card shown in notebooks.
 
-Colours come from the front end's own theme variables (JupyterLab's ``--jp-*``, VS Code's
-``--vscode-*``) with light fallbacks and a ``prefers-color-scheme: dark`` override, so the
-card is readable in light and dark themes alike. Everything shown is escaped.
+Text inherits the front end's own colour and every other colour is a mid-tone or a
+translucent grey, so the card reads the same in light and dark themes of JupyterLab, Notebook,
+VS Code and Colab without knowing which is active. Everything shown is escaped.
 """
 from __future__ import annotations
 
 from html import escape
 from typing import List
 
-from . import NA, allocator_summary, breakdown_summary, number, ratio, size, torch_summary, words
+from . import NA, allocator_summary, number, ratio, size, torch_summary, words
 
 STYLE = """
 <style>
-.cgpu-card{--cgpu-fg:var(--jp-ui-font-color0,var(--vscode-editor-foreground,#1f2328));
- --cgpu-muted:var(--jp-ui-font-color2,#57606a);--cgpu-bg:var(--jp-layout-color1,transparent);
- --cgpu-line:var(--jp-border-color2,#d0d7de);--cgpu-bar:#2da44e;--cgpu-bar-bg:rgba(127,127,127,.2);
- --cgpu-warn:#9a6700;--cgpu-tip:#0969da;
- font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;color:var(--cgpu-fg);
- background:var(--cgpu-bg);border:1px solid var(--cgpu-line);border-radius:6px;padding:8px 12px;max-width:60em}
-@media (prefers-color-scheme: dark){.cgpu-card{--cgpu-fg:var(--jp-ui-font-color0,#e6edf3);
- --cgpu-muted:var(--jp-ui-font-color2,#9198a1);--cgpu-line:var(--jp-border-color2,#3d444d);
- --cgpu-warn:#d29922;--cgpu-tip:#4493f8}}
-body[data-jp-theme-light="false"] .cgpu-card,body.vscode-dark .cgpu-card{--cgpu-warn:#d29922;--cgpu-tip:#4493f8}
-.cgpu-card h4{margin:4px 0;font-size:14px}.cgpu-card .cgpu-muted{color:var(--cgpu-muted)}
-.cgpu-card table{border-collapse:collapse;margin:4px 0}
-.cgpu-card td{padding:1px 10px 1px 0;vertical-align:top;color:var(--cgpu-fg);background:transparent;text-align:left}
-.cgpu-card .cgpu-bar{display:inline-block;width:10em;height:.8em;background:var(--cgpu-bar-bg);border-radius:3px;vertical-align:middle}
-.cgpu-card .cgpu-bar>span{display:block;height:100%;background:var(--cgpu-bar);border-radius:3px}
-.cgpu-card li.warning{color:var(--cgpu-warn)}.cgpu-card li.tip{color:var(--cgpu-tip)}
+.cgpu-card{color:inherit;background:transparent;font-family:var(--jp-ui-font-family,system-ui,sans-serif);
+ font-size:13px;border:1px solid rgba(127,127,127,.35);border-radius:6px;padding:8px 12px;max-width:60em}
+.cgpu-card h4{margin:6px 0 2px;font-size:14px;color:inherit}.cgpu-card .cgpu-muted{opacity:.7}
+.cgpu-card table{border-collapse:collapse;margin:2px 0}
+.cgpu-card td,.cgpu-card tr{padding:1px 10px 1px 0;vertical-align:top;color:inherit;background:transparent!important;
+ text-align:left;border:none}
+.cgpu-card .cgpu-bar{display:inline-block;width:10em;height:.8em;background:rgba(127,127,127,.25);
+ border-radius:3px;vertical-align:middle}
+.cgpu-card .cgpu-bar>span{display:block;height:100%;background:#2da44e;border-radius:3px}
+.cgpu-card ul{padding-left:0;list-style:none;margin:6px 0 2px}
+.cgpu-card li{border-left:4px solid rgba(127,127,127,.5);padding:1px 0 1px 8px;margin:3px 0}
+.cgpu-card li.warning{border-left-color:#d4a72c}.cgpu-card li.tip{border-left-color:#4493f8}
+.cgpu-card li b{font-weight:600}
 </style>
 """
 
@@ -46,7 +43,23 @@ def _rows(rows) -> str:
     ) + "</table>"
 
 
-def _gpu(gpu, torch_index) -> str:
+def _breakdown_bar(part) -> str:
+    """One stacked bar of where the memory went, with a legend, largest consumers named."""
+    pieces = [("other processes", part.other_processes or 0, "#8250df"),
+              ("CUDA context and non-torch", part.context_and_non_torch, "#9a6700"),
+              ("torch cache", part.torch_cache, "#4493f8"),
+              ("torch tensors", part.torch_tensors, "#2da44e")]
+    bar = "".join(f'<span title="{escape(label)}: {size(value)}" style="width:{100 * value / part.total:.1f}%;'
+                  f'background:{colour};display:inline-block;height:100%"></span>'
+                  for label, value, colour in pieces if value and part.total)
+    legend = " &middot; ".join(f'<span style="color:{colour}">&#9632;</span> {escape(label)} {size(value)}'
+                               for label, value, colour in pieces if value)
+    return (f'<span class="cgpu-bar" style="display:inline-flex">{bar}</span> '
+            f'{legend} &middot; free {size(part.free)}')
+
+
+def _gpu(status, gpu) -> str:
+    torch_index = status.torch_index_of.get(gpu.index)
     title = f"GPU {gpu.index} &middot; {escape(gpu.name)}"
     if gpu.error:
         return f"<h4>{title}</h4><p>{escape(gpu.error)}</p>"
@@ -71,6 +84,11 @@ def _gpu(gpu, torch_index) -> str:
                         f"x{number(gpu.pcie_width)} of x{number(gpu.pcie_width_max)}; bus {gpu.bus_id or NA}")),
         ("processes", processes),
     ]
+    memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
+    if memory:
+        rows.append(("torch", escape(allocator_summary(memory))))
+    if part:
+        rows.append(("where", _breakdown_bar(part)))
     return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as)}, compute capability {cc}</span></h4>"
             + _rows(rows))
 
@@ -91,13 +109,12 @@ def render_status(status) -> str:
     elif not snapshot.gpus:
         parts.append("<p>No GPU found.</p>")
     for gpu in snapshot.gpus:
-        parts.append(_gpu(gpu, status.torch_index_of.get(gpu.index)))
-    parts += [_rows([(f"torch cuda:{memory.torch_index}", escape(allocator_summary(memory)))])
-              for memory in status.torch_memory]
-    parts += [_rows([(f"GPU {part.nvml_index} memory", escape(breakdown_summary(part)))])
-              for part in status.breakdown]
+        parts.append(_gpu(status, gpu))
+    if status.torch_memory_without_gpu:
+        parts.append(_rows([(f"torch cuda:{memory.torch_index}", escape(allocator_summary(memory)))
+                            for memory in status.torch_memory_without_gpu]))
     if status.advice:
         parts.append("<ul>" + "".join(
-            f"<li class='{advice.level}'>{escape(advice.message)}</li>" for advice in status.advice) + "</ul>")
+            f"<li class='{advice.level}'><b>{advice.level}</b> {escape(advice.message)}</li>" for advice in status.advice) + "</ul>")
     parts.append("</div>")
     return "".join(parts)

@@ -6,7 +6,8 @@ from typing import List
 from . import NA, allocator_summary, breakdown_summary, number, ratio, size, torch_summary, words
 
 
-def _gpu_lines(gpu, torch_index) -> List[str]:
+def _gpu_lines(status, gpu) -> List[str]:
+    torch_index = status.torch_index_of.get(gpu.index)
     if gpu.error:
         return [f"GPU {gpu.index}  {gpu.name}: {gpu.error}"]
     cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else NA
@@ -34,12 +35,11 @@ def _gpu_lines(gpu, torch_index) -> List[str]:
         lines.append("  processes   none visible")
     for process in gpu.processes or ():
         lines.append(f"  process     {process.pid:>7}  {size(process.used_memory):>10}  {process.name or NA}")
-    return lines
-
-
-def _torch_lines(status) -> List[str]:
-    lines = [f"torch cuda:{memory.torch_index}  {allocator_summary(memory)}" for memory in status.torch_memory]
-    lines += [f"GPU {part.nvml_index} memory: {breakdown_summary(part)}" for part in status.breakdown]
+    memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
+    if memory:
+        lines.append(f"  torch       {allocator_summary(memory)}")
+    if part:
+        lines.append(f"  where       {breakdown_summary(part)}")
     return lines
 
 
@@ -57,8 +57,9 @@ def render_status(status) -> str:
     elif not snapshot.gpus:
         lines.append("No GPU found.")
     for gpu in snapshot.gpus:
-        lines.extend(_gpu_lines(gpu, status.torch_index_of.get(gpu.index)))
-    lines.extend(_torch_lines(status))
+        lines.extend(_gpu_lines(status, gpu))
+    for memory in status.torch_memory_without_gpu:
+        lines.append(f"torch cuda:{memory.torch_index}  {allocator_summary(memory)}")
     for advice in status.advice:
         lines.append(f"{advice.level}: {advice.message}")
     return "\n".join(lines)
