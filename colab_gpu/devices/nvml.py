@@ -185,15 +185,18 @@ class NvmlSource:
                 pass  # an older driver: try the deprecated name
         return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
-    def _processes(self, handle: Any) -> Tuple[GPUProcess, ...]:
+    def _processes(self, handle: Any) -> Optional[Tuple[GPUProcess, ...]]:
+        """Compute then graphics processes; None (n/a) when NVML answered for neither kind."""
         nvml = self._nvml
         found = {}
+        answered = False
         for kind, read in (("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
                            ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses)):
             try:
                 infos = read(handle)
             except Exception:
                 continue
+            answered = True
             for info in infos:
                 if info.pid in found:
                     continue
@@ -204,4 +207,4 @@ class NvmlSource:
                     used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
                     kind=kind,
                 )
-        return tuple(found.values())
+        return tuple(found.values()) if answered else None
