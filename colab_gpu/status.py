@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import sys
+import types
 from typing import Any, Dict, Optional, Tuple
 
 from .devices import GPU, DeviceSource, Snapshot, open_source
@@ -173,3 +174,18 @@ def default_source() -> DeviceSource:
         _default_source = open_source()
         atexit.register(_default_source.close)
     return _default_source
+
+
+class _CallableModule(types.ModuleType):
+    """Keeps ``colab_gpu.status(...)`` working once this module is imported.
+
+    Importing ``colab_gpu.status`` makes the import system bind this module, not the
+    ``status`` function, to the package's ``status`` attribute; calling the module calls
+    the function, and ``colab_gpu.status._default_source`` still reaches the module.
+    """
+
+    def __call__(self, *args, **kwargs) -> Status:
+        return status(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
