@@ -21,6 +21,7 @@ class Rule:
     name: str
     level: str  # "warning" (something is wrong), "tip" (do this), "info"
     message: Callable[["Status"], Optional[str]]  # None when the rule does not apply
+    about_this_machine: bool = False  # reads this machine's torch or environment: not for recordings
 
 
 def _no_gpu(status: "Status") -> bool:
@@ -153,13 +154,13 @@ def cuda_not_started(status):
 
 
 RULES: Tuple[Rule, ...] = (
-    Rule("colab_no_gpu", "warning", colab_no_gpu),
-    Rule("kaggle_no_gpu", "warning", kaggle_no_gpu),
-    Rule("no_gpu_found", "warning", no_gpu_found),
-    Rule("tpu_runtime", "info", tpu_runtime),
-    Rule("visible_devices_hide_all", "warning", visible_devices_hide_all),
-    Rule("device_order_differs", "warning", device_order_differs),
-    Rule("cpu_torch_on_gpu_machine", "warning", cpu_torch_on_gpu_machine),
+    Rule("colab_no_gpu", "warning", colab_no_gpu, about_this_machine=True),
+    Rule("kaggle_no_gpu", "warning", kaggle_no_gpu, about_this_machine=True),
+    Rule("no_gpu_found", "warning", no_gpu_found, about_this_machine=True),
+    Rule("tpu_runtime", "info", tpu_runtime, about_this_machine=True),
+    Rule("visible_devices_hide_all", "warning", visible_devices_hide_all, about_this_machine=True),
+    Rule("device_order_differs", "warning", device_order_differs, about_this_machine=True),
+    Rule("cpu_torch_on_gpu_machine", "warning", cpu_torch_on_gpu_machine, about_this_machine=True),
     Rule("had_oom", "warning", had_oom),
     Rule("fragmentation", "tip", fragmentation),
     Rule("memory_nearly_full", "tip", memory_nearly_full),
@@ -168,7 +169,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("turing_fp16", "tip", turing_fp16),
     Rule("ampere_bf16", "tip", ampere_bf16),
     Rule("pre_volta", "info", pre_volta),
-    Rule("cuda_not_started", "info", cuda_not_started),
+    Rule("cuda_not_started", "info", cuda_not_started, about_this_machine=True),
 )
 
 
@@ -177,6 +178,8 @@ def advise(status: "Status") -> Tuple["Advice", ...]:
 
     found = []
     for rule in RULES:
+        if rule.about_this_machine and status.snapshot.recorded:
+            continue
         message = rule.message(status)
         if message:
             found.append(Advice(rule.name, rule.level, message))

@@ -160,9 +160,12 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
         source = open_source(path) if path is not None else default_source()
     snapshot = source.snapshot()
     runtime = detect_runtime(shell)
-    index_of = torch_indices(runtime.cuda_visible_devices,
-                             [(gpu.index, gpu.uuid) for gpu in snapshot.gpus])
-    memory = torch_memory(index_of) if runtime.torch.cuda_initialized else ()
+    # A recording comes from another machine: this one's CUDA_VISIBLE_DEVICES and torch
+    # say nothing about it.
+    visible = None if snapshot.recorded else runtime.cuda_visible_devices
+    index_of = torch_indices(visible, [(gpu.index, gpu.uuid) for gpu in snapshot.gpus])
+    live_torch = runtime.torch.cuda_initialized and not snapshot.recorded
+    memory = torch_memory(index_of) if live_torch else ()
     by_nvml = {m.nvml_index: m for m in memory}
     parts = tuple(part for part in (breakdown(gpu, by_nvml.get(gpu.index), os.getpid())
                                     for gpu in snapshot.gpus if gpu.index in by_nvml)

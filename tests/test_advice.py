@@ -19,11 +19,11 @@ CUDA_TORCH = TorchState(imported=True, version="2.11.0+cu128", cuda_version="12.
 
 
 def make_status(gpus=(), platform="jupyter", torch=CUDA_TORCH, tpu=None, visible=None, order="FASTEST_FIRST",
-                problem=None, memory=(), parts=()):
+                problem=None, memory=(), parts=(), recorded=False):
     runtime = Runtime(platform=platform, accelerator_hint=None, tpu_type=tpu, torch=torch,
                       cuda_visible_devices=visible, cuda_device_order=order)
     index_of = {} if visible == "" else {gpu.index: i for i, gpu in enumerate(gpus)}
-    return Status(runtime=runtime, snapshot=Snapshot(source="test", gpus=tuple(gpus), problem=problem),
+    return Status(runtime=runtime, snapshot=Snapshot(source="test", gpus=tuple(gpus), problem=problem, recorded=recorded),
                   torch_index_of=index_of, torch_memory=tuple(memory), breakdown=tuple(parts))
 
 
@@ -144,3 +144,11 @@ def test_pre_volta():
 def test_cuda_not_started():
     assert "%alloc_conf" in fired(make_status([T4], torch=NO_TORCH))["cuda_not_started"]
     assert "cuda_not_started" not in fired(make_status([T4]))
+
+
+def test_a_recording_gets_no_advice_about_this_machine():
+    """A pasted nvidia-smi file says nothing about the local torch, variables or runtime."""
+    recorded = fired(make_status([T4], torch=NO_TORCH, visible="", recorded=True))
+    assert "turing_fp16" in recorded
+    assert not {"cpu_torch_on_gpu_machine", "cuda_not_started", "visible_devices_hide_all"} & set(recorded)
+    assert "colab_no_gpu" not in fired(make_status(platform="colab", recorded=True))

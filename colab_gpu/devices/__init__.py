@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 from typing import Optional, Protocol, Tuple
 
@@ -75,11 +76,37 @@ class Snapshot:
     driver_version: Optional[str] = None
     cuda_driver_version: Optional[str] = None
     problem: Optional[str] = None  # one line: why the source could not be read (no driver ...)
+    recorded: bool = False  # from a recording of some other machine, not this one's driver
     timestamp: float = dataclasses.field(default_factory=time.time)
 
     @property
     def ok(self) -> bool:
         return self.problem is None
+
+
+# Compute capability by product name (NVIDIA's CUDA GPU list), for recordings: nvidia-smi's
+# XML does not record it. Checked in order; the first pattern that matches the name wins.
+_CAPABILITY_BY_NAME = (
+    (r"\bB[12]00\b", (10, 0)),
+    (r"RTX 50\d0", (12, 0)),
+    (r"\bG?H[12]00\b", (9, 0)),
+    (r"\bL40S?\b|\bL4\b|RTX 40\d0|\bAda\b", (8, 9)),
+    (r"\bA100\b|\bA800\b|\bA30\b", (8, 0)),
+    (r"\bA10G?\b|\bA40\b|\bA16\b|\bA2\b|RTX 30\d0|RTX A\d{4}", (8, 6)),
+    (r"\bT4\b|RTX 20\d0|GTX 16\d0|Quadro RTX|TITAN RTX", (7, 5)),
+    (r"V100|TITAN V\b", (7, 0)),
+    (r"P100", (6, 0)),
+    (r"\bP40\b|\bP4\b|GTX 10\d0|Quadro P\d+|TITAN Xp?\b", (6, 1)),
+    (r"\bK80\b", (3, 7)),
+)
+
+
+def known_compute_capability(name: str) -> Optional[Tuple[int, int]]:
+    """The compute capability of a GPU known by its product name, else None."""
+    for pattern, capability in _CAPABILITY_BY_NAME:
+        if re.search(pattern, name):
+            return capability
+    return None
 
 
 class DeviceSource(Protocol):

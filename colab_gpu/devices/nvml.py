@@ -50,6 +50,11 @@ def describe_nvml_error(error: BaseException) -> str:
     return _INIT_PROBLEMS.get(name, f"NVML error: {error}")
 
 
+def _is_lost(error: BaseException) -> bool:
+    """A GPU that fell off the bus fails every call: the device is gone, not one field."""
+    return type(error).__name__ == "NVMLError_GpuIsLost"
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -89,14 +94,15 @@ class NvmlSource:
             nvml = self._nvml
             try:
                 count = nvml.nvmlDeviceGetCount()
+                driver_version = self._field(lambda: _text(nvml.nvmlSystemGetDriverVersion()))
+                cuda_driver_version = self._field(self._cuda_driver_version)
             except Exception as error:
                 return Snapshot(source=self.label, problem=describe_nvml_error(error))
-            gpus = tuple(self._read_gpu(index) for index in range(count))
             return Snapshot(
                 source=self.label,
-                gpus=gpus,
-                driver_version=self._field(lambda: _text(nvml.nvmlSystemGetDriverVersion())),
-                cuda_driver_version=self._field(self._cuda_driver_version),
+                gpus=tuple(self._read_gpu(index) for index in range(count)),
+                driver_version=driver_version,
+                cuda_driver_version=cuda_driver_version,
             )
 
     def close(self) -> None:
@@ -113,7 +119,9 @@ class NvmlSource:
         """A field's value, or None where the device or driver does not support it."""
         try:
             return read()
-        except Exception:
+        except Exception as error:
+            if _is_lost(error):
+                raise  # _read_gpu marks the whole device
             return None
 
     def _cuda_driver_version(self) -> str:
@@ -122,12 +130,19 @@ class NvmlSource:
 
     def _read_gpu(self, index: int) -> GPU:
         nvml = self._nvml
-        field = self._field
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             name = _text(nvml.nvmlDeviceGetName(handle))
         except Exception as error:
             return GPU(index=index, name="unknown GPU", error=describe_nvml_error(error))
+        try:
+            return self._read_fields(index, handle, name)
+        except Exception as error:  # only a lost GPU gets here: the fields let the rest through
+            return GPU(index=index, name=name, error=describe_nvml_error(error))
+
+    def _read_fields(self, index: int, handle: Any, name: str) -> GPU:
+        nvml = self._nvml
+        field = self._field
         memory = field(lambda: self._memory(handle))
         utilization = field(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
         power = field(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
@@ -185,15 +200,20 @@ class NvmlSource:
                 pass  # an older driver: try the deprecated name
         return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
-    def _processes(self, handle: Any) -> Tuple[GPUProcess, ...]:
+    def _processes(self, handle: Any) -> Optional[Tuple[GPUProcess, ...]]:
+        """Compute then graphics processes; None (n/a) when NVML answered for neither kind."""
         nvml = self._nvml
         found = {}
+        answered = False
         for kind, read in (("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
                            ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses)):
             try:
                 infos = read(handle)
-            except Exception:
+            except Exception as error:
+                if _is_lost(error):
+                    raise
                 continue
+            answered = True
             for info in infos:
                 if info.pid in found:
                     continue
@@ -204,4 +224,4 @@ class NvmlSource:
                     used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
                     kind=kind,
                 )
-        return tuple(found.values())
+        return tuple(found.values()) if answered else None

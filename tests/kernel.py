@@ -1,0 +1,60 @@
+"""Run code cells in a real Jupyter kernel (ipykernel, through nbclient) and return the outputs.
+
+The kernel is this interpreter (``sys.executable``) from a kernelspec written to a temporary
+folder, with ``PYTHONPATH`` set to the repository root so it imports this checkout, whatever
+other kernelspecs the machine has.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import tempfile
+from typing import Dict, List, Sequence
+
+from conftest import ROOT
+
+KERNEL_NAME = "colab-gpu-test"
+
+
+def _kernel_manager(folder: pathlib.Path):
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    spec = folder / KERNEL_NAME
+    spec.mkdir()
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "colab_gpu tests",
+        "language": "python",
+        "env": {"PYTHONPATH": str(ROOT)},
+    }))
+    specs = KernelSpecManager(kernel_dirs=[str(folder)], ensure_native_kernel=False)
+    return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
+
+
+def run_cells(cells: Sequence[str], timeout: int = 120):
+    """Execute ``cells`` in order in one fresh kernel; the executed notebook (nbformat v4).
+
+    A cell that raises fails the run with nbclient's CellExecutionError, which shows the
+    kernel's traceback.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    with tempfile.TemporaryDirectory() as folder:
+        manager = _kernel_manager(pathlib.Path(folder))
+        NotebookClient(notebook, km=manager, timeout=timeout, resources={"metadata": {"path": str(ROOT)}}).execute()
+    return notebook
+
+
+def bundles(cell) -> List[Dict[str, str]]:
+    """The MIME bundles a cell displayed or returned (``display_data`` / ``execute_result``)."""
+    return [output["data"] for output in cell.outputs if output.output_type in ("display_data", "execute_result")]
+
+
+def stream(cell, name: str = "stdout") -> str:
+    """Everything the cell printed on ``name`` (stdout or stderr)."""
+    return "".join(output.text for output in cell.outputs
+                   if output.output_type == "stream" and output.name == name)

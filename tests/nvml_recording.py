@@ -1,0 +1,289 @@
+"""A stand-in for the ``pynvml`` module at the hardware boundary, answering from a recording.
+
+:class:`RecordedNvml` is built from a :class:`~colab_gpu.devices.Snapshot` that the replay
+reader parsed from a real ``nvidia-smi -q -x`` file, and answers the NVML calls the project
+makes the way ``pynvml`` (nvidia-ml-py) does: the same ctypes structs (``c_nvmlMemory_v2_t``
+with ``.total/.used/.free/.reserved``, ``c_nvmlUtilization_t``, ``nvmlPciInfo_t`` whose
+``busId`` is bytes), milliwatts for power, process infos with ``.pid/.usedGpuMemory``, str
+(or bytes, as pynvml before 11.515 returned) for names. Failures are the real pynvml
+exception classes, made the way pynvml makes them: ``pynvml.NVMLError(code)`` returns the
+subclass for ``code``. Every call but ``nvmlInit`` raises ``NVMLError_Uninitialized`` when
+NVML is not initialized, as the library does.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Callable, Dict, List, Optional, Tuple
+
+import pynvml
+
+from colab_gpu.devices import GPU, Snapshot
+from colab_gpu.devices.nvml import CLOCK_EVENT_REASONS
+from colab_gpu.devices.replay import ReplaySource
+
+# nvidia-smi's XML does not record the compute capability; NVML does. These are NVIDIA's figures.
+COMPUTE_CAPABILITY = {"Tesla T4": (7, 5), "NVIDIA A100-SXM4-80GB": (8, 0)}
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    """The exception pynvml raises for an NVML return code (``NVMLError(code)`` picks the subclass)."""
+    return pynvml.NVMLError(code)
+
+
+class Gate:
+    """Holds one NVML call inside the library until released (a call still in flight)."""
+
+    def __init__(self):
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+
+class _Handle:
+    """An opaque device handle, as ``nvmlDeviceGetHandleByIndex`` returns."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _nvml_call(function: Callable) -> Callable:
+    """Record the call, refuse it before nvmlInit, raise an injected failure or hold it."""
+    name = function.__name__
+
+    @functools.wraps(function)
+    def call(self, *args, **kwargs):
+        self.calls.append(name)
+        if not self.initialized and name != "nvmlInit":
+            raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
+        handle = next((arg for arg in args if isinstance(arg, _Handle)), None)
+        index = handle.index if handle is not None else (args[0] if name == "nvmlDeviceGetHandleByIndex" else None)
+        code = self._failures.get((name, index), self._failures.get((name, None)))
+        if code is not None:
+            raise nvml_error(code)
+        gate = self._gates.get(name)
+        if gate is not None:
+            gate.entered.set()
+            gate.release.wait(10)
+        return function(self, *args, **kwargs)
+
+    return call
+
+
+class RecordedNvml:
+    """The parts of the ``pynvml`` module colab_gpu uses, answering from a recorded snapshot.
+
+    ``memory_v2=False`` plays a driver older than 510 (no ``nvmlDeviceGetMemoryInfo_v2``);
+    ``clocks_event_reasons=False`` one older than 535 (no ``...ClocksEventReasons``): pynvml
+    then raises ``NVMLError_FunctionNotFound`` from the call, as it does when the library lacks
+    the symbol. ``names_as_bytes=True`` plays pynvml releases that returned bytes.
+    """
+
+    # Constants and exception classes come from the real module.
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
+    NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, snapshot: Snapshot, *, memory_v2: bool = True, clocks_event_reasons: bool = True,
+                 names_as_bytes: bool = False):
+        assert snapshot.ok and snapshot.gpus, "build the stand-in from a recording that has GPUs"
+        self.snapshot = snapshot
+        self.memory_v2 = memory_v2
+        self.clocks_event_reasons = clocks_event_reasons
+        self.names_as_bytes = names_as_bytes
+        self.calls: List[str] = []
+        self.initialized = False
+        self.shutdowns = 0
+        self._failures: Dict[Tuple[str, Optional[int]], int] = {}
+        self._gates: Dict[str, Gate] = {}
+
+    @classmethod
+    def from_recording(cls, path, **options) -> "RecordedNvml":
+        return cls(ReplaySource(path).snapshot(), **options)
+
+    # --- failure injection ---------------------------------------------------------------
+
+    def fail(self, function: str, code: int, index: Optional[int] = None) -> "RecordedNvml":
+        """Make ``function`` raise pynvml's exception for ``code`` (on one device, or on all)."""
+        if not hasattr(self, function):
+            raise AttributeError(f"the stand-in has no {function}")
+        self._failures[(function, index)] = code
+        return self
+
+    def hold(self, function: str) -> Gate:
+        """Keep the next calls of ``function`` inside the library until ``gate.release`` is set."""
+        gate = self._gates[function] = Gate()
+        return gate
+
+    # --- pynvml's API --------------------------------------------------------------------
+
+    def _text(self, value: str):
+        return value.encode() if self.names_as_bytes else value
+
+    def _gpu(self, handle: _Handle) -> GPU:
+        return self.snapshot.gpus[handle.index]
+
+    @staticmethod
+    def _value(value):
+        """A recorded value, or the NOT_SUPPORTED NVML returns for what the device lacks."""
+        if value is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    @_nvml_call
+    def nvmlInit(self) -> None:
+        self.initialized = True
+
+    @_nvml_call
+    def nvmlShutdown(self) -> None:
+        self.initialized = False
+        self.shutdowns += 1
+
+    @_nvml_call
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.snapshot.gpus)
+
+    @_nvml_call
+    def nvmlSystemGetDriverVersion(self):
+        return self._text(self._value(self.snapshot.driver_version))
+
+    @_nvml_call
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        major, minor = self._value(self.snapshot.cuda_driver_version).split(".")
+        return int(major) * 1000 + int(minor) * 10
+
+    @_nvml_call
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        if not 0 <= index < len(self.snapshot.gpus):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return _Handle(index)
+
+    @_nvml_call
+    def nvmlDeviceGetName(self, handle):
+        return self._text(self._gpu(handle).name)
+
+    @_nvml_call
+    def nvmlDeviceGetUUID(self, handle):
+        return self._text(self._value(self._gpu(handle).uuid))
+
+    @_nvml_call
+    def nvmlDeviceGetPciInfo(self, handle) -> pynvml.nvmlPciInfo_t:
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = self._value(self._gpu(handle).bus_id).encode()  # a c_char array: bytes
+        return info
+
+    @_nvml_call
+    def nvmlDeviceGetCudaComputeCapability(self, handle) -> Tuple[int, int]:
+        return self._value(COMPUTE_CAPABILITY.get(self._gpu(handle).name))
+
+    @_nvml_call
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        gpu = self._gpu(handle)
+        total, used, free = (self._value(value) for value in (gpu.memory_total, gpu.memory_used, gpu.memory_free))
+        if not version:  # v1 counts the driver's reserve as used
+            return pynvml.c_nvmlMemory_t(total=total, free=free, used=total - free)
+        if not self.memory_v2:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=self._value(gpu.memory_reserved),
+                                        free=free, used=used)
+
+    @_nvml_call
+    def nvmlDeviceGetUtilizationRates(self, handle) -> pynvml.c_nvmlUtilization_t:
+        gpu = self._gpu(handle)
+        return pynvml.c_nvmlUtilization_t(gpu=int(self._value(gpu.utilization_gpu)),
+                                          memory=int(self._value(gpu.utilization_memory)))
+
+    @_nvml_call
+    def nvmlDeviceGetTemperature(self, handle, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return int(self._value(self._gpu(handle).temperature))
+
+    @_nvml_call
+    def nvmlDeviceGetPowerUsage(self, handle) -> int:
+        return round(self._value(self._gpu(handle).power_draw) * 1000)  # milliwatts
+
+    @_nvml_call
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle) -> int:
+        return round(self._value(self._gpu(handle).power_limit) * 1000)
+
+    def _clock(self, handle, clock: int, maximum: bool) -> int:
+        gpu = self._gpu(handle)
+        fields = {pynvml.NVML_CLOCK_SM: (gpu.sm_clock, gpu.sm_clock_max),
+                  pynvml.NVML_CLOCK_MEM: (gpu.memory_clock, gpu.memory_clock_max)}
+        return self._value(fields[clock][maximum])
+
+    @_nvml_call
+    def nvmlDeviceGetClockInfo(self, handle, clock: int) -> int:
+        return self._clock(handle, clock, maximum=False)
+
+    @_nvml_call
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock: int) -> int:
+        return self._clock(handle, clock, maximum=True)
+
+    def _reason_mask(self, handle) -> int:
+        words = self._value(self._gpu(handle).clock_event_reasons)
+        return sum(bit for bit, word in CLOCK_EVENT_REASONS if word in words)
+
+    @_nvml_call
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle) -> int:
+        if not self.clocks_event_reasons:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._reason_mask(handle)
+
+    @_nvml_call
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle) -> int:
+        return self._reason_mask(handle)
+
+    @_nvml_call
+    def nvmlDeviceGetPerformanceState(self, handle) -> int:
+        return int(self._value(self._gpu(handle).performance_state).lstrip("P"))
+
+    @_nvml_call
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle) -> int:
+        return self._value(self._gpu(handle).pcie_generation)
+
+    @_nvml_call
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle) -> int:
+        return self._value(self._gpu(handle).pcie_generation_max)
+
+    @_nvml_call
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle) -> int:
+        return self._value(self._gpu(handle).pcie_width)
+
+    @_nvml_call
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle) -> int:
+        return self._value(self._gpu(handle).pcie_width_max)
+
+    def _processes(self, handle, kind: str) -> list:
+        """pynvml's friendly objects: .pid, .usedGpuMemory (None where NVML has no figure) ..."""
+        result = []
+        for process in self._value(self._gpu(handle).processes):
+            if process.kind != kind:
+                continue
+            used = process.used_memory
+            info = pynvml.nvmlStructToFriendlyObject(pynvml.c_nvmlProcessInfo_t(
+                pid=process.pid,
+                usedGpuMemory=pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value if used is None else used,
+                gpuInstanceId=pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value,
+                computeInstanceId=pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value))
+            if info.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                info.usedGpuMemory = None
+            result.append(info)
+        return result
+
+    @_nvml_call
+    def nvmlDeviceGetComputeRunningProcesses(self, handle) -> list:
+        return self._processes(handle, "compute")
+
+    @_nvml_call
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle) -> list:
+        return self._processes(handle, "graphics")
+
+    @_nvml_call
+    def nvmlSystemGetProcessName(self, pid: int):
+        for gpu in self.snapshot.gpus:
+            for process in gpu.processes or ():
+                if process.pid == pid and process.name:
+                    return self._text(process.name)
+        raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)

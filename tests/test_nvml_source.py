@@ -1,0 +1,274 @@
+"""NvmlSource against a pynvml stand-in that answers from real recordings and raises pynvml's
+own exception classes: values come through field by field, failures become words."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+
+import pynvml
+import pytest
+
+import colab_gpu.devices
+from colab_gpu.devices.nvml import NO_PYNVML, NvmlSource, decode_clock_event_reasons, describe_nvml_error
+from colab_gpu.devices.replay import ReplaySource
+
+from conftest import DATA
+from nvml_recording import COMPUTE_CAPABILITY, RecordedNvml
+
+T4 = DATA / "nvidia-smi-xml" / "tesla-t4.xml"
+A100 = DATA / "nvidia-smi-xml" / "a100-sxm4-v12.xml"
+GTX1660 = DATA / "nvidia-smi-xml" / "gtx-1660-ti.xml"
+EIGHT_GPUS = DATA / "nvidia-smi-csv" / "8gpu-training_nanogpt-pr643.csv"
+
+# The failures the issue names, as pynvml raises them: NVMLError(code) returns the subclass.
+INIT_FAILURES = {
+    "NVMLError_LibraryNotFound": pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+    "NVMLError_DriverNotLoaded": pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+    "NVMLError_LibRmVersionMismatch": pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    "NVMLError_NoPermission": pynvml.NVML_ERROR_NO_PERMISSION,
+}
+
+
+def recorded_gpus(path):
+    """The GPUs of a recording as NVML reports them: it knows the compute capability, and lists
+    compute processes before graphics ones."""
+    def as_nvml(gpu):
+        processes = gpu.processes and tuple(sorted(gpu.processes, key=lambda p: p.kind != "compute"))
+        return dataclasses.replace(gpu, compute_capability=COMPUTE_CAPABILITY.get(gpu.name), processes=processes)
+
+    return tuple(as_nvml(gpu) for gpu in ReplaySource(path).snapshot().gpus)
+
+
+@pytest.mark.parametrize("path", [T4, A100], ids=["tesla-t4", "a100-sxm4"])
+@pytest.mark.parametrize("names_as_bytes", [False, True], ids=["str-names", "bytes-names"])
+def test_every_field_of_the_recording_comes_through(path, names_as_bytes):
+    nvml = RecordedNvml.from_recording(path, names_as_bytes=names_as_bytes)
+    snapshot = NvmlSource(nvml=nvml).snapshot()
+    recording = ReplaySource(path).snapshot()
+    assert snapshot.ok and snapshot.source == "NVML"
+    assert (snapshot.driver_version, snapshot.cuda_driver_version) == (
+        recording.driver_version, recording.cuda_driver_version)
+    assert snapshot.gpus == recorded_gpus(path)  # every field, processes and their names included
+
+
+def test_tesla_t4_values_in_nvml_units():
+    (gpu,) = NvmlSource(nvml=RecordedNvml.from_recording(T4)).snapshot().gpus
+    assert (gpu.name, gpu.compute_capability, gpu.memory_reserved, gpu.power_draw, gpu.power_limit) == (
+        "Tesla T4", (7, 5), 388 * 2**20, 26.78, 70.0)
+    assert [(p.pid, p.kind, p.name) for p in gpu.processes] == [
+        (5762, "compute", "python"), (675, "graphics", "/usr/lib/xorg/Xorg")]
+
+
+def test_all_eight_gpus_of_a_server_are_listed():
+    # The A100 XML holds one <gpu> (attached_gpus says 4); the nanoGPT log records 8 GPUs.
+    nvml = RecordedNvml.from_recording(EIGHT_GPUS)
+    snapshot = NvmlSource(nvml=nvml).snapshot()
+    assert [gpu.index for gpu in snapshot.gpus] == list(range(8))
+    assert [gpu.power_draw for gpu in snapshot.gpus] == [gpu.power_draw for gpu in recorded_gpus(EIGHT_GPUS)]
+    # The log has no memory columns: NVML's NOT_SUPPORTED for them is n/a, not an error.
+    assert all(gpu.memory_total is None and gpu.error is None for gpu in snapshot.gpus)
+    assert snapshot.driver_version is None
+
+
+@pytest.mark.parametrize("name", INIT_FAILURES)
+def test_init_failures_become_the_snapshot_problem(name):
+    code = INIT_FAILURES[name]
+    assert type(pynvml.NVMLError(code)).__name__ == name  # the real class, made as pynvml makes it
+    nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", code)
+    snapshot = NvmlSource(nvml=nvml).snapshot()
+    assert snapshot.problem == describe_nvml_error(pynvml.NVMLError(code))
+    assert not snapshot.problem.startswith("NVML error")  # a sentence, not a class name
+    assert snapshot.gpus == () and "nvmlDeviceGetCount" not in nvml.calls
+
+
+def test_missing_pynvml_module_is_a_problem(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    assert NvmlSource().snapshot().problem == NO_PYNVML
+
+
+def test_device_count_failure_is_a_problem():
+    nvml = RecordedNvml.from_recording(T4).fail("nvmlDeviceGetCount", pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    assert NvmlSource(nvml=nvml).snapshot().problem.startswith("the NVIDIA driver is not loaded")
+
+
+def test_a_lost_gpu_is_marked_and_the_others_still_read():
+    nvml = RecordedNvml.from_recording(EIGHT_GPUS).fail("nvmlDeviceGetHandleByIndex", pynvml.NVML_ERROR_GPU_IS_LOST, index=3)
+    gpus = NvmlSource(nvml=nvml).snapshot().gpus
+    assert gpus[3].error.startswith("a GPU has fallen off the bus")
+    assert [gpu.error for gpu in gpus[:3] + gpus[4:]] == [None] * 7
+    assert gpus[4].power_draw == recorded_gpus(EIGHT_GPUS)[4].power_draw
+
+
+def test_a_gpu_lost_in_the_middle_of_a_read_is_marked_lost_not_n_a():
+    nvml = RecordedNvml.from_recording(T4).fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST)
+    (gpu,) = NvmlSource(nvml=nvml).snapshot().gpus
+    assert gpu.error.startswith("a GPU has fallen off the bus")
+    assert gpu.name == "Tesla T4"
+
+
+@pytest.mark.parametrize("function, fields", [
+    ("nvmlDeviceGetPowerUsage", ["power_draw"]),
+    ("nvmlDeviceGetEnforcedPowerLimit", ["power_limit"]),
+    ("nvmlDeviceGetUtilizationRates", ["utilization_gpu", "utilization_memory"]),
+    ("nvmlDeviceGetTemperature", ["temperature"]),
+    ("nvmlDeviceGetCudaComputeCapability", ["compute_capability"]),
+    ("nvmlDeviceGetCurrPcieLinkWidth", ["pcie_width"]),
+    ("nvmlDeviceGetUUID", ["uuid"]),
+])
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION,
+                                  pynvml.NVML_ERROR_FUNCTION_NOT_FOUND])
+def test_a_field_that_fails_is_n_a_and_the_rest_is_read(function, fields, code):
+    nvml = RecordedNvml.from_recording(T4).fail(function, code)
+    (gpu,) = NvmlSource(nvml=nvml).snapshot().gpus
+    (expected,) = recorded_gpus(T4)
+    assert [getattr(gpu, field) for field in fields] == [None] * len(fields) and gpu.error is None
+    assert dataclasses.replace(gpu, **{field: getattr(expected, field) for field in fields}) == expected
+
+
+def test_processes_not_readable_are_n_a():
+    nvml = (RecordedNvml.from_recording(T4)
+            .fail("nvmlDeviceGetComputeRunningProcesses", pynvml.NVML_ERROR_NO_PERMISSION)
+            .fail("nvmlDeviceGetGraphicsRunningProcesses", pynvml.NVML_ERROR_NO_PERMISSION))
+    (gpu,) = NvmlSource(nvml=nvml).snapshot().gpus
+    assert gpu.processes is None  # NVML answered for neither kind: unknown, not "none"
+    assert gpu.memory_used == 1032 * 2**20
+
+
+def test_driver_without_memory_info_v2_falls_back_to_v1():
+    nvml = RecordedNvml.from_recording(T4, memory_v2=False)
+    (gpu,) = NvmlSource(nvml=nvml).snapshot().gpus
+    assert gpu.memory_reserved is None
+    assert gpu.memory_used == (15360 - 13939) * 2**20  # v1's "used" includes the driver's reserve
+    assert nvml.calls.count("nvmlDeviceGetMemoryInfo") == 2
+
+
+def test_deprecated_throttle_reasons_used_when_clock_event_reasons_is_missing():
+    nvml = RecordedNvml.from_recording(GTX1660, clocks_event_reasons=False)
+    (gpu,) = NvmlSource(nvml=nvml).snapshot().gpus
+    assert gpu.clock_event_reasons == ("idle",)
+    assert "nvmlDeviceGetCurrentClocksThrottleReasons" in nvml.calls
+
+
+def test_clock_event_reasons_decoded_into_words():
+    assert decode_clock_event_reasons(0) == ()
+    assert decode_clock_event_reasons(0x1 | 0x4 | 0x40) == ("idle", "power cap", "thermal (hardware)")
+    assert decode_clock_event_reasons(0x1FF) == (
+        "idle", "application clock setting", "power cap", "hardware slowdown", "sync boost",
+        "thermal (software)", "thermal (hardware)", "power brake", "display clock setting")
+
+
+def test_close_is_idempotent_and_the_source_reopens():
+    nvml = RecordedNvml.from_recording(T4)
+    source = NvmlSource(nvml=nvml)
+    source.close()  # before any snapshot: nothing to shut down
+    assert nvml.shutdowns == 0 and "nvmlShutdown" not in nvml.calls
+    source.snapshot()
+    source.close()
+    source.close()
+    assert nvml.shutdowns == 1 and not nvml.initialized
+    assert source.snapshot().gpus[0].name == "Tesla T4"  # initialized again
+
+
+def test_close_waits_for_a_call_in_flight():
+    nvml = RecordedNvml.from_recording(T4)
+    source = NvmlSource(nvml=nvml)
+    gate = nvml.hold("nvmlDeviceGetPowerUsage")
+    results = []
+    reader = threading.Thread(target=lambda: results.append(source.snapshot()))
+    reader.start()
+    assert gate.entered.wait(5)
+    closer = threading.Thread(target=source.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive() and nvml.shutdowns == 0  # shutting NVML down now would be a use-after-free
+    gate.release.set()
+    reader.join(5)
+    closer.join(5)
+    assert nvml.shutdowns == 1 and nvml.calls[-1] == "nvmlShutdown"
+    assert results[0].gpus[0].power_draw == 26.78
+
+
+# --- %gpu_status in the real shell ----------------------------------------------------
+
+
+@pytest.fixture
+def live(monkeypatch):
+    """Point %gpu_status's live source at NvmlSource over a stand-in; returns a setter."""
+    def use(nvml):
+        monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=nvml))
+        return nvml
+
+    return use
+
+
+def run_status(shell, capsys, line=""):
+    shell.run_line_magic("gpu_status", line)
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    return captured.out + captured.err
+
+
+@pytest.mark.parametrize("name", INIT_FAILURES)
+def test_gpu_status_shows_an_init_failure_as_one_line(shell, capsys, live, name):
+    live(RecordedNvml.from_recording(T4).fail("nvmlInit", INIT_FAILURES[name]))
+    text = run_status(shell, capsys)
+    line = describe_nvml_error(pynvml.NVMLError(INIT_FAILURES[name]))
+    assert f"No GPU read: {line}" in text.splitlines()
+    assert "torch" in text.splitlines()[0]  # the runtime line is still shown
+
+
+def test_gpu_status_without_pynvml(shell, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    text = run_status(shell, capsys)
+    assert f"No GPU read: {NO_PYNVML}" in text.splitlines()
+
+
+def test_gpu_status_shows_the_lost_gpu_and_the_others(shell, capsys, live):
+    live(RecordedNvml.from_recording(EIGHT_GPUS).fail("nvmlDeviceGetHandleByIndex", pynvml.NVML_ERROR_GPU_IS_LOST, index=2))
+    lines = run_status(shell, capsys).splitlines()
+    assert [line for line in lines if line.startswith("GPU 2 ")] == [
+        f"GPU 2  unknown GPU: {describe_nvml_error(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST))}"]
+    assert sum(line.startswith("GPU ") for line in lines) == 8
+
+
+def test_gpu_status_shows_unsupported_fields_as_n_a(shell, capsys, live):
+    live(RecordedNvml.from_recording(T4)
+         .fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_NOT_SUPPORTED)
+         .fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND))
+    text = run_status(shell, capsys)
+    assert "  power       n/a of 70 W   temperature 40 C   state P0" in text.splitlines()
+    assert "memory      n/a used / n/a" in text
+    assert "GPU 0  Tesla T4  (cuda:0, compute capability 7.5)" in text.splitlines()
+
+
+def test_gpu_status_on_the_recorded_t4_names_the_fp16_advice(shell, capsys, live):
+    live(RecordedNvml.from_recording(T4))
+    text = run_status(shell, capsys)
+    assert "GPU 0  Tesla T4" in text and "15.00 GiB" in text
+    assert "fp16" in text  # the T4 rule fires on NVML's compute capability 7.5
+
+
+@pytest.mark.parametrize("path, expected", [
+    (T4, "GPU 0  Tesla T4  "),
+    (DATA / "nvidia-smi-csv" / "v100s-pcie-32gb_miris.csv", "GPU 0  Tesla V100S-PCIE-32GB  "),
+])
+def test_gpu_status_from_a_recording(shell, capsys, path, expected):
+    text = run_status(shell, capsys, f"--from {path}")
+    assert any(line.startswith(expected) for line in text.splitlines())
+    assert f"Source: replay of {path.name}" in text.splitlines()
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "no such file"),
+    (b"<nvidia_smi_log><gpu>", "it is not well-formed XML"),
+])
+def test_gpu_status_from_a_bad_file_is_one_line(shell, capsys, tmp_path, content, expected):
+    path = tmp_path / "pasted.xml"
+    if content is not None:
+        path.write_bytes(content)
+    text = run_status(shell, capsys, f"--from {path}")
+    problems = [line for line in text.splitlines() if line.startswith("No GPU read: ")]
+    assert len(problems) == 1 and f"cannot replay {path}: " in problems[0] and expected in problems[0]
+    assert "torch" in text.splitlines()[0]
