@@ -3,13 +3,13 @@ own exception classes: values come through field by field, failures become words
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 import threading
 
 import pynvml
 import pytest
 
-import colab_gpu.status
 from colab_gpu.devices.nvml import NO_PYNVML, NvmlSource, decode_clock_event_reasons, describe_nvml_error
 from colab_gpu.devices.replay import ReplaySource
 
@@ -20,6 +20,8 @@ T4 = DATA / "nvidia-smi-xml" / "tesla-t4.xml"
 A100 = DATA / "nvidia-smi-xml" / "a100-sxm4-v12.xml"
 GTX1660 = DATA / "nvidia-smi-xml" / "gtx-1660-ti.xml"
 EIGHT_GPUS = DATA / "nvidia-smi-csv" / "8gpu-training_nanogpt-pr643.csv"
+# The module itself: `colab_gpu.status` may be the lazily exported function of the same name.
+STATUS_MODULE = importlib.import_module("colab_gpu.status")
 
 # The failures the issue names, as pynvml raises them: NVMLError(code) returns the subclass.
 INIT_FAILURES = {
@@ -196,7 +198,7 @@ def test_close_waits_for_a_call_in_flight():
 def live(monkeypatch):
     """Point %gpu_status's live source at NvmlSource over a stand-in; returns a setter."""
     def use(nvml):
-        monkeypatch.setattr(colab_gpu.status, "_default_source", NvmlSource(nvml=nvml))
+        monkeypatch.setattr(STATUS_MODULE, "_default_source", NvmlSource(nvml=nvml))
         return nvml
 
     return use
@@ -220,7 +222,7 @@ def test_gpu_status_shows_an_init_failure_as_one_line(shell, capsys, live, name)
 
 def test_gpu_status_without_pynvml(shell, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr(colab_gpu.status, "_default_source", NvmlSource())
+    monkeypatch.setattr(STATUS_MODULE, "_default_source", NvmlSource())
     text = run_status(shell, capsys)
     assert f"No GPU read: {NO_PYNVML}" in text.splitlines()
 
