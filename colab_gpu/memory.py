@@ -55,6 +55,7 @@ class _Reach:
     tensors: int = 0
     modules: int = 0
     truncated: bool = False
+    device_names: Dict[Any, str] = dataclasses.field(default_factory=dict)  # torch.device -> "cuda:0"
 
 
 def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch) -> None:
@@ -74,9 +75,17 @@ def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch) -> None:
     except Exception:  # nested, quantized or exotic tensors: nothing countable
         return
     if address and nbytes and device.type != "meta":
-        reach.storages[(str(device), address)] = nbytes
+        name = reach.device_names.get(device)
+        if name is None:
+            name = reach.device_names[device] = str(device)
+        reach.storages[(name, address)] = nbytes
     if tensor.is_leaf or tensor.retains_grad:  # .grad of any other tensor only warns
-        stack.append(tensor.grad)
+        grad = tensor.grad
+        if grad is not None:
+            stack.append(grad)
+    attributes = tensor.__dict__  # a subclass's or the user's own attributes
+    if attributes:
+        stack.extend(attributes.values())
 
 
 def _children(obj: Any, kind: type) -> Iterable[Any]:
@@ -121,8 +130,7 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
 def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _Reach:
     """Every tensor storage ``root`` reaches, each counted once, cycles and all."""
     reach = _Reach()
-    tensor_type = torch.Tensor
-    module_type = torch.nn.Module
+    kinds: Dict[type, Tuple[bool, bool]] = {}  # type -> (is a tensor, is a module), tested once
     seen: Set[int] = set()
     stack = [root]
     while stack:
@@ -137,14 +145,13 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _
             reach.truncated = True
             break
         seen.add(key)
-        if issubclass(kind, tensor_type):
+        verdict = kinds.get(kind)
+        if verdict is None:
+            verdict = kinds[kind] = (issubclass(kind, torch.Tensor), issubclass(kind, torch.nn.Module))
+        if verdict[0]:
             _record_tensor(obj, reach, stack, torch)
-            try:
-                stack.extend(object.__getattribute__(obj, "__dict__").values())
-            except Exception:
-                pass
             continue
-        if issubclass(kind, module_type):
+        if verdict[1]:
             reach.modules += 1
         stack.extend(_children(obj, kind))
     return reach
@@ -320,10 +327,12 @@ class Reading:
 
 def cpu_tensor_bytes(torch) -> int:
     """Bytes of every live CPU tensor Python can see, each storage counted once."""
-    tensor_type = torch.Tensor
+    objects = gc.get_objects()
+    # Tensor's metaclass makes issubclass slow: test each type once, then filter by type.
+    tensor_kinds = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor)}
     storages: Dict[int, int] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), tensor_type) and obj.layout == torch.strided:
+    for obj in objects:
+        if type(obj) in tensor_kinds and obj.layout == torch.strided:
             try:
                 if obj.device.type == "cpu":
                     storage = obj.untyped_storage()
