@@ -127,31 +127,43 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
                     pass
 
 
+_SKIP, _TENSOR, _MODULE, _OTHER = range(4)
+
+
+def _classify(kind: type, torch) -> int:
+    if issubclass(kind, _LEAVES) or issubclass(kind, _OPAQUE):
+        return _SKIP
+    if issubclass(kind, torch.Tensor):
+        return _TENSOR
+    return _MODULE if issubclass(kind, torch.nn.Module) else _OTHER
+
+
 def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _Reach:
     """Every tensor storage ``root`` reaches, each counted once, cycles and all."""
     reach = _Reach()
-    kinds: Dict[type, Tuple[bool, bool]] = {}  # type -> (is a tensor, is a module), tested once
-    seen: Set[int] = set()
+    kinds: Dict[type, int] = {}  # each type classified once: Tensor's metaclass makes issubclass slow
+    seen: Set[int] = set(skip)
+    limit = len(seen) + max_objects
     stack = [root]
     while stack:
         obj = stack.pop()
         kind = type(obj)  # never obj.__class__: proxies and deprecated objects lie or warn
-        if issubclass(kind, _LEAVES) or issubclass(kind, _OPAQUE):
+        verdict = kinds.get(kind)
+        if verdict is None:
+            verdict = kinds[kind] = _classify(kind, torch)
+        if verdict == _SKIP:
             continue
         key = id(obj)
-        if key in seen or key in skip:
+        if key in seen:
             continue
-        if len(seen) >= max_objects:
+        if len(seen) >= limit:
             reach.truncated = True
             break
         seen.add(key)
-        verdict = kinds.get(kind)
-        if verdict is None:
-            verdict = kinds[kind] = (issubclass(kind, torch.Tensor), issubclass(kind, torch.nn.Module))
-        if verdict[0]:
+        if verdict == _TENSOR:
             _record_tensor(obj, reach, stack, torch)
             continue
-        if verdict[1]:
+        if verdict == _MODULE:
             reach.modules += 1
         stack.extend(_children(obj, kind))
     return reach
