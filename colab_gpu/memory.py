@@ -190,8 +190,33 @@ class Holder:
     truncated: bool = False  # the walk stopped at MAX_OBJECTS objects: a lower bound
 
 
-@dataclasses.dataclass(frozen=True)
-class Holders:
+class _Shown:
+    """One line (``summary()``, ``repr``), the text report and the HTML card, from
+    colab_gpu.render.memory's ``<_renderers>_line``, ``_text`` and ``_html``."""
+
+    _renderers = ""
+
+    def _render(self, form: str) -> str:
+        from .render import memory
+
+        return getattr(memory, f"{self._renderers}_{form}")(self)
+
+    def summary(self) -> str:
+        """One line: what was freed (a report), who holds the most."""
+        return self._render("line")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.summary()}>"
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(self._render("text"))
+
+    def _repr_html_(self) -> str:
+        return self._render("html")
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Holders(_Shown):
     """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch."""
 
     holders: Tuple[Holder, ...] = ()
@@ -200,24 +225,7 @@ class Holders:
     torch_imported: bool = True
     problem: Optional[str] = None  # why the GPUs could not be read
 
-    def summary(self) -> str:
-        """One line: how many variables hold tensors, the biggest three."""
-        from .render.memory import holders_line
-
-        return holders_line(self)
-
-    def __repr__(self) -> str:
-        return f"<Holders {self.summary()}>"
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        from .render.memory import holders_text
-
-        printer.text(holders_text(self))
-
-    def _repr_html_(self) -> str:
-        from .render.memory import holders_html
-
-        return holders_html(self)
+    _renderers = "holders"
 
 
 def _user_variables(namespace: Mapping[str, Any], hidden: Mapping[str, Any]) -> List[Tuple[str, Any]]:
@@ -530,8 +538,8 @@ class Step:
     after: Tuple[Reading, ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class ClearReport:
+@dataclasses.dataclass(frozen=True, repr=False)
+class ClearReport(_Shown):
     """What clear_cache did, what each step freed, and who still holds memory."""
 
     before: Tuple[Reading, ...]
@@ -554,24 +562,7 @@ class ClearReport:
             return None
         return start - end
 
-    def summary(self) -> str:
-        """One line: what was freed and what still holds the most."""
-        from .render.memory import report_line
-
-        return report_line(self)
-
-    def __repr__(self) -> str:
-        return f"<ClearReport {self.summary()}>"
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        from .render.memory import report_text
-
-        printer.text(report_text(self))
-
-    def _repr_html_(self) -> str:
-        from .render.memory import report_html
-
-        return report_html(self)
+    _renderers = "report"
 
 
 def _value(readings: Tuple[Reading, ...], device: str, field: str) -> Optional[int]:

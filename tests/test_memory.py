@@ -245,3 +245,34 @@ def test_empty_cuda_cache_never_touches_a_device_without_a_context():
     fake = FakeCuda()
     fake._C._cuda_hasPrimaryContext = lambda device: device == 1
     assert empty_cuda_cache(fake) == ["cuda:1"]
+
+
+PLAIN_PYTHON = """
+import code, sys, __main__
+import colab_gpu
+report = colab_gpu.clear_cache()
+assert "torch" not in sys.modules, "clear_cache imported torch"
+print("without torch:", report.summary(), "|", report.holders.summary())
+console = code.InteractiveInterpreter(__main__.__dict__)  # the plain REPL's own machinery
+console.runsource("import torch, weakref")
+console.runsource("def step():\\n    x = torch.ones(%d)\\n    global ref\\n    ref = weakref.ref(x)\\n    1 / 0\\n", symbol="exec")
+console.runsource("step()")
+assert ref() is not None and sys.last_traceback is not None
+report = colab_gpu.clear_cache()
+print("alive after clear_cache:", ref() is not None)
+print(report.summary())
+""" % SIZE
+
+
+def test_plain_python_without_ipython_or_torch():
+    import subprocess
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-c", PLAIN_PYTHON], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "without torch: clear_cache: nothing freed | torch is not imported: no tensor is held."
+    assert lines[1] == "alive after clear_cache: False"
+    assert lines[2].startswith("clear_cache: freed cpu tensors 61 MiB")

@@ -62,7 +62,8 @@ def _holder_line(holder) -> str:
     devices = ", ".join(f"{device} {size(n)}" for device, n in holder.by_device)
     shared = "" if holder.unique == holder.nbytes else f"; {size(holder.unique)} held by it alone"
     bound = " (at least: too large to walk fully)" if holder.truncated else ""
-    return (f"{size(holder.nbytes)}{bound} in {holder.tensors} tensors ({devices}){shared}"
+    tensors = f"{holder.tensors} tensor" + ("" if holder.tensors == 1 else "s")
+    return (f"{size(holder.nbytes)}{bound} in {tensors} ({devices}){shared}"
             f" - {holder.type_name}")
 
 
