@@ -285,21 +285,21 @@ def _current_shell(shell: Any) -> Any:
     return ipython.get_ipython() if ipython is not None else None
 
 
+def _gpu_view(snapshot, torch):
+    """NVML's GPUs, NVML index -> torch index, and torch's allocator view once CUDA runs."""
+    gpus = snapshot.gpus if snapshot is not None and snapshot.ok else ()
+    index_of = torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"),
+                             [(gpu.index, gpu.uuid) for gpu in gpus])
+    memory = torch_memory(index_of) if torch is not None and _cuda_initialized(torch) else ()
+    return gpus, index_of, memory
+
+
 def _outside_torch(snapshot, torch) -> Tuple[MemoryBreakdown, ...]:
     """Per GPU: other processes and this process's non-torch memory (context, other libraries)."""
-    if snapshot is None or not snapshot.ok:
-        return ()
-    index_of = torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"),
-                             [(gpu.index, gpu.uuid) for gpu in snapshot.gpus])
-    memory = {m.nvml_index: m for m in _torch_memory(index_of, torch)}
-    parts = (breakdown(gpu, memory.get(gpu.index), os.getpid()) for gpu in snapshot.gpus)
+    gpus, _, memory = _gpu_view(snapshot, torch)
+    by_nvml = {m.nvml_index: m for m in memory}
+    parts = (breakdown(gpu, by_nvml.get(gpu.index), os.getpid()) for gpu in gpus)
     return tuple(part for part in parts if part is not None)
-
-
-def _torch_memory(index_of, torch):
-    if torch is None or not _cuda_initialized(torch):
-        return ()
-    return torch_memory(index_of)
 
 
 def _cuda_initialized(torch) -> bool:
@@ -379,20 +379,19 @@ def read_memory(torch, source: Optional[DeviceSource]) -> Tuple[Reading, ...]:
     readings: List[Reading] = []
     if torch is not None:
         readings.append(Reading("cpu", cpu_tensor_bytes(torch)))
-    snapshot = _snapshot(source)
-    if snapshot is None or not snapshot.ok:
-        return tuple(readings)
-    index_of = torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"),
-                             [(gpu.index, gpu.uuid) for gpu in snapshot.gpus])
-    memory = {m.nvml_index: m for m in _torch_memory(index_of, torch)}
-    for gpu in snapshot.gpus:
+    gpus, index_of, memory = _gpu_view(_snapshot(source), torch)
+    by_nvml = {m.nvml_index: m for m in memory}
+    for gpu in gpus:
         torch_index = index_of.get(gpu.index)
-        seen = memory.get(gpu.index)
+        seen = by_nvml.get(gpu.index)
         readings.append(Reading(
             device=f"cuda:{torch_index}" if torch_index is not None else f"GPU {gpu.index}",
             allocated=seen.allocated if seen else None,
             reserved=seen.reserved if seen else None,
             nvml_used=gpu.memory_used))
+    # torch's devices NVML could not match (NVML missing or failing): torch's view alone.
+    readings += [Reading(f"cuda:{m.torch_index}", m.allocated, m.reserved)
+                 for m in memory if m.nvml_index is None]
     return tuple(readings)
 
 

@@ -276,3 +276,21 @@ def test_plain_python_without_ipython_or_torch():
     assert lines[0] == "without torch: clear_cache: nothing freed | torch is not imported: no tensor is held."
     assert lines[1] == "alive after clear_cache: False"
     assert lines[2].startswith("clear_cache: freed cpu tensors 61 MiB")
+
+
+def test_torch_view_is_read_when_nvml_is_missing(monkeypatch):
+    """On a GPU machine without a usable NVML (no pynvml) torch's own numbers must still show.
+    This machine has no NVIDIA driver, so the real NVML source fails for real; the CUDA device
+    is the faked boundary."""
+    from colab_gpu.devices.nvml import NvmlSource
+    from colab_gpu.memory import read_memory
+
+    source = NvmlSource()
+    assert not source.snapshot().ok
+    stats = {"allocated_bytes.all.current": 3 * MiB, "reserved_bytes.all.current": 8 * MiB}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: stats)
+    readings = {reading.device: reading for reading in read_memory(torch, source)}
+    assert readings["cuda:0"].allocated == 3 * MiB and readings["cuda:0"].reserved == 8 * MiB
+    assert readings["cuda:0"].nvml_used is None and "cpu" in readings
