@@ -59,13 +59,14 @@ def test_failed_cell_tensor_is_alive_until_clear_cache(shell, capsys):
     assert user_bindings(shell) == before
 
 
-@pytest.mark.parametrize("holder", ["sys.last_value", "sys.last_traceback",
+@pytest.mark.parametrize("holder", ["sys.last_value", "sys.last_traceback", "sys.last_exc",
                                     "shell.last_execution_result", "shell.InteractiveTB.tb"])
 def test_each_exception_reference_alone_keeps_the_frames_and_is_dropped(shell, holder):
     assert run(shell, FAILING_CELL).error_in_exec is not None
     owner_name, attribute = holder.rsplit(".", 1)
     owner = {"sys": sys, "shell": shell, "shell.InteractiveTB": shell.InteractiveTB}[owner_name]
-    kept = getattr(owner, attribute)
+    # sys.last_exc is set by Python 3.12+ (and IPython there); on older Pythons set it as they do.
+    kept = getattr(owner, attribute, None) if attribute != "last_exc" else sys.last_value
     drop_exception(shell)
     setattr(owner, attribute, kept)  # put back this one reference alone
     del kept

@@ -60,7 +60,8 @@ def _step_rows(report) -> List[Tuple[str, str]]:
 
 def _holder_line(holder) -> str:
     devices = ", ".join(f"{device} {size(n)}" for device, n in holder.by_device)
-    shared = "" if holder.unique == holder.nbytes else f"; {size(holder.unique)} held by it alone"
+    shared = ("" if holder.unique == holder.nbytes else "; all shared with other variables"
+              if not holder.unique else f"; {size(holder.unique)} held by it alone")
     bound = " (at least: too large to walk fully)" if holder.truncated else ""
     tensors = f"{holder.tensors} tensor" + ("" if holder.tensors == 1 else "s")
     return (f"{size(holder.nbytes)}{bound} in {tensors} ({devices}){shared}"
