@@ -18,6 +18,10 @@ _LAZY = {
     "Status": "colab_gpu.gpu_status",
     "detect_runtime": "colab_gpu.runtime",
     "open_source": "colab_gpu.devices",
+    "clear_cache": "colab_gpu.memory",
+    "memory_holders": "colab_gpu.memory",
+    "ClearReport": "colab_gpu.memory",
+    "Holders": "colab_gpu.memory",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]

@@ -92,6 +92,45 @@ class GPUMagics(Magics):
         else:
             self._show(result)
 
+    @magic_arguments()
+    @argument("names", nargs="*", metavar="NAME",
+              help="Variables to delete first (from your namespace and the output history); "
+                   "no other variable is ever deleted.")
+    @argument("--history", action="store_true",
+              help="Clear the whole output history (Out, _, __, ___, _N), not only the "
+                   "entries that hold tensors or modules.")
+    @argument("--vars", action="store_true",
+              help="Only show who holds memory (your variables ranked by the tensor bytes "
+                   "they reach, and memory outside torch); free nothing.")
+    @argument("--quiet", action="store_true", help="Print one line instead of the report.")
+    @line_magic
+    @_friendly_errors
+    def clear_cache(self, line: str = ""):
+        """Give memory back, and say who still holds it.
+
+        Drops the references IPython keeps to the last exception (they keep the failed
+        cell's tensors alive), clears output-history entries that hold tensors or modules,
+        deletes the variables NAME..., runs gc.collect() and, only if CUDA is already
+        initialized, torch.cuda.synchronize(), empty_cache() and ipc_collect(). Then ranks
+        your variables by the tensor memory they still hold. Never initializes CUDA.
+        """
+        from .memory import ClearCacheError, clear_cache, memory_holders
+
+        args = parse_argstring(self.clear_cache, line)
+        if args.vars and (args.names or args.history):
+            raise UsageError("--vars only shows who holds memory; it takes no NAME or --history")
+        if args.vars:
+            result = memory_holders(shell=self.shell)
+        else:
+            try:
+                result = clear_cache(*args.names, history=args.history, shell=self.shell)
+            except ClearCacheError as error:
+                raise UsageError(str(error)) from None
+        if args.quiet:
+            print(result.summary())
+        else:
+            self._show(result)
+
 
 def _loaded(shell) -> "GPUMagics | None":
     instance = shell.magics_manager.registry.get(GPUMagics.__name__)

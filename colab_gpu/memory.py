@@ -1,0 +1,617 @@
+"""``clear_cache()``: give memory back; ``memory_holders()``: say who still holds it.
+
+``torch.cuda.empty_cache()`` frees nothing that is still referenced, and a notebook keeps
+many references the user never wrote: the last failed cell's traceback (every frame and its
+tensors), the output history (``Out``, ``_``, ``__``, ``___``, ``_N``) and the shell's last
+execution result. :func:`clear_cache` drops those, deletes only the variables it is given by
+name, collects garbage and, only if the user's code already initialized CUDA, empties torch's
+cache. Each step is measured, so the report says what each one freed.
+
+IPython is never imported here: its objects come in as ``shell`` and are used by duck typing,
+so this works in IPython 7.34 (Colab) as in the newest, and in plain Python with no shell.
+No tensor is ever referenced by a result: the ranking keeps storage addresses, not tensors.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gc
+import os
+import re
+import sys
+import types
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+
+from .devices import DeviceSource
+from .gpu_status import MemoryBreakdown, breakdown, torch_memory
+from .runtime import torch_indices
+
+# IPython's own names in the user namespace: the output and input history and its helpers.
+_OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
+_INPUT_NAME = re.compile(r"_i(\d+|i{0,2})\Z")  # _i, _ii, _iii, _i12
+_IPYTHON_NAMES = frozenset({"In", "Out", "_oh", "_ih", "_dh", "get_ipython", "exit", "quit",
+                            "_exit_code"})
+# Types that hold no tensor and are not worth a visit.
+_LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, range, slice)
+# Types never walked into: they lead to the whole interpreter (modules, globals of functions).
+_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+           types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType)
+
+MAX_OBJECTS = 1_000_000  # per variable: a bound on the walk, so a huge container stays fast
+
+
+class ClearCacheError(ValueError):
+    """A request that cannot be carried out (an unknown name, IPython's own name)."""
+
+
+# ----------------------------------------------------------------------------- the walk
+
+
+@dataclasses.dataclass
+class _Reach:
+    """What one walk found: storages by (device, address), and what it stopped at."""
+
+    storages: Dict[Tuple[str, int], int] = dataclasses.field(default_factory=dict)
+    tensors: int = 0
+    modules: int = 0
+    truncated: bool = False
+    device_names: Dict[Any, str] = dataclasses.field(default_factory=dict)  # torch.device -> "cuda:0"
+
+
+def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch) -> None:
+    reach.tensors += 1
+    if tensor.layout != torch.strided:  # sparse: the memory is in the component tensors
+        for part in ("_indices", "_values", "crow_indices", "col_indices",
+                     "ccol_indices", "row_indices", "values"):
+            try:
+                stack.append(getattr(tensor, part)())
+            except Exception:
+                pass
+        return
+    try:
+        storage = tensor.untyped_storage()
+        address, nbytes = storage.data_ptr(), storage.nbytes()
+        device = tensor.device
+    except Exception:  # nested, quantized or exotic tensors: nothing countable
+        return
+    if address and nbytes and device.type != "meta":
+        name = reach.device_names.get(device)
+        if name is None:
+            name = reach.device_names[device] = str(device)
+        reach.storages[(name, address)] = nbytes
+    if tensor.is_leaf or tensor.retains_grad:  # .grad of any other tensor only warns
+        grad = tensor.grad
+        if grad is not None:
+            stack.append(grad)
+    attributes = tensor.__dict__  # a subclass's or the user's own attributes
+    if attributes:
+        stack.extend(attributes.values())
+
+
+def _children(obj: Any, kind: type) -> Iterable[Any]:
+    """What a non-tensor object refers to, as far as memory is concerned."""
+    if issubclass(kind, dict):
+        yield from obj.keys()
+        yield from obj.values()
+        return
+    if issubclass(kind, (list, tuple, set, frozenset, collections.deque)):
+        yield from obj
+        return
+    if issubclass(kind, types.MethodType):
+        yield obj.__self__
+        return
+    if issubclass(kind, BaseException):
+        yield obj.__traceback__
+        yield obj.__cause__
+        yield obj.__context__
+    if issubclass(kind, types.TracebackType):
+        while obj is not None:
+            frame = obj.tb_frame
+            if frame.f_locals is not frame.f_globals:  # a module frame's locals are a namespace
+                yield from frame.f_locals.values()
+            obj = obj.tb_next
+        return
+    try:
+        attributes = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        attributes = None
+    if isinstance(attributes, dict):
+        yield from attributes.values()
+    for cls in kind.__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__"):
+                try:
+                    yield object.__getattribute__(obj, slot)
+                except Exception:
+                    pass
+
+
+_SKIP, _TENSOR, _MODULE, _OTHER = range(4)
+
+
+def _classify(kind: type, torch) -> int:
+    if issubclass(kind, _LEAVES) or issubclass(kind, _OPAQUE):
+        return _SKIP
+    if issubclass(kind, torch.Tensor):
+        return _TENSOR
+    return _MODULE if issubclass(kind, torch.nn.Module) else _OTHER
+
+
+def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _Reach:
+    """Every tensor storage ``root`` reaches, each counted once, cycles and all."""
+    reach = _Reach()
+    kinds: Dict[type, int] = {}  # each type classified once: Tensor's metaclass makes issubclass slow
+    seen: Set[int] = set(skip)
+    limit = len(seen) + max_objects
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        kind = type(obj)  # never obj.__class__: proxies and deprecated objects lie or warn
+        verdict = kinds.get(kind)
+        if verdict is None:
+            verdict = kinds[kind] = _classify(kind, torch)
+        if verdict == _SKIP:
+            continue
+        key = id(obj)
+        if key in seen:
+            continue
+        if len(seen) >= limit:
+            reach.truncated = True
+            break
+        seen.add(key)
+        if verdict == _TENSOR:
+            _record_tensor(obj, reach, stack, torch)
+            continue
+        if verdict == _MODULE:
+            reach.modules += 1
+        stack.extend(_children(obj, kind))
+    return reach
+
+
+def _torch():
+    """The user's torch, only if already imported (never imported here)."""
+    return sys.modules.get("torch")
+
+
+# ----------------------------------------------------------------------------- the ranking
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """A user variable and the tensor memory it keeps alive."""
+
+    name: str
+    type_name: str
+    nbytes: int  # distinct storage bytes it reaches
+    unique: int  # of which no other variable reaches: about what ``del name`` would free
+    by_device: Tuple[Tuple[str, int], ...]  # ("cpu", bytes), ("cuda:0", bytes)
+    tensors: int
+    truncated: bool = False  # the walk stopped at MAX_OBJECTS objects: a lower bound
+
+
+class _Shown:
+    """One line (``summary()``, ``repr``), the text report and the HTML card, from
+    colab_gpu.render.memory's ``<_renderers>_line``, ``_text`` and ``_html``."""
+
+    _renderers = ""
+
+    def _render(self, form: str) -> str:
+        from .render import memory
+
+        return getattr(memory, f"{self._renderers}_{form}")(self)
+
+    def summary(self) -> str:
+        """One line: what was freed (a report), who holds the most."""
+        return self._render("line")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.summary()}>"
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(self._render("text"))
+
+    def _repr_html_(self) -> str:
+        return self._render("html")
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Holders(_Shown):
+    """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch."""
+
+    holders: Tuple[Holder, ...] = ()
+    total_by_device: Tuple[Tuple[str, int], ...] = ()  # every storage counted once
+    outside_torch: Tuple[MemoryBreakdown, ...] = ()  # per GPU: other processes, context, others
+    torch_imported: bool = True
+    problem: Optional[str] = None  # why the GPUs could not be read
+
+    _renderers = "holders"
+
+
+def _user_variables(namespace: Mapping[str, Any], hidden: Mapping[str, Any]) -> List[Tuple[str, Any]]:
+    """The user's own variables: not IPython's names, modules, functions or classes."""
+    missing = object()
+    result = []
+    for name, value in list(namespace.items()):
+        if (name in _IPYTHON_NAMES or name.startswith("__") and name.endswith("__")
+                or _OUTPUT_NAME.match(name) or _INPUT_NAME.match(name)
+                or hidden.get(name, missing) is value or issubclass(type(value), _OPAQUE)):
+            continue
+        result.append((name, value))
+    return result
+
+
+def _by_device(storages: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int], ...]:
+    totals: Dict[str, int] = {}
+    for (device, _), nbytes in storages.items():
+        totals[device] = totals.get(device, 0) + nbytes
+    return tuple(sorted(totals.items()))
+
+
+def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int] = frozenset(),
+                 max_objects: int = MAX_OBJECTS) -> Tuple[Tuple[Holder, ...], Tuple[Tuple[str, int], ...]]:
+    """Rank ``(name, value)`` pairs by the tensor bytes each reaches; also the union per device."""
+    reaches = [(name, value, _walk(value, torch, skip, max_objects)) for name, value in variables]
+    owners: Dict[Tuple[str, int], int] = {}
+    union: Dict[Tuple[str, int], int] = {}
+    for _, _, reach in reaches:
+        for key, nbytes in reach.storages.items():
+            owners[key] = owners.get(key, 0) + 1
+            union[key] = nbytes
+    holders = [
+        Holder(name=name, type_name=type(value).__qualname__,
+               nbytes=sum(reach.storages.values()),
+               unique=sum(n for key, n in reach.storages.items() if owners[key] == 1),
+               by_device=_by_device(reach.storages), tensors=reach.tensors,
+               truncated=reach.truncated)
+        for name, value, reach in reaches if reach.storages or reach.tensors
+    ]
+    holders.sort(key=lambda holder: (-holder.nbytes, holder.name))
+    return tuple(holders), _by_device(union)
+
+
+def _namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The user namespace and IPython's hidden one (empty in plain Python)."""
+    if shell is None:
+        return sys.modules["__main__"].__dict__, {}
+    return shell.user_ns, getattr(shell, "user_ns_hidden", {})
+
+
+def _current_shell(shell: Any) -> Any:
+    """The running IPython shell if IPython is already imported, else ``shell`` (maybe None)."""
+    if shell is not None:
+        return shell
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+def _gpu_view(snapshot, torch):
+    """NVML's GPUs, NVML index -> torch index, and torch's allocator view once CUDA runs."""
+    gpus = snapshot.gpus if snapshot is not None and snapshot.ok else ()
+    index_of = torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"),
+                             [(gpu.index, gpu.uuid) for gpu in gpus])
+    memory = torch_memory(index_of) if torch is not None and _cuda_initialized(torch) else ()
+    return gpus, index_of, memory
+
+
+def _outside_torch(snapshot, torch) -> Tuple[MemoryBreakdown, ...]:
+    """Per GPU: other processes and this process's non-torch memory (context, other libraries)."""
+    gpus, _, memory = _gpu_view(snapshot, torch)
+    by_nvml = {m.nvml_index: m for m in memory}
+    parts = (breakdown(gpu, by_nvml.get(gpu.index), os.getpid()) for gpu in gpus)
+    return tuple(part for part in parts if part is not None)
+
+
+def _cuda_initialized(torch) -> bool:
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
+                   max_objects: int = MAX_OBJECTS) -> Holders:
+    """What is eating my memory? The user's variables ranked by the tensor bytes they reach.
+
+    Counts tensors, modules' parameters, buffers and gradients, optimizers' state and any
+    container of these; storage shared by views or by several variables is counted once per
+    variable and once in the total. Also reads, through NVML, the GPU memory held outside
+    torch. Never initializes CUDA and never keeps a reference to a tensor.
+    """
+    shell = _current_shell(shell)
+    snapshot = _snapshot(source)
+    torch = _torch()
+    problem = snapshot.problem if snapshot is not None else None
+    if torch is None:
+        return Holders(torch_imported=False, outside_torch=_outside_torch(snapshot, None),
+                       problem=problem)
+    namespace, hidden = _namespaces(shell)
+    skip = {id(namespace), id(hidden), id(shell)}
+    holders, total = rank_holders(_user_variables(namespace, hidden), torch, skip, max_objects)
+    return Holders(holders=holders, total_by_device=total,
+                   outside_torch=_outside_torch(snapshot, torch), problem=problem)
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """One device's memory at one moment; ``None`` where it cannot be read."""
+
+    device: str  # "cpu", "cuda:0", or "GPU 1" for a GPU torch does not see
+    allocated: Optional[int]  # cpu: bytes of live CPU tensors; cuda: torch's memory_allocated
+    reserved: Optional[int] = None  # torch's memory_reserved (cuda, once CUDA is initialized)
+    nvml_used: Optional[int] = None  # the whole GPU's used memory, every process included
+
+
+def cpu_tensor_bytes(torch) -> int:
+    """Bytes of every live CPU tensor Python can see, each storage counted once."""
+    objects = gc.get_objects()
+    # Tensor's metaclass makes issubclass slow: test each type once, then filter by type.
+    tensor_kinds = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor)}
+    storages: Dict[int, int] = {}
+    for obj in objects:
+        if type(obj) in tensor_kinds and obj.layout == torch.strided:
+            try:
+                if obj.device.type == "cpu":
+                    storage = obj.untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+            except Exception:
+                continue
+    storages.pop(0, None)
+    return sum(storages.values())
+
+
+def _snapshot(source: Optional[DeviceSource]):
+    if source is None:
+        from .devices import default_source
+
+        source = default_source()
+    try:
+        return source.snapshot()
+    except Exception:  # a source promises not to raise; never let it break the clearing
+        return None
+
+
+def read_memory(torch, source: Optional[DeviceSource]) -> Tuple[Reading, ...]:
+    """cpu (if torch is imported) and every GPU NVML sees, with torch's view where CUDA runs."""
+    readings: List[Reading] = []
+    if torch is not None:
+        readings.append(Reading("cpu", cpu_tensor_bytes(torch)))
+    gpus, index_of, memory = _gpu_view(_snapshot(source), torch)
+    by_nvml = {m.nvml_index: m for m in memory}
+    for gpu in gpus:
+        torch_index = index_of.get(gpu.index)
+        seen = by_nvml.get(gpu.index)
+        readings.append(Reading(
+            device=f"cuda:{torch_index}" if torch_index is not None else f"GPU {gpu.index}",
+            allocated=seen.allocated if seen else None,
+            reserved=seen.reserved if seen else None,
+            nvml_used=gpu.memory_used))
+    # torch's devices NVML could not match (NVML missing or failing): torch's view alone.
+    readings += [Reading(f"cuda:{m.torch_index}", m.allocated, m.reserved)
+                 for m in memory if m.nvml_index is None]
+    return tuple(readings)
+
+
+# ----------------------------------------------------------------------------- the steps
+
+
+def drop_exception(shell: Any) -> List[str]:
+    """Drop every reference IPython and ``sys`` keep to the last exception; name those dropped.
+
+    Each of them alone keeps the failed cell's frames, and so their tensors, alive. The price:
+    ``%debug`` and ``%tb`` have no last exception to show afterwards.
+    """
+    dropped = []
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if getattr(sys, name, None) is not None:  # last_exc exists on Python 3.12+ only
+            setattr(sys, name, None)
+            dropped.append(f"sys.{name}")
+    if shell is None:
+        return dropped
+    result = getattr(shell, "last_execution_result", None)
+    if result is not None and (getattr(result, "error_in_exec", None) is not None
+                               or getattr(result, "error_before_exec", None) is not None):
+        shell.last_execution_result = None
+        dropped.append("shell.last_execution_result")
+    for holder in ("InteractiveTB", "SyntaxTB"):
+        tools = getattr(shell, holder, None)
+        for attribute, value in list(getattr(tools, "__dict__", {}).items()):
+            if isinstance(value, (types.TracebackType, BaseException)):
+                setattr(tools, attribute, None)
+                dropped.append(f"shell.{holder}.{attribute}")
+    return dropped
+
+
+def _output_history(shell: Any, namespace: Mapping[str, Any]) -> Optional[Dict[int, Any]]:
+    history = getattr(getattr(shell, "history_manager", None), "output_hist", None)
+    if isinstance(history, dict):
+        return history
+    out = namespace.get("Out")
+    return out if isinstance(out, dict) else None
+
+
+def _forget_outputs(shell: Any, namespace: Dict[str, Any], hidden: Dict[str, Any],
+                    objects: List[Any]) -> None:
+    """Remove IPython's other references to ``objects``: ``_N``, ``_``/``__``/``___``, the last result."""
+    ids = {id(obj) for obj in objects}
+    for space in (namespace, hidden):
+        for name in [n for n, v in space.items() if id(v) in ids and _OUTPUT_NAME.match(n)]:
+            if name.strip("_"):
+                del space[name]  # _12: IPython's own name, made for that output only
+            else:
+                space[name] = ""  # _, __, ___: IPython's empty value
+    displayhook = getattr(shell, "displayhook", None)
+    for attribute in ("_", "__", "___"):
+        if id(getattr(displayhook, attribute, None)) in ids:
+            setattr(displayhook, attribute, "")
+    result = getattr(shell, "last_execution_result", None)
+    if result is not None and id(getattr(result, "result", None)) in ids:
+        shell.last_execution_result = None
+
+
+def holds_torch(value: Any, torch) -> bool:
+    """Whether an output reaches any tensor or module (bounded walk)."""
+    if torch is None:
+        return False
+    reach = _walk(value, torch, set())
+    return bool(reach.tensors or reach.modules)
+
+
+def clear_output_history(shell: Any, everything: bool = False) -> List[int]:
+    """Clear the ``Out`` entries that hold tensors or modules (all with ``everything``)."""
+    namespace, hidden = _namespaces(shell)
+    history = _output_history(shell, namespace)
+    if not history:
+        return []
+    torch = _torch()
+    numbers = [n for n, value in history.items() if everything or holds_torch(value, torch)]
+    objects = [history.pop(n) for n in numbers]
+    _forget_outputs(shell, namespace, hidden, objects)
+    return numbers
+
+
+def check_names(names: Iterable[str], namespace: Mapping[str, Any]) -> List[str]:
+    """The names to delete, or :class:`ClearCacheError` naming the first bad one; deletes nothing."""
+    names = list(dict.fromkeys(names))
+    for name in names:
+        if (name in _IPYTHON_NAMES or _OUTPUT_NAME.match(name) or _INPUT_NAME.match(name)):
+            raise ClearCacheError(f"{name!r} is IPython's own name, not a variable of yours; "
+                                  f"use --history to clear the output history")
+        if not name.isidentifier():
+            raise ClearCacheError(f"{name!r} is not a variable name; give the names of "
+                                  f"variables to delete, separated by spaces")
+        if name not in namespace:
+            raise ClearCacheError(f"no variable named {name!r}: only existing variables "
+                                  f"can be deleted")
+    return names
+
+
+def delete_variables(shell: Any, names: Iterable[str]) -> List[str]:
+    """Delete exactly these variables, and the output-history entries that are their objects."""
+    namespace, hidden = _namespaces(shell)
+    names = check_names(names, namespace)
+    objects = [namespace[name] for name in names]
+    for name, obj in zip(names, objects):
+        del namespace[name]
+        if hidden.get(name) is obj:
+            del hidden[name]
+    history = _output_history(shell, namespace)
+    ids = {id(obj) for obj in objects}
+    for number in [n for n, v in (history or {}).items() if id(v) in ids]:
+        del history[number]
+    _forget_outputs(shell, namespace, hidden, objects)
+    return names
+
+
+def empty_cuda_cache(torch) -> List[str]:
+    """synchronize() each device CUDA already runs on, then empty_cache() and ipc_collect().
+
+    Only devices with a context are synchronized: touching another would create one (CUDA 12's
+    cudaSetDevice does). ``empty_cache()`` releases the unused cached blocks of every device.
+    """
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    synchronized = []
+    for device in range(torch.cuda.device_count()):
+        used = (has_context(device) if has_context is not None
+                else torch.cuda.memory_stats(device).get("reserved_bytes.all.peak", 0) > 0)
+        if used:
+            torch.cuda.synchronize(device)
+            synchronized.append(f"cuda:{device}")
+    torch.cuda.empty_cache()
+    torch.cuda.ipc_collect()
+    return synchronized
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of clear_cache: what it did and the memory right after it."""
+
+    name: str
+    done: str
+    after: Tuple[Reading, ...]
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class ClearReport(_Shown):
+    """What clear_cache did, what each step freed, and who still holds memory."""
+
+    before: Tuple[Reading, ...]
+    steps: Tuple[Step, ...]
+    holders: Holders
+    deleted: Tuple[str, ...] = ()
+    cuda_initialized: bool = False
+
+    @property
+    def after(self) -> Tuple[Reading, ...]:
+        return self.steps[-1].after if self.steps else self.before
+
+    def freed(self, device: str, field: str = "allocated",
+              before: Optional[Tuple[Reading, ...]] = None,
+              after: Optional[Tuple[Reading, ...]] = None) -> Optional[int]:
+        """Bytes of ``field`` freed on ``device`` between two readings (the whole run by default)."""
+        start = _value(before if before is not None else self.before, device, field)
+        end = _value(after if after is not None else self.after, device, field)
+        if start is None or end is None:
+            return None
+        return start - end
+
+    _renderers = "report"
+
+
+def _value(readings: Tuple[Reading, ...], device: str, field: str) -> Optional[int]:
+    for reading in readings:
+        if reading.device == device:
+            return getattr(reading, field)
+    return None
+
+
+def clear_cache(*names: str, history: bool = False, shell: Any = None,
+                source: Optional[DeviceSource] = None) -> ClearReport:
+    """Free what can be freed without touching the user's variables; report who holds the rest.
+
+    In order: drop the last exception's references, clear the output-history entries that hold
+    tensors or modules (all of them with ``history=True``), delete the variables ``names`` (and
+    nothing else), ``gc.collect()``, then, only if CUDA is already initialized, synchronize,
+    ``empty_cache()`` and ``ipc_collect()``. Memory is read after each step. Raises
+    :class:`ClearCacheError` for a bad name before anything is done.
+    """
+    shell = _current_shell(shell)
+    namespace, _ = _namespaces(shell)
+    check_names(names, namespace)
+    torch = _torch()
+    readings = read_memory(torch, source)
+    steps: List[Step] = []
+
+    def step(name: str, action: Callable[[], str]) -> None:
+        steps.append(Step(name, action(), read_memory(torch, source)))
+
+    step("exception", lambda: _listed("dropped ", drop_exception(shell), "no exception was kept"))
+    step("output history", lambda: _history_done(clear_output_history(shell, history), history))
+    if names:
+        step("variables", lambda: _listed("deleted ", delete_variables(shell, names), ""))
+    step("garbage collection", lambda: f"gc.collect() found {gc.collect()} unreachable objects")
+    cuda = torch is not None and _cuda_initialized(torch)
+    if cuda:
+        step("CUDA cache", lambda: _listed("synchronized ", empty_cuda_cache(torch), "")
+             + "; empty_cache(), ipc_collect()")
+    return ClearReport(before=readings, steps=tuple(steps),
+                       holders=memory_holders(shell, source), deleted=tuple(names),
+                       cuda_initialized=cuda)
+
+
+def _listed(prefix: str, items: List[str], empty: str) -> str:
+    return prefix + ", ".join(items) if items else empty
+
+
+def _history_done(numbers: List[int], everything: bool) -> str:
+    if everything:
+        return f"cleared the whole output history ({len(numbers)} entries)"
+    if not numbers:
+        return "no output holds a tensor or a module"
+    return "cleared " + ", ".join(f"Out[{n}]" for n in numbers)

@@ -1,0 +1,166 @@
+"""Text and HTML for clear_cache's report and the memory-holder ranking."""
+from __future__ import annotations
+
+from html import escape
+from typing import List, Optional, Tuple
+
+from . import NA, size
+from .html import STYLE, _rows
+
+# Reading field -> what the user calls it, per device kind.
+_FIELDS = (("allocated", "allocated"), ("reserved", "reserved"), ("nvml_used", "NVML used"))
+TOP = 10  # holders listed; the rest are summed
+
+
+def _label(device: str, field: str, name: str) -> str:
+    return "tensors" if device == "cpu" and field == "allocated" else name
+
+
+def _changes(report, before, after) -> List[Tuple[str, int]]:
+    """("cpu tensors", bytes freed) for every device and field that changed; negative: grew."""
+    changes = []
+    for reading in after:
+        for field, name in _FIELDS:
+            freed = report.freed(reading.device, field, before, after)
+            if freed:
+                changes.append((f"{reading.device} {_label(reading.device, field, name)}", freed))
+    return changes
+
+
+def _changed(what: str, freed: int) -> str:
+    return f"{what} {'freed' if freed > 0 else 'grew by'} {size(abs(freed))}"
+
+
+def _device_lines(report) -> List[Tuple[str, str]]:
+    """Per device: each field before -> after (freed)."""
+    rows = []
+    for reading in report.after:
+        parts = []
+        for field, name in _FIELDS:
+            end = getattr(reading, field)
+            start = next((getattr(r, field) for r in report.before if r.device == reading.device), None)
+            if start is None and end is None:
+                continue
+            freed = report.freed(reading.device, field)
+            tail = f" (freed {size(freed)})" if freed and freed > 0 else ""
+            parts.append(f"{_label(reading.device, field, name)} {size(start)} -> {size(end)}{tail}")
+        rows.append((reading.device, "; ".join(parts) or NA))
+    return rows
+
+
+def _step_rows(report) -> List[Tuple[str, str]]:
+    rows, before = [], report.before
+    for number, step in enumerate(report.steps, 1):
+        changes = [_changed(what, freed) for what, freed in _changes(report, before, step.after)]
+        freed = f"  [{', '.join(changes)}]" if changes else ""
+        rows.append((f"{number}. {step.name}", f"{step.done}{freed}"))
+        before = step.after
+    return rows
+
+
+def _holder_line(holder) -> str:
+    devices = ", ".join(f"{device} {size(n)}" for device, n in holder.by_device)
+    shared = ("" if holder.unique == holder.nbytes else "; all shared with other variables"
+              if not holder.unique else f"; {size(holder.unique)} held by it alone")
+    bound = " (at least: too large to walk fully)" if holder.truncated else ""
+    tensors = f"{holder.tensors} tensor" + ("" if holder.tensors == 1 else "s")
+    return (f"{size(holder.nbytes)}{bound} in {tensors} ({devices}){shared}"
+            f" - {holder.type_name}")
+
+
+def _outside_line(part) -> Tuple[str, str]:
+    others = size(part.other_processes) if part.other_processes is not None else "unknown"
+    return (f"GPU {part.nvml_index}",
+            f"other processes {others}; this process outside torch (CUDA context, other "
+            f"libraries) {size(part.context_and_non_torch)}; torch cache {size(part.torch_cache)}")
+
+
+def _holder_rows(holders) -> List[Tuple[str, str]]:
+    rows = [(holder.name, _holder_line(holder)) for holder in holders.holders[:TOP]]
+    rest = holders.holders[TOP:]
+    if rest:
+        rows.append((f"{len(rest)} more", size(sum(h.nbytes for h in rest))))
+    if holders.total_by_device:
+        rows.append(("all variables", ", ".join(f"{device} {size(n)}"
+                                                for device, n in holders.total_by_device)
+                     + " (each storage counted once)"))
+    return rows
+
+
+def _holders_note(holders) -> Optional[str]:
+    if not holders.torch_imported:
+        return "torch is not imported: no tensor is held."
+    if not holders.holders:
+        return "No variable of yours holds a tensor."
+    return None
+
+
+def _gpu_note(holders) -> Optional[str]:
+    return f"GPUs not read: {holders.problem}" if holders.problem else None
+
+
+def holders_line(holders) -> str:
+    note = _holders_note(holders)
+    if note:
+        return note
+    top = ", ".join(f"{h.name} {size(h.nbytes)}" for h in holders.holders[:3])
+    return f"{len(holders.holders)} variables hold tensors; the most: {top}"
+
+
+def holders_text(holders) -> str:
+    lines = ["Who holds memory (your variables, by the tensor bytes they reach):"]
+    note = _holders_note(holders)
+    lines += [f"  {note}"] if note else [f"  {name:<16} {text}" for name, text in _holder_rows(holders)]
+    if holders.outside_torch:
+        lines.append("Outside torch:")
+        lines += [f"  {name:<16} {text}" for name, text in map(_outside_line, holders.outside_torch)]
+    if _gpu_note(holders):
+        lines.append(_gpu_note(holders))
+    return "\n".join(lines)
+
+
+def report_line(report) -> str:
+    freed = [f"{what} {size(n)}" for what, n in _changes(report, report.before, report.after) if n > 0]
+    freed = "freed " + ", ".join(freed) if freed else "nothing freed"
+    top = report.holders.holders[0] if report.holders.holders else None
+    held = f"; biggest holder: {top.name} {size(top.nbytes)}" if top else ""
+    deleted = f"; deleted {', '.join(report.deleted)}" if report.deleted else ""
+    return f"clear_cache: {freed}{deleted}{held}"
+
+
+def report_text(report) -> str:
+    lines = [report_line(report)]
+    lines += [f"  {device:<16} {text}" for device, text in _device_lines(report)]
+    lines.append("Steps:")
+    lines += [f"  {name:<22} {text}" for name, text in _step_rows(report)]
+    if not report.cuda_initialized:
+        lines.append("  CUDA is not initialized: torch's CUDA cache was left alone.")
+    lines.append(holders_text(report.holders))
+    return "\n".join(lines)
+
+
+def _html_rows(rows) -> str:
+    return _rows([(name, escape(text)) for name, text in rows])
+
+
+def _holders_body(holders) -> str:
+    note = _holders_note(holders)
+    parts = ["<h4>Who holds memory</h4>",
+             f"<p>{escape(note)}</p>" if note else _html_rows(_holder_rows(holders))]
+    if holders.outside_torch:
+        parts += ["<h4>Outside torch</h4>", _html_rows(map(_outside_line, holders.outside_torch))]
+    if _gpu_note(holders):
+        parts.append(f"<p class='cgpu-muted'>{escape(_gpu_note(holders))}</p>")
+    return "".join(parts)
+
+
+def holders_html(holders) -> str:
+    return f'{STYLE}<div class="cgpu-card">{_holders_body(holders)}</div>'
+
+
+def report_html(report) -> str:
+    cuda = "" if report.cuda_initialized else (
+        "<p class='cgpu-muted'>CUDA is not initialized: torch's CUDA cache was left alone.</p>")
+    return (f'{STYLE}<div class="cgpu-card"><div><b>{escape(report_line(report))}</b></div>'
+            f"{_html_rows(_device_lines(report))}<h4>Steps</h4>{_html_rows(_step_rows(report))}"
+            f"{cuda}{_holders_body(report.holders)}</div>")

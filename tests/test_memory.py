@@ -1,0 +1,297 @@
+"""%clear_cache in the real IPython shell: real tensors, real references, checked with weakrefs."""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import types
+from xml.etree import ElementTree
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+from conftest import DATA
+
+from colab_gpu.devices import GPU, GPUProcess, MiB, Snapshot
+from colab_gpu.memory import ClearReport, drop_exception, empty_cuda_cache
+
+SIZE = 16_000_000  # float32 elements: 61 MiB, far above anything else the shell holds
+
+
+def run(shell, code: str):
+    """Run a cell as a user would (numbered, in the history)."""
+    return shell.run_cell(code, store_history=True)
+
+
+def alive(shell, name: str = "ref") -> bool:
+    return shell.user_ns[name]() is not None
+
+
+def user_bindings(shell) -> dict:
+    """Every name in the user namespace -> id of its object, IPython's output names aside."""
+    from colab_gpu.memory import _OUTPUT_NAME
+
+    return {name: id(value) for name, value in shell.user_ns.items() if not _OUTPUT_NAME.match(name)}
+
+
+FAILING_CELL = f"""
+import torch, weakref
+def train_step():
+    activations = torch.ones({SIZE})
+    global ref
+    ref = weakref.ref(activations)
+    raise RuntimeError("simulated failure inside the step")
+train_step()
+"""
+
+
+def test_failed_cell_tensor_is_alive_until_clear_cache(shell, capsys):
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    gc.collect()
+    assert alive(shell), "the failed cell's traceback should keep its frame's tensor alive"
+    before = user_bindings(shell)
+    capsys.readouterr()
+    shell.run_line_magic("clear_cache", "--quiet")
+    assert not alive(shell)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("clear_cache: freed cpu tensors") and "\n" not in line
+    assert user_bindings(shell) == before
+
+
+@pytest.mark.parametrize("holder", ["sys.last_value", "sys.last_traceback", "sys.last_exc",
+                                    "shell.last_execution_result", "shell.InteractiveTB.tb"])
+def test_each_exception_reference_alone_keeps_the_frames_and_is_dropped(shell, holder):
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    owner_name, attribute = holder.rsplit(".", 1)
+    owner = {"sys": sys, "shell": shell, "shell.InteractiveTB": shell.InteractiveTB}[owner_name]
+    # sys.last_exc is set by Python 3.12+ (and IPython there); on older Pythons set it as they do.
+    kept = getattr(owner, attribute, None) if attribute != "last_exc" else sys.last_value
+    drop_exception(shell)
+    setattr(owner, attribute, kept)  # put back this one reference alone
+    del kept
+    gc.collect()
+    assert alive(shell), f"{holder} alone should keep the failed frame alive"
+    shell.run_line_magic("clear_cache", "--quiet")
+    assert not alive(shell)
+
+
+def test_tensor_kept_by_output_history(shell, capsys):
+    run(shell, f"import torch, weakref\nshown = torch.ones({SIZE})\nref = weakref.ref(shown)\nshown")
+    number = shell.execution_count - 1
+    run(shell, "del shown")
+    run(shell, "21 * 2")  # an output without tensors, which must stay
+    gc.collect()
+    assert alive(shell), "Out, _N and _ should keep the displayed tensor alive"
+    assert shell.user_ns[f"_{number}"] is shell.user_ns["Out"][number]
+    before = user_bindings(shell)
+    capsys.readouterr()
+    shell.run_line_magic("clear_cache", "")
+    assert not alive(shell)
+    out = shell.user_ns["Out"]
+    assert number not in out and f"_{number}" not in shell.user_ns
+    assert 42 in out.values() and shell.user_ns["_"] == 42
+    assert user_bindings(shell) == before
+    text = capsys.readouterr().out
+    assert f"cleared Out[{number}]" in text and "Who holds memory" in text
+
+
+def test_history_option_clears_every_output(shell):
+    run(shell, "'a string output'")
+    number = shell.execution_count - 1
+    shell.run_line_magic("clear_cache", "--history --quiet")
+    assert not shell.user_ns["Out"]
+    assert f"_{number}" not in shell.user_ns and shell.user_ns["_"] == ""
+
+
+def test_named_variable_is_deleted_and_no_other(shell):
+    run(shell, f"import torch, weakref\nvictim = torch.ones({SIZE})\nref = weakref.ref(victim)\n"
+               f"alias = [victim]\nbystander = torch.ones(4)\nvictim")
+    number = shell.execution_count - 1
+    run(shell, "alias.clear()")
+    before = user_bindings(shell)
+    shell.run_line_magic("clear_cache", "victim --quiet")
+    assert not alive(shell)
+    assert "victim" not in shell.user_ns and number not in shell.user_ns["Out"]
+    before.pop("victim")
+    assert user_bindings(shell) == before
+
+
+def test_named_variable_also_bound_elsewhere_stays_bound_there(shell):
+    run(shell, f"import torch, weakref\nfirst = torch.ones({SIZE})\nsecond = first\nref = weakref.ref(first)")
+    shell.run_line_magic("clear_cache", "first --quiet")
+    assert "first" not in shell.user_ns
+    assert shell.user_ns["second"] is shell.user_ns["ref"]()  # IPython's del_var would delete it too
+    report = __import__("colab_gpu").memory_holders(shell=shell)
+    assert report.holders[0].name == "second"
+    run(shell, "del second")
+
+
+def test_bad_names_are_refused_before_anything_changes(shell):
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    run(shell, "kept = 1")
+    with pytest.raises(UsageError, match="no variable named 'missing'"):
+        shell.run_line_magic("clear_cache", "kept missing")
+    with pytest.raises(UsageError, match="IPython's own name"):
+        shell.run_line_magic("clear_cache", "Out")
+    with pytest.raises(UsageError, match="--vars only shows"):
+        shell.run_line_magic("clear_cache", "--vars kept")
+    assert shell.user_ns["kept"] == 1
+    assert alive(shell), "a refused request must not have dropped the exception either"
+    shell.run_line_magic("clear_cache", "--quiet")
+
+
+def test_vars_only_ranks_and_frees_nothing(shell, capsys):
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    run(shell, f"import torch\nbig_one = torch.ones({SIZE})\nsmall_one = torch.ones(1000)")
+    capsys.readouterr()
+    shell.run_line_magic("clear_cache", "--vars")
+    text = capsys.readouterr().out
+    assert alive(shell), "--vars must free nothing"
+    assert "Steps" not in text
+    lines = text.splitlines()
+    assert lines[1].split()[0] == "big_one"
+    assert any(line.split()[0] == "small_one" for line in lines[2:])
+    run(shell, "del big_one, small_one")
+    shell.run_line_magic("clear_cache", "--quiet")
+
+
+def test_python_api_returns_the_report(shell):
+    import colab_gpu
+
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    report = colab_gpu.clear_cache(shell=shell)
+    assert isinstance(report, ClearReport)
+    assert not alive(shell)
+    assert report.freed("cpu") >= SIZE * 4
+    names = [step.name for step in report.steps]
+    assert names == ["exception", "output history", "garbage collection"]
+    assert "sys.last_traceback" in report.steps[0].done
+    assert not report.cuda_initialized and not torch.cuda.is_initialized()
+    assert repr(report).startswith("<ClearReport clear_cache: freed cpu tensors")
+    html = report._repr_html_()
+    assert "cgpu-card" in html and "Steps" in html
+
+
+def test_html_escapes_names(shell):
+    import colab_gpu
+
+    run(shell, "import torch\nclass Odd:\n    pass\nodd = Odd()\nodd.t = torch.ones(8)")
+    shell.user_ns["odd"].__class__.__qualname__ = "<b>Odd</b>"
+    html = colab_gpu.memory_holders(shell=shell)._repr_html_()
+    assert "&lt;b&gt;Odd&lt;/b&gt;" in html and "<b>Odd</b>" not in html
+    run(shell, "del odd, Odd")
+
+
+def mib(text: str) -> int:
+    return int(text.split()[0]) * MiB
+
+
+class RecordedT4:
+    """The hardware boundary: the Tesla T4 of tests/data/nvidia-smi-xml/tesla-t4.xml (a real
+    recording), its python process given this test's pid so that it counts as this process."""
+
+    label = "replay of tesla-t4.xml"
+
+    def snapshot(self) -> Snapshot:
+        gpu = ElementTree.parse(DATA / "nvidia-smi-xml" / "tesla-t4.xml").find("gpu")
+        memory = gpu.find("fb_memory_usage")
+        processes = tuple(
+            GPUProcess(pid=os.getpid() if p.findtext("process_name") == "python" else int(p.findtext("pid")),
+                       name=p.findtext("process_name"), used_memory=mib(p.findtext("used_memory")))
+            for p in gpu.find("processes"))
+        return Snapshot(source=self.label, gpus=(GPU(
+            index=0, name=gpu.findtext("product_name"), uuid=gpu.findtext("uuid"),
+            memory_total=mib(memory.findtext("total")), memory_reserved=mib(memory.findtext("reserved")),
+            memory_used=mib(memory.findtext("used")), memory_free=mib(memory.findtext("free")),
+            processes=processes),))
+
+    def close(self) -> None:
+        pass
+
+
+def test_memory_outside_torch_from_a_recorded_gpu(shell, clean_env):
+    import colab_gpu
+
+    holders = colab_gpu.memory_holders(shell=shell, source=RecordedT4())
+    (part,) = holders.outside_torch
+    assert part.other_processes == 22 * MiB
+    assert part.context_and_non_torch == (1032 - 22) * MiB  # CUDA is not initialized here
+    report = colab_gpu.clear_cache(shell=shell, source=RecordedT4())
+    gpu = [reading for reading in report.after if reading.device == "cuda:0"]
+    assert gpu and gpu[0].nvml_used == 1032 * MiB and gpu[0].allocated is None
+    text = __import__("IPython").lib.pretty.pretty(report)
+    assert "other processes 22 MiB" in text and "NVML used 1.01 GiB -> 1.01 GiB" in text
+
+
+class FakeCuda:
+    """The CUDA device boundary: two GPUs, only the first with a context; records the calls."""
+
+    def __init__(self):
+        self.calls = []
+        self.cuda = types.SimpleNamespace(
+            device_count=lambda: 2,
+            synchronize=lambda device: self.calls.append(("synchronize", device)),
+            empty_cache=lambda: self.calls.append(("empty_cache",)),
+            ipc_collect=lambda: self.calls.append(("ipc_collect",)),
+            memory_stats=lambda device: {"reserved_bytes.all.peak": 2 * MiB if device == 0 else 0},
+        )
+        self._C = types.SimpleNamespace()
+
+
+def test_empty_cuda_cache_never_touches_a_device_without_a_context():
+    fake = FakeCuda()
+    assert empty_cuda_cache(fake) == ["cuda:0"]
+    assert fake.calls == [("synchronize", 0), ("empty_cache",), ("ipc_collect",)]
+    fake = FakeCuda()
+    fake._C._cuda_hasPrimaryContext = lambda device: device == 1
+    assert empty_cuda_cache(fake) == ["cuda:1"]
+
+
+PLAIN_PYTHON = """
+import code, sys, __main__
+import colab_gpu
+report = colab_gpu.clear_cache()
+assert "torch" not in sys.modules, "clear_cache imported torch"
+print("without torch:", report.summary(), "|", report.holders.summary())
+console = code.InteractiveInterpreter(__main__.__dict__)  # the plain REPL's own machinery
+console.runsource("import torch, weakref")
+console.runsource("def step():\\n    x = torch.ones(%d)\\n    global ref\\n    ref = weakref.ref(x)\\n    1 / 0\\n", symbol="exec")
+console.runsource("step()")
+assert ref() is not None and sys.last_traceback is not None
+report = colab_gpu.clear_cache()
+print("alive after clear_cache:", ref() is not None)
+print(report.summary())
+""" % SIZE
+
+
+def test_plain_python_without_ipython_or_torch():
+    import subprocess
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-c", PLAIN_PYTHON], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "without torch: clear_cache: nothing freed | torch is not imported: no tensor is held."
+    assert lines[1] == "alive after clear_cache: False"
+    assert lines[2].startswith("clear_cache: freed cpu tensors 61 MiB")
+
+
+def test_torch_view_is_read_when_nvml_is_missing(monkeypatch):
+    """On a GPU machine without a usable NVML (no pynvml) torch's own numbers must still show.
+    This machine has no NVIDIA driver, so the real NVML source fails for real; the CUDA device
+    is the faked boundary."""
+    from colab_gpu.devices.nvml import NvmlSource
+    from colab_gpu.memory import read_memory
+
+    source = NvmlSource()
+    assert not source.snapshot().ok
+    stats = {"allocated_bytes.all.current": 3 * MiB, "reserved_bytes.all.current": 8 * MiB}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: stats)
+    readings = {reading.device: reading for reading in read_memory(torch, source)}
+    assert readings["cuda:0"].allocated == 3 * MiB and readings["cuda:0"].reserved == 8 * MiB
+    assert readings["cuda:0"].nvml_used is None and "cpu" in readings

@@ -1,0 +1,112 @@
+"""The "who holds my memory" ranking on real torch objects: shared storage, cycles, big containers."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from colab_gpu.memory import MAX_OBJECTS, rank_holders
+
+
+def ranked(**variables):
+    holders, total = rank_holders(variables.items(), torch)
+    return {holder.name: holder for holder in holders}, [h.name for h in holders], dict(total)
+
+
+def nbytes(*tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors``, computed independently of the ranking."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def test_the_biggest_holder_comes_first():
+    small, big, middle = torch.ones(1_000), torch.ones(1_000_000), torch.ones(100_000)
+    by_name, order, _ = ranked(small=small, nested={"a": [(big,)]}, middle=middle, text="no tensor")
+    assert order == ["nested", "middle", "small"]
+    assert by_name["nested"].nbytes == 4_000_000 and by_name["nested"].tensors == 1
+    assert by_name["nested"].by_device == (("cpu", 4_000_000),)
+
+
+def test_views_and_repeats_count_their_storage_once():
+    base = torch.ones(1_000_000)
+    view, reshaped = base[10:], base.view(1000, 1000)
+    by_name, _, total = ranked(base=base, views=[view, reshaped, view], twice={"a": base, "b": base})
+    assert {h.nbytes for h in by_name.values()} == {4_000_000}
+    assert all(h.unique == 0 for h in by_name.values())  # each shares it with the others
+    assert total == {"cpu": 4_000_000}
+
+
+def test_model_and_its_optimizer_share_parameters():
+    model = torch.nn.Sequential(torch.nn.Linear(300, 300), torch.nn.BatchNorm1d(300))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(8, 300)).sum().backward()
+    optimizer.step()
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    buffers = list(model.buffers())
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    by_name, order, total = ranked(model=model, optimizer=optimizer)
+    assert by_name["model"].nbytes == nbytes(*params, *grads, *buffers)
+    assert by_name["optimizer"].nbytes == nbytes(*params, *grads, *state)
+    assert by_name["optimizer"].unique == nbytes(*state)  # what `del optimizer` gives back
+    assert by_name["model"].unique == nbytes(*buffers)
+    assert total == {"cpu": nbytes(*params, *grads, *buffers, *state)}
+    assert order[0] == "optimizer"
+
+
+def test_reference_cycles_end():
+    tensor = torch.ones(1_000)
+    loop = [tensor]
+    loop.append(loop)
+
+    class Node:
+        def __init__(self):
+            self.me, self.data = self, tensor
+
+    by_name, _, _ = ranked(loop=loop, node=Node())
+    assert by_name["loop"].nbytes == by_name["node"].nbytes == 4_000
+
+
+def test_large_containers_are_walked_and_bounded():
+    many = [torch.ones(2) for _ in range(100_000)]
+    ints = list(range(1_000_000))
+    by_name, order, _ = ranked(many=many, ints=ints)
+    assert order == ["many"]  # a million ints hold no tensor
+    assert by_name["many"].tensors == 100_000 and by_name["many"].nbytes == 100_000 * 8
+    assert not by_name["many"].truncated and MAX_OBJECTS > 100_000
+    holders, _ = rank_holders([("many", many)], torch, max_objects=1_000)
+    assert holders[0].truncated and 0 < holders[0].nbytes < 100_000 * 8
+
+
+def test_gradients_slots_dataclasses_and_kept_exceptions_are_followed():
+    weight = torch.ones(1_000, requires_grad=True)
+    (weight * 2).sum().backward()
+
+    @dataclasses.dataclass
+    class Batch:
+        inputs: torch.Tensor
+
+    class Slotted:
+        __slots__ = ("held",)
+
+        def __init__(self, held):
+            self.held = held
+
+    def failing():
+        local = torch.ones(10_000)
+        raise RuntimeError(local.shape)
+
+    def caught():
+        try:
+            failing()
+        except RuntimeError as error:
+            return error
+
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 5]]), torch.ones(2), (10,), check_invariants=True)
+    by_name, _, _ = ranked(weight=weight, batch=Batch(torch.ones(500)), slotted=Slotted(torch.ones(250)),
+                           error=caught(), sparse=sparse, method=Batch.__repr__.__get__(Batch(torch.ones(50))))
+    assert by_name["weight"].nbytes == 8_000  # the tensor and its gradient
+    assert by_name["batch"].nbytes == 2_000 and by_name["slotted"].nbytes == 1_000
+    assert by_name["error"].nbytes == 40_000  # the failed frame's local, through the traceback
+    assert by_name["sparse"].nbytes == nbytes(sparse._indices(), sparse._values())
+    assert by_name["method"].nbytes == 200  # a bound method holds its object
