@@ -18,6 +18,9 @@ _LAZY = {
     "Status": "colab_gpu.status",
     "detect_runtime": "colab_gpu.runtime",
     "open_source": "colab_gpu.devices",
+    "alloc_conf": "colab_gpu.allocator",
+    "AllocConfResult": "colab_gpu.allocator",
+    "AllocConfError": "colab_gpu.allocator",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]
@@ -38,9 +41,13 @@ def __dir__():
 
 def load_ipython_extension(shell) -> None:
     """Register the magics; loading twice keeps the first registration."""
+    from .allocator import apply_saved
     from .magics import register
 
     register(shell)
+    message = apply_saved()  # a setting saved with `%alloc_conf --save`, before CUDA starts
+    if message:
+        print(message)
 
 
 def unload_ipython_extension(shell) -> None:
