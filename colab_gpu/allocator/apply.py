@@ -228,6 +228,8 @@ def alloc_conf(settings: Sequence[str] = (), *, unset: Sequence[str] = (), reset
         explanation = (preset, why)
     for name in unset:
         check_key_name(name)
+        if name in dict(changes):
+            raise AllocConfError(f"{name} is both set and unset in one call; pick one")
     base = () if reset else current_settings(environ)[1]
     if not (changes or unset or reset or save or forget):
         saved, path = saved_setting(environ)
