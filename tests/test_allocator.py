@@ -97,7 +97,7 @@ def test_schema_covers_the_issue_keys_with_meaning_and_versions():
               "large_segment_size_mb"}
     assert wanted <= set(BY_NAME)
     for key in KEYS:
-        assert key.meaning and key.default and key.added >= (1, 13) or key.added < (1, 13)
+        assert key.meaning and key.default and key.added >= (1, 13), key.name
         assert key.runtime or key.runtime_reason, key.name
 
 
