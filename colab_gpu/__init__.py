@@ -22,6 +22,9 @@ _LAZY = {
     "memory_holders": "colab_gpu.memory",
     "ClearReport": "colab_gpu.memory",
     "Holders": "colab_gpu.memory",
+    "alloc_conf": "colab_gpu.allocator",
+    "AllocConfResult": "colab_gpu.allocator",
+    "AllocConfError": "colab_gpu.allocator",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]
@@ -42,9 +45,13 @@ def __dir__():
 
 def load_ipython_extension(shell) -> None:
     """Register the magics; loading twice keeps the first registration."""
+    from .allocator import apply_saved
     from .magics import register
 
     register(shell)
+    message = apply_saved()  # a setting saved with `%alloc_conf --save`, before CUDA starts
+    if message:
+        print(message)
 
 
 def unload_ipython_extension(shell) -> None:

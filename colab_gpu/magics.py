@@ -132,6 +132,56 @@ class GPUMagics(Magics):
             self._show(result)
 
 
+    @magic_arguments()
+    @argument("settings", nargs="*",
+              help="Settings as key=value (max_split_size_mb=128 expandable_segments=True) or "
+                   "in torch's own form (max_split_size_mb:128,expandable_segments:True); "
+                   "they merge with what is already set.")
+    @argument("--unset", action="append", default=[], metavar="KEY",
+              help="Remove KEY from the configuration (repeatable).")
+    @argument("--reset", action="store_true", help="Start from an empty configuration.")
+    @argument("--check", metavar="STRING",
+              help="Validate STRING against the installed torch without applying anything.")
+    @argument("--preset", metavar="NAME",
+              help="A named configuration with its explanation: fragmentation, "
+                   "fragmentation-old-torch, reclaim, async.")
+    @argument("--save", action="store_true",
+              help="Also save the result; %%load_ext colab_gpu applies it after a restart, "
+                   "before CUDA starts.")
+    @argument("--forget", action="store_true", help="Delete the saved setting.")
+    @argument("--keys", action="store_true",
+              help="List every allocator key with its type, default and torch versions.")
+    @argument("--json", action="store_true", help="Print the result as JSON, for scripts.")
+    @line_magic
+    @_friendly_errors
+    def alloc_conf(self, line: str = ""):
+        """Show, check or change PyTorch's CUDA caching-allocator configuration.
+
+        Validated against the installed torch before anything changes, and applied the way
+        torch's state allows: through PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF before
+        CUDA starts, through torch's run-time setter afterwards (listing the keys that
+        cannot change any more).
+        """
+        from .allocator import AllocConfError, alloc_conf, installed_torch_version, version_of
+
+        args = parse_argstring(self.alloc_conf, line)
+        if args.keys:
+            from .allocator.render import render_keys
+
+            print(render_keys(version_of(installed_torch_version())))
+            return
+        try:
+            result = alloc_conf(args.settings, unset=args.unset, reset=args.reset,
+                                preset=args.preset, check=args.check, save=args.save,
+                                forget=args.forget)
+        except AllocConfError as error:
+            raise UsageError(str(error)) from None
+        if args.json:
+            print(result.to_json())
+        else:
+            self._show(result)
+
+
 def _loaded(shell) -> "GPUMagics | None":
     instance = shell.magics_manager.registry.get(GPUMagics.__name__)
     return instance if isinstance(instance, GPUMagics) else None

@@ -10,6 +10,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DATA = pathlib.Path(__file__).resolve().parent / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_config_dir(tmp_path_factory):
+    """Keep `%alloc_conf --save` away from the real ~/.config (kernels inherit this too)."""
+    os.environ["COLAB_GPU_CONFIG_DIR"] = str(tmp_path_factory.mktemp("colab_gpu_config"))
+
+
 @pytest.fixture(scope="session")
 def ipython():
     """The one real IPython shell of the test session (a TerminalInteractiveShell)."""

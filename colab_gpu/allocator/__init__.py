@@ -1,0 +1,11 @@
+"""The caching-allocator configuration: schema per torch version, strict parsing, applying.
+
+``alloc_conf()`` is what ``%alloc_conf`` calls; see :mod:`.apply` for when each setting
+takes effect and :mod:`.schema` for every key and where its facts come from.
+"""
+from .apply import AllocConfResult, alloc_conf, apply_saved, installed_torch_version
+from .parse import AllocConfError, parse, to_torch, validate, version_of
+from .schema import KEYS, PRESETS, Key
+
+__all__ = ["AllocConfError", "AllocConfResult", "KEYS", "Key", "PRESETS", "alloc_conf",
+           "apply_saved", "installed_torch_version", "parse", "to_torch", "validate", "version_of"]

@@ -1,0 +1,345 @@
+"""Apply allocator settings at the right moment, all or nothing, and say what happened.
+
+torch not imported -> both environment variables. torch imported, CUDA not started -> the
+same (``backend`` can no longer change), plus torch's run-time setter where it has one, so the
+settings hold even if something already read them. CUDA started -> the run-time setter of
+the installed version for the keys that take effect at run time; the others are listed with
+the reason and can be saved for the next start. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import pathlib
+import sys
+from typing import Any, Callable, Dict, MutableMapping, Optional, Sequence, Tuple
+
+from ..runtime import TorchState, torch_state
+from .parse import (AllocConfError, Settings, check_key_name, format_version, merge, parse,
+                    parse_many, to_torch, validate, version_of)
+from .schema import BY_NAME, NEWEST, OLDEST, PRESETS
+
+ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch 2.10+ reads them in this order
+SAVED_NAME = "alloc_conf.txt"
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocConfResult:
+    """What one ``alloc_conf()`` call found and did."""
+
+    action: str  # "show", "check", "set" or "load"
+    torch: TorchState
+    torch_version: Optional[str]  # the installed torch, read without importing it
+    settings: Settings  # the merged configuration now set (or checked)
+    env_before: Dict[str, Optional[str]]
+    env_after: Dict[str, Optional[str]]
+    applied_via: Tuple[str, ...] = ()  # "environment", "torch._C._accelerator_setAllocatorSettings", ...
+    deferred: Tuple[Tuple[str, str], ...] = ()  # (key, why it cannot change now)
+    warnings: Tuple[str, ...] = ()
+    in_effect: Optional[str] = None  # what torch reports, only where asking cannot change it
+    preset: Optional[Tuple[str, str]] = None  # (name, explanation)
+    saved: Optional[str] = None  # the setting saved for after a restart
+    saved_path: Optional[str] = None
+
+    @property
+    def changed(self) -> bool:
+        return self.env_before != self.env_after
+
+    def meanings(self) -> Tuple[Tuple[str, str, str], ...]:
+        """(key, value, one-line meaning) for each setting."""
+        return tuple((name, value, BY_NAME[name].meaning) for name, value in self.settings)
+
+    def to_dict(self) -> Dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["settings"] = dict(self.settings)
+        data["deferred"] = dict(self.deferred)
+        return data
+
+    def to_json(self, indent: Optional[int] = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def __repr__(self) -> str:
+        text = to_torch(self.settings) or "nothing set"
+        extra = f"; {len(self.deferred)} deferred" if self.deferred else ""
+        return (f"<AllocConfResult {self.action}: {text}; {len(self.warnings)} warnings{extra}>")
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        from .render import render_text
+
+        printer.text(render_text(self))
+
+    def _repr_html_(self) -> str:
+        from .render import render_html
+
+        return render_html(self)
+
+
+def installed_torch_version(modules=sys.modules) -> Optional[str]:
+    """torch.__version__ if torch is imported, else the installed package's metadata."""
+    torch = modules.get("torch")
+    if torch is not None and getattr(torch, "__version__", None):
+        return str(torch.__version__)
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def config_dir(environ: MutableMapping[str, str] = os.environ) -> pathlib.Path:
+    """Where the saved setting lives: $COLAB_GPU_CONFIG_DIR, else ~/.config/colab_gpu."""
+    if environ.get("COLAB_GPU_CONFIG_DIR"):
+        return pathlib.Path(environ["COLAB_GPU_CONFIG_DIR"])
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return pathlib.Path(base) / "colab_gpu"
+
+
+def saved_setting(environ: MutableMapping[str, str] = os.environ) -> Tuple[Optional[str], pathlib.Path]:
+    path = config_dir(environ) / SAVED_NAME
+    try:
+        return path.read_text().strip(), path
+    except OSError:
+        return None, path
+
+
+def _env_snapshot(environ: MutableMapping[str, str]) -> Dict[str, Optional[str]]:
+    return {name: environ.get(name) for name in ENV_NAMES}
+
+
+def _restore(environ: MutableMapping[str, str], snapshot: Dict[str, Optional[str]]) -> None:
+    for name, value in snapshot.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+
+
+def current_settings(environ: MutableMapping[str, str]) -> Tuple[str, Settings]:
+    """The configuration torch will read: PYTORCH_CUDA_ALLOC_CONF first, then PYTORCH_ALLOC_CONF."""
+    for name in ENV_NAMES:
+        text = environ.get(name)
+        if text is not None:
+            try:
+                return name, parse(text)
+            except AllocConfError as error:
+                raise AllocConfError(f"{name} already holds something unreadable ({error}); "
+                                     f"use --reset to start over") from None
+    return "", ()
+
+
+class _Setter:
+    """torch's run-time settings call of the installed version, with its getter if any."""
+
+    def __init__(self, name: str, set_: Callable[[str], None], get: Optional[Callable[[], str]]):
+        self.name, self.set, self.get = name, set_, get
+
+
+def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
+    """2.10+: torch._C._accelerator_setAllocatorSettings (every build); <= 2.9:
+    torch.cuda.memory._set_allocator_settings (CUDA builds). None before torch is imported."""
+    torch = modules.get("torch")
+    if torch is None:
+        return None
+    native = getattr(torch, "_C", None)
+    if hasattr(native, "_accelerator_setAllocatorSettings"):
+        return _Setter("torch._C._accelerator_setAllocatorSettings",
+                       native._accelerator_setAllocatorSettings,
+                       getattr(native, "_accelerator_getAllocatorSettings", None))
+    memory = getattr(getattr(torch, "cuda", None), "memory", None)
+    legacy = getattr(memory, "_set_allocator_settings", None)
+    if legacy is not None and getattr(getattr(torch, "version", None), "cuda", None):
+        return _Setter("torch.cuda.memory._set_allocator_settings", legacy, None)
+    return None
+
+
+def _warnings(settings: Settings, version: Optional[Tuple[int, int]], env_before,
+              platform: str = sys.platform) -> Tuple[str, ...]:
+    values = dict(settings)
+    found = []
+    if version is None:
+        found.append("torch is not installed: checked against the newest torch known "
+                     f"({format_version(NEWEST)})")
+    elif version > NEWEST:
+        found.append(f"torch {format_version(version)} is newer than this check knows "
+                     f"({format_version(NEWEST)}): its new keys are unknown here")
+    elif version < OLDEST:
+        found.append(f"torch {format_version(version)} is older than 1.13: checked as 1.13")
+    if "garbage_collection_threshold" in values and \
+            float(values.get("per_process_memory_fraction", "1")) >= 1:
+        found.append("garbage_collection_threshold does nothing unless a per-process memory "
+                     "fraction below 1 is set (torch.cuda.set_per_process_memory_fraction())")
+    if "max_split_size_mb" in values and values.get("expandable_segments") == "True":
+        found.append("max_split_size_mb with expandable_segments: expandable segments already "
+                     "fight fragmentation and max_split_size_mb can slow allocation; keep one")
+    if values.get("backend") == "cudaMallocAsync":
+        ignored = [name for name in values if BY_NAME[name].native_only]
+        if ignored:
+            found.append(f"backend cudaMallocAsync ignores {', '.join(ignored)}")
+        found.append("backend cudaMallocAsync: torch's memory snapshots and history are not "
+                     "meaningful with it")
+    if values.get("expandable_segments") == "True" and platform.startswith("win"):
+        found.append("expandable_segments is not supported on Windows: torch ignores it")
+    if version is not None and version[:2] == (2, 9) and \
+            env_before.get("PYTORCH_ALLOC_CONF") != env_before.get("PYTORCH_CUDA_ALLOC_CONF") and \
+            env_before.get("PYTORCH_ALLOC_CONF") is not None:
+        found.append("torch 2.9 ignores PYTORCH_ALLOC_CONF for CUDA (pytorch#183387): only "
+                     "PYTORCH_CUDA_ALLOC_CONF counts; both now hold the same string")
+    if {"pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"} <= set(values) and \
+            int(values["pinned_max_round_threshold_mb"]) > int(values["pinned_max_cached_size_mb"]):
+        found.append("pinned_max_round_threshold_mb > pinned_max_cached_size_mb: the cache "
+                     "limit wins, larger pinned allocations are never rounded up")
+    return tuple(found)
+
+
+def alloc_conf(settings: Sequence[str] = (), *, unset: Sequence[str] = (), reset: bool = False,
+               preset: Optional[str] = None, check: Optional[str] = None, save: bool = False,
+               forget: bool = False, state: Optional[TorchState] = None,
+               environ: MutableMapping[str, str] = os.environ,
+               modules=sys.modules) -> AllocConfResult:
+    """Show, check or change the allocator configuration; see the module docstring.
+
+    ``settings`` are strings in either form (``"max_split_size_mb=128"`` or
+    ``"max_split_size_mb:128,expandable_segments:True"``). Everything is validated against the
+    installed torch before anything changes; on any failure the environment is restored
+    byte for byte and AllocConfError says what was wrong. ``state`` overrides the detected
+    torch state (for callers that already know it).
+    """
+    if isinstance(settings, str):
+        settings = (settings,)
+    state = state or torch_state(modules)
+    version_text = installed_torch_version(modules)
+    version = version_of(version_text)
+    env_before = _env_snapshot(environ)
+    common = dict(torch=state, torch_version=version_text, env_before=env_before)
+
+    if check is not None:
+        checked = validate(parse(check), version)
+        return AllocConfResult(action="check", settings=checked, env_after=env_before,
+                               warnings=_warnings(checked, version, env_before), **common)
+
+    changes = parse_many(settings)
+    explanation = None
+    if preset is not None:
+        if preset not in PRESETS:
+            raise AllocConfError(f"unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
+        text, why = PRESETS[preset]
+        changes = parse(text) + changes
+        explanation = (preset, why)
+    for name in unset:
+        check_key_name(name)
+        if name in dict(changes):
+            raise AllocConfError(f"{name} is both set and unset in one call; pick one")
+    base = () if reset else current_settings(environ)[1]
+    if not (changes or unset or reset or save or forget):
+        saved, path = saved_setting(environ)
+        return AllocConfResult(action="show", settings=base, env_after=env_before,
+                               warnings=_warnings(base, version, env_before),
+                               in_effect=_in_effect(state, modules), saved=saved,
+                               saved_path=str(path), **common)
+
+    new_settings = validate(merge(base, changes, unset), version)
+    deferred = _deferred(base, new_settings, state, allow=save)
+    result = _apply(new_settings, deferred, state, environ, modules, env_before)
+    saved, path = _save_or_forget(to_torch(new_settings), save, forget, environ)
+    return dataclasses.replace(
+        result, action="set", preset=explanation, saved=saved, saved_path=str(path),
+        warnings=_warnings(new_settings, version, env_before) + result.warnings, **common)
+
+
+def _deferred(base: Settings, new: Settings, state: TorchState, allow: bool
+              ) -> Tuple[Tuple[str, str], ...]:
+    """Changed keys that cannot take effect now, with why; a refused change raises."""
+    if not state.imported:
+        return ()
+    before, after = dict(base), dict(new)
+    changed = [name for name in set(before) | set(after) if before.get(name) != after.get(name)]
+    deferred = []
+    for name in sorted(changed):
+        key = BY_NAME[name]
+        if name == "backend":
+            if not allow:
+                raise AllocConfError(
+                    "backend cannot change now: torch is already imported and chose its "
+                    "allocator then; restart the runtime and set it before `import torch`, "
+                    "or add --save to apply it when the extension loads after a restart")
+            deferred.append((name, key.runtime_reason))
+        elif state.cuda_initialized and not key.runtime:
+            deferred.append((name, key.runtime_reason))
+    return tuple(deferred)
+
+
+def _apply(settings: Settings, deferred, state: TorchState, environ, modules, env_before
+           ) -> AllocConfResult:
+    """Write the environment and call torch's setter; restore everything if anything fails."""
+    text = to_torch(settings)
+    setter = runtime_setter(modules) if state.imported else None
+    skip = {name for name, _ in deferred} | {"backend"}
+    runtime_text = to_torch(tuple((n, v) for n, v in settings if n not in skip))
+    previous = setter.get() if setter is not None and setter.get is not None else None
+    via = []
+    try:
+        for name in ENV_NAMES:
+            if text:
+                environ[name] = text
+            else:
+                environ.pop(name, None)
+        via.append("environment")
+        if setter is not None and (state.cuda_initialized or setter.get is not None):
+            setter.set(runtime_text)
+            via.append(setter.name)
+    except Exception as error:
+        _restore(environ, env_before)
+        if previous is not None:
+            setter.set(previous)
+        if isinstance(error, AllocConfError):
+            raise
+        raise AllocConfError(f"torch refused {runtime_text!r}: {str(error).splitlines()[0]}; "
+                             f"nothing was changed") from None
+    return AllocConfResult(action="set", torch=state, torch_version=None, settings=settings,
+                           env_before=env_before, env_after=_env_snapshot(environ),
+                           applied_via=tuple(via), deferred=tuple(deferred),
+                           in_effect=setter.get() if setter is not None and setter.get else None)
+
+
+def _in_effect(state: TorchState, modules) -> Optional[str]:
+    """torch's own report, asked only once CUDA runs: before that, asking would make torch
+    read the environment early and ignore later changes."""
+    if not state.cuda_initialized:
+        return None
+    setter = runtime_setter(modules)
+    return setter.get() if setter is not None and setter.get is not None else None
+
+
+def _save_or_forget(text: str, save: bool, forget: bool, environ) -> Tuple[Optional[str], pathlib.Path]:
+    saved, path = saved_setting(environ)
+    if forget and path.exists():
+        path.unlink()
+        saved = None
+    if save:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+        saved = text
+    return saved, path
+
+
+def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modules,
+                state: Optional[TorchState] = None) -> Optional[str]:
+    """Apply the saved setting when the extension loads; a one-line message, None if none saved.
+
+    Only before CUDA starts: afterwards most keys could not change, so nothing is applied.
+    """
+    saved, path = saved_setting(environ)
+    if not saved:
+        return None
+    state = state or torch_state(modules)
+    forget = "(%alloc_conf --forget removes it)"
+    if state.cuda_initialized:
+        return (f"colab_gpu: saved allocator setting {saved!r} not applied: CUDA is already "
+                f"running; restart the runtime and load the extension first {forget}")
+    try:
+        result = alloc_conf([saved], environ=environ, modules=modules, state=state)
+    except AllocConfError as error:
+        return f"colab_gpu: saved allocator setting from {path} not applied: {error} {forget}"
+    return (f"colab_gpu: applied the saved allocator setting {saved!r} from {path}; now "
+            f"{to_torch(result.settings)!r} {forget}")

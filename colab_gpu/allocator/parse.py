@@ -1,0 +1,319 @@
+"""Parse and validate allocator settings strictly, before anything is applied.
+
+Two forms are read: ``key=value key=value`` (spaces or commas between settings) and torch's
+own ``key:value,key:value``, where ``roundup_power2_divisions`` may be a list
+``[256:1,512:2,>:4]``. torch's parser ignores every space, accepts junk after a number
+(``stoull("128abc")`` is 128) and keeps the keys before a bad one; this one rejects all of
+that, so a string it accepts is one every torch that has the keys accepts.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from .schema import (BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
+                     OLDEST, POWER_OF_TWO, Key, Version)
+
+Settings = Tuple[Tuple[str, str], ...]  # (key, canonical value) in the order given
+
+_SEPARATORS = ",:=[]"
+_INTEGER = re.compile(r"\d+")
+_DECIMAL = re.compile(r"\d+(\.\d*)?|\.\d+")  # no sign, no exponent, no inf/nan
+_INTERVAL_LIMIT = 2 ** 62
+
+
+class AllocConfError(ValueError):
+    """A setting that is malformed, unknown, out of range or not in the installed torch."""
+
+
+def version_of(text: Optional[str]) -> Optional[Version]:
+    """(2, 13) from "2.13.0+cpu"; None when unknown."""
+    match = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def format_version(version: Version) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def _tokens(text: str) -> List[str]:
+    """Split into words, the separators ``, : = [ ]`` and single " " for runs of spaces."""
+    tokens: List[str] = []
+    word = ""
+    for char in text:
+        if char in _SEPARATORS or char.isspace():
+            if word:
+                tokens.append(word)
+                word = ""
+            if char in _SEPARATORS:
+                tokens.append(char)
+            elif not tokens or tokens[-1] != " ":
+                tokens.append(" ")
+        else:
+            word += char
+    if word:
+        tokens.append(word)
+    return tokens
+
+
+class _Reader:
+    def __init__(self, text: str):
+        self.text = text
+        self.tokens = _tokens(text)
+        self.index = 0
+
+    def peek(self, skip_space: bool = True) -> Optional[str]:
+        if skip_space:
+            self.skip_space()
+        return self.tokens[self.index] if self.index < len(self.tokens) else None
+
+    def skip_space(self) -> bool:
+        skipped = False
+        while self.index < len(self.tokens) and self.tokens[self.index] == " ":
+            self.index += 1
+            skipped = True
+        return skipped
+
+    def take(self) -> str:
+        token = self.peek()
+        if token is None:
+            raise self.error("the string ends too early")
+        self.index += 1
+        return token
+
+    def word(self, what: str) -> str:
+        token = self.peek()
+        if token is None or token in _SEPARATORS:
+            found = "the end" if token is None else f"{token!r}"
+            raise self.error(f"expected {what} but found {found}")
+        self.index += 1
+        return token
+
+    def error(self, message: str) -> AllocConfError:
+        return AllocConfError(f"malformed setting {self.text!r}: {message}")
+
+
+def parse(text: str) -> Settings:
+    """Parse one string in either form into (key, raw value) pairs; syntax only."""
+    reader = _Reader(text)
+    form = "=" if "=" in reader.tokens else ":"
+    settings: List[Tuple[str, str]] = []
+    while reader.peek() is not None:
+        key = reader.word("a key")
+        separator = reader.peek()
+        if separator not in (":", "="):
+            found = "the end" if separator is None else repr(separator)
+            raise reader.error(f"expected '=' or ':' after {key!r} but found {found}")
+        if separator != form:
+            raise reader.error("use either key=value or torch's key:value form, not both")
+        reader.take()
+        value = _value(reader, key)
+        settings.append((key, value))
+        had_space = reader.skip_space()
+        following = reader.peek()
+        if following is None:
+            break
+        if following == ",":
+            reader.take()
+            if form == ":" and reader.peek() is None:
+                break  # torch accepts one trailing comma
+            continue
+        if form == "=" and had_space:
+            continue
+        if form == ":" and had_space and following not in _SEPARATORS:
+            raise reader.error(f"put a ',' before {following!r}: torch's form separates "
+                               f"settings with commas")
+        raise reader.error(f"unexpected {following!r} after {key}'s value")
+    return tuple(settings)
+
+
+def _value(reader: _Reader, key: str) -> str:
+    if reader.peek() != "[":
+        return reader.word(f"a value for {key}")
+    reader.take()
+    entries = []
+    while True:
+        interval = reader.word(f"an interval in {key}'s list")
+        if reader.take() != ":":
+            raise reader.error(f"expected ':' after {interval!r} in {key}'s list")
+        entries.append(f"{interval}:{reader.word(f'a number of divisions for {interval}')}")
+        closing = reader.take()
+        if closing == "]":
+            return "[" + ",".join(entries) + "]"
+        if closing != ",":
+            raise reader.error(f"expected ',' or ']' in {key}'s list, found {closing!r}")
+
+
+def parse_many(texts: Iterable[str]) -> Settings:
+    """Parse several strings (the magic's positional arguments) into one set of settings."""
+    settings: List[Tuple[str, str]] = []
+    for text in texts:
+        settings.extend(parse(text))
+    return tuple(settings)
+
+
+def unknown_key_message(name: str) -> str:
+    close = difflib.get_close_matches(name.lower(), list(BY_NAME), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown allocator key {name!r} ({hint}%alloc_conf --keys lists every key)"
+
+
+def check_key_name(name: str) -> Key:
+    if name not in BY_NAME:
+        raise AllocConfError(unknown_key_message(name))
+    return BY_NAME[name]
+
+
+def _range_text(key: Key, version: Version) -> str:
+    low = key.lowest(version)
+    parts = []
+    if low is not None:
+        parts.append(f"{'>' if low[1] else '>='} {low[0]:g}")
+    if key.maximum is not None:
+        parts.append(f"{'<' if key.high_open else '<='} {key.maximum:g}")
+    return " and ".join(parts)
+
+
+def _in_range(key: Key, version: Version, number: float) -> bool:
+    low = key.lowest(version)
+    if low is not None and (number <= low[0] if low[1] else number < low[0]):
+        return False
+    if key.maximum is not None and (number >= key.maximum if key.high_open else number > key.maximum):
+        return False
+    return True
+
+
+def _is_power_of_two(number: int) -> bool:
+    return number > 0 and number & (number - 1) == 0
+
+
+def canonical_value(key: Key, value: str, version: Version) -> str:
+    """The value as torch should read it, or AllocConfError saying what is accepted."""
+    where = f"{key.name}={value}"
+    if key.kind == BOOLEAN:
+        if value not in ("True", "False"):
+            fix = f" (write {value.capitalize()})" if value.lower() in ("true", "false") else ""
+            raise AllocConfError(f"{where}: takes True or False, capitalized as in Python{fix}")
+        return value
+    if key.kind == CHOICE:
+        if value not in key.choices:
+            close = difflib.get_close_matches(value, key.choices, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise AllocConfError(f"{where}: takes one of {', '.join(key.choices)}{hint}")
+        return value
+    if key.kind == DIVISIONS:
+        return _divisions(key, value, version)
+    if key.kind == FRACTION:
+        if not _DECIMAL.fullmatch(value):
+            raise AllocConfError(f"{where}: takes a decimal number like 0.5, "
+                                 f"{_range_text(key, version)}")
+        number = float(value)
+        # torch's stod refuses values that underflow to subnormals: keep clear of them
+        if not _in_range(key, version, number) or 0 < number < sys.float_info.min:
+            raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version)}")
+        return repr(number) if number != int(number) else f"{number:.1f}"
+    if not _INTEGER.fullmatch(value):
+        raise AllocConfError(f"{where}: takes a whole number, {_range_text(key, version)}")
+    number = int(value)
+    if key.kind == POWER_OF_TWO and not _is_power_of_two(number):
+        raise AllocConfError(f"{where}: must be a power of two (1, 2, 4, ... "
+                             f"{key.maximum:g})")
+    if not _in_range(key, version, number):
+        raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version)}")
+    return str(number)
+
+
+def _divisions(key: Key, value: str, version: Version) -> str:
+    where = f"{key.name}={value}"
+    if not value.startswith("["):
+        if not _INTEGER.fullmatch(value) or not _is_power_of_two(int(value)) \
+                or int(value) > INT_LIMIT:
+            raise AllocConfError(f"{where}: takes a power of two (1, 2, 4, 8, ...) or a list "
+                                 f"like [256:1,512:2,>:4]")
+        return str(int(value))
+    if version < (2, 0):
+        raise AllocConfError(f"{where}: the list form needs torch >= 2.0 (installed "
+                             f"{format_version(version)}); give one power of two instead")
+    entries = []
+    for entry in value[1:-1].split(","):
+        interval, _, divisions = entry.partition(":")
+        if interval != ">" and not (_INTEGER.fullmatch(interval) and _is_power_of_two(int(interval))
+                                    and int(interval) <= _INTERVAL_LIMIT):
+            raise AllocConfError(f"{where}: each interval is a power of two in MB (or '>' "
+                                 f"for all larger sizes), got {interval!r}")
+        if not _INTEGER.fullmatch(divisions) or int(divisions) > INT_LIMIT or not (
+                int(divisions) == 0 or _is_power_of_two(int(divisions))):
+            raise AllocConfError(f"{where}: the divisions for {interval} must be 0 (no "
+                                 f"rounding) or a power of two, got {divisions!r}")
+        entries.append(f"{int(interval) if interval != '>' else '>'}:{int(divisions)}")
+    return "[" + ",".join(entries) + "]"
+
+
+def validate(settings: Settings, version: Optional[Version]) -> Settings:
+    """Check every key and value against ``version`` (newest known if None); canonical values.
+
+    All problems are collected, so one error names everything that is wrong.
+    """
+    version = _clamp(version)
+    problems: List[str] = []
+    seen = set()
+    result = []
+    for name, value in settings:
+        if name in seen:
+            problems.append(f"{name} is given twice")
+            continue
+        seen.add(name)
+        key = BY_NAME.get(name)
+        if key is None:
+            problems.append(unknown_key_message(name))
+            continue
+        if not key.available(version):
+            problems.append(availability_message(key, version))
+            continue
+        try:
+            result.append((name, canonical_value(key, value, version)))
+        except AllocConfError as error:
+            problems.append(str(error))
+    problems += _cross_key_problems(dict(result))
+    if problems:
+        raise AllocConfError("; ".join(problems))
+    return tuple(result)
+
+
+def availability_message(key: Key, version: Version) -> str:
+    installed = format_version(version)
+    if version < key.added:
+        return (f"{key.name} needs torch >= {format_version(key.added)} (added in "
+                f"{format_version(key.added)}); the installed torch is {installed}")
+    return (f"{key.name} was removed in torch {format_version(key.removed)}; the installed "
+            f"torch is {installed}")
+
+
+def _cross_key_problems(values: dict) -> List[str]:
+    """Constraints between keys (torch 2.13's parser: split sizes >= large_segment_size_mb)."""
+    large = values.get("large_segment_size_mb")
+    if large is None:
+        return []
+    return [f"{name}={values[name]} must be >= large_segment_size_mb={large}"
+            for name in ("max_split_size_mb", "max_non_split_rounding_mb")
+            if name in values and int(values[name]) < int(large)]
+
+
+def _clamp(version: Optional[Version]) -> Version:
+    if version is None or version > NEWEST:
+        return NEWEST
+    return max(version, OLDEST)
+
+
+def to_torch(settings: Settings) -> str:
+    """torch's own form, the string written to the environment."""
+    return ",".join(f"{name}:{value}" for name, value in settings)
+
+
+def merge(base: Settings, changes: Settings, unset: Sequence[str] = ()) -> Settings:
+    """``base`` with ``unset`` keys removed and ``changes`` applied (changed keys keep their place)."""
+    updates = dict(changes)
+    merged = [(name, updates.pop(name, value)) for name, value in base if name not in unset]
+    return tuple(merged) + tuple(updates.items())

@@ -1,0 +1,78 @@
+"""Text and HTML views of an AllocConfResult (HTML reuses the status card's theme-aware style)."""
+from __future__ import annotations
+
+from html import escape
+from typing import List, Tuple
+
+from ..render import torch_summary
+from .parse import to_torch
+
+_TITLES = {"show": "Allocator configuration", "check": "Allocator setting checked",
+           "set": "Allocator configuration changed"}
+
+
+def _sections(result) -> List[Tuple[str, List[str]]]:
+    """The report as (heading, lines); both renderers draw from this one list."""
+    version = f" (installed torch {result.torch_version})" if result.torch_version and \
+        not result.torch.imported else ""
+    sections = [("state", [torch_summary(result.torch) + version])]
+    if result.preset:
+        sections.append((f"preset {result.preset[0]}", [result.preset[1]]))
+    sections.append(("environment", [
+        f"{name} = {value!r}" if value is not None else f"{name} not set"
+        for name, value in result.env_after.items()]))
+    if result.action == "set" and not result.changed:
+        sections[-1][1].append("(unchanged)")
+    sections.append(("settings", [f"{name} = {value}  -- {meaning}"
+                                  for name, value, meaning in result.meanings()]
+                     or ["nothing set: torch uses its defaults"]))
+    if result.in_effect is not None:
+        sections.append(("torch reports in effect", [repr(result.in_effect)]))
+    if result.applied_via:
+        sections.append(("applied through", [", ".join(result.applied_via)]))
+    if result.deferred:
+        lines = [f"{name}: {why}" for name, why in result.deferred]
+        if not result.saved:
+            lines.append("add --save to apply them when the extension loads after a restart")
+        sections.append(("could not change now", lines))
+    if result.warnings:
+        sections.append(("warnings", list(result.warnings)))
+    if result.saved:
+        sections.append(("saved for after a restart", [
+            f"{result.saved!r} in {result.saved_path}: applied by %load_ext colab_gpu before "
+            f"CUDA starts; %alloc_conf --forget removes it"]))
+    return sections
+
+
+def render_text(result) -> str:
+    lines = [f"{_TITLES[result.action]}: {to_torch(result.settings) or '(empty)'}"]
+    for heading, body in _sections(result):
+        lines.append(f"  {heading}:")
+        lines += [f"    {line}" for line in body]
+    return "\n".join(lines)
+
+
+def render_html(result) -> str:
+    from ..render.html import STYLE, _rows
+
+    rows = [(heading, "<br>".join(escape(line) for line in body))
+            for heading, body in _sections(result)]
+    title = escape(f"{_TITLES[result.action]}: {to_torch(result.settings) or '(empty)'}")
+    warnings = "".join(f"<li class='warning'>{escape(w)}</li>" for w in result.warnings)
+    return (STYLE + f'<div class="cgpu-card"><h4>{title}</h4>'
+            + _rows([row for row in rows if row[0] != "warnings"])
+            + (f"<ul>{warnings}</ul>" if warnings else "") + "</div>")
+
+
+def render_keys(version) -> str:
+    """Every key, its kind, default and versions, marking those the installed torch lacks."""
+    from .parse import format_version
+    from .schema import KEYS
+
+    lines = []
+    for key in KEYS:
+        span = f"{format_version(key.added)}" + (f"-{format_version(key.removed)}" if key.removed else "+")
+        mark = "" if version is None or key.available(version) else "  (not in the installed torch)"
+        lines.append(f"{key.name:34} {key.kind:13} default {key.default:16} torch {span}{mark}\n"
+                     f"    {key.meaning}")
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""Every caching-allocator key from torch 1.13 to 2.15, as data.
+
+Where each fact comes from (PyTorch's sources; "build" = the installed torch 2.13.0+cpu,
+whose parser was probed directly and whose libc10.so lists the general keys):
+
+- 1.13: ``c10/cuda/CUDACachingAllocator.cpp`` ``parseArgs`` knows max_split_size_mb (must be
+  > 20), roundup_power2_divisions (a number only), roundup_bypass_threshold_mb and
+  garbage_collection_threshold (in (0, 1)). Values are read with ``stoi``/``stod``.
+- 2.0: the parser moves to ``c10/cuda/CUDAAllocatorConfig.cpp``; ``backend`` (native /
+  cudaMallocAsync, PR #82682) and the ``[256:1,512:2,>:4]`` list form of
+  roundup_power2_divisions (PR #87290) arrive, roundup_bypass_threshold_mb goes.
+- 2.1: expandable_segments (PR #96995). 2.2: release_lock_on_cudamalloc,
+  pinned_use_cuda_host_register and pinned_num_register_threads (power of 2, <= 128; PR
+  #108488). 2.4: max_non_split_rounding_mb. 2.5: pinned_use_background_threads.
+- 2.9: ``c10/core/AllocatorConfig.{h,cpp}`` (AcceleratorAllocatorConfig) takes the general
+  keys; the minimum of max_split_size_mb / max_non_split_rounding_mb becomes ">= 20"
+  (``kLargeBuffer / kMB``); CUDAAllocatorConfig adds graph_capture_record_stream_reuse and
+  pinned_reserve_segment_size_mb (> 0).
+- 2.10: per_process_memory_fraction ([0, 1], CUDAAllocatorConfig.cpp
+  ``parsePerProcessMemoryFraction``). 2.11: large_segment_size_mb (> 10; build: the split
+  minimums become >= large_segment_size_mb). 2.13 (build): pinned_max_round_threshold_mb and
+  pinned_max_cached_size_mb. 2.14: pinned_free_catch_all and throw_on_cudamalloc_oom
+  (CUDAAllocatorConfig.h ``getKeys`` on main after the 2.13 build; not checkable here).
+
+The first version of a key added after 2.4 is the first release whose sources showed it;
+keys the installed 2.13 build knows are checked against it by the differential tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+Version = Tuple[int, int]
+
+OLDEST: Version = (1, 13)
+NEWEST: Version = (2, 15)
+INT_LIMIT = 2 ** 31 - 1  # old parsers read integers with stoi: keep every value within int
+
+INTEGER = "integer"
+FRACTION = "fraction"
+BOOLEAN = "boolean"
+CHOICE = "choice"
+POWER_OF_TWO = "power of two"
+DIVISIONS = "divisions"
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One allocator key: what it accepts, since when, and whether it can change later."""
+
+    name: str
+    kind: str
+    meaning: str
+    default: str
+    added: Version
+    removed: Optional[Version] = None
+    # (since version, lowest value, whether the bound is open i.e. "greater than"), oldest first
+    minimum: Tuple[Tuple[Version, float, bool], ...] = ()
+    maximum: Optional[float] = None
+    high_open: bool = False
+    choices: Tuple[str, ...] = ()
+    runtime: bool = True  # a run-time settings call after CUDA starts changes it
+    runtime_reason: str = ""
+    general: bool = False  # parsed by every build (AcceleratorAllocatorConfig), the CPU one too
+    native_only: bool = False  # ignored by backend:cudaMallocAsync
+    backends: str = "CUDA, ROCm"
+
+    def lowest(self, version: Version) -> Optional[Tuple[float, bool]]:
+        """The lower bound at ``version`` and whether it is open ("greater than")."""
+        bound = None
+        for since, low, is_open in self.minimum:
+            if version >= since:
+                bound = (low, is_open)
+        return bound
+
+    def available(self, version: Version) -> bool:
+        return self.added <= version and (self.removed is None or version < self.removed)
+
+
+def _v(text: str) -> Version:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+_ACCELERATORS = "CUDA, ROCm, XPU and other accelerators (from 2.9)"
+_SPLIT_MINIMUM = ((OLDEST, 20, True), (_v("2.9"), 20, False))  # "> 20" until 2.8, then ">= 20"
+
+KEYS: Tuple[Key, ...] = (
+    Key("backend", CHOICE, "which allocator: torch's caching allocator or CUDA's own pool "
+        "(cudaMallocAsync)", "native", _v("2.0"), choices=("native", "cudaMallocAsync"),
+        runtime=False, runtime_reason="backend is chosen when torch is imported"),
+    Key("max_split_size_mb", INTEGER, "cached blocks larger than this are never split, "
+        "so big free blocks stay whole (fights fragmentation, may slow allocation)",
+        "unlimited", OLDEST, minimum=_SPLIT_MINIMUM,
+        maximum=INT_LIMIT, general=True, native_only=True, backends=_ACCELERATORS),
+    Key("roundup_power2_divisions", DIVISIONS, "round request sizes up to one of N steps "
+        "per power of two, so freed blocks fit later requests", "0 (no rounding)", OLDEST,
+        general=True, native_only=True, backends=_ACCELERATORS),
+    Key("roundup_bypass_threshold_mb", INTEGER, "requests above this size skip the "
+        "power-of-two rounding", "unlimited", OLDEST, removed=_v("2.0"), minimum=((OLDEST, 0, False),),
+        maximum=INT_LIMIT, native_only=True),
+    Key("garbage_collection_threshold", FRACTION, "free unused cached blocks once this "
+        "fraction of the allowed memory is in use (needs a per-process memory fraction < 1)",
+        "0 (off)", OLDEST, minimum=((OLDEST, 0.0, True),), maximum=1.0,
+        high_open=True, general=True, native_only=True, backends=_ACCELERATORS),
+    Key("expandable_segments", BOOLEAN, "grow one segment per stream instead of allocating "
+        "fixed blocks: the best cure for fragmentation (affects segments created later)",
+        "False", _v("2.1"), general=True, native_only=True, backends=_ACCELERATORS),
+    Key("release_lock_on_cudamalloc", BOOLEAN, "release the allocator's lock around "
+        "cudaMalloc, so other threads can allocate meanwhile", "False", _v("2.2")),
+    Key("pinned_use_cuda_host_register", BOOLEAN, "pin host memory with malloc + "
+        "cudaHostRegister instead of cudaHostAlloc (less time under lock)", "False",
+        _v("2.2")),
+    Key("pinned_num_register_threads", POWER_OF_TWO, "threads that register pinned memory "
+        "when pinned_use_cuda_host_register is on", "1", _v("2.2"), minimum=((OLDEST, 1, False),),
+        maximum=128),
+    Key("max_non_split_rounding_mb", INTEGER, "a request may take a cached block up to this "
+        "much larger without splitting it", "20", _v("2.4"), minimum=_SPLIT_MINIMUM,
+        maximum=INT_LIMIT, general=True, native_only=True, backends=_ACCELERATORS),
+    Key("pinned_use_background_threads", BOOLEAN, "process pinned-memory events on a "
+        "background thread", "False", _v("2.5"), general=True, runtime=False,
+        runtime_reason="the background thread starts with the first pinned allocation",
+        backends=_ACCELERATORS),
+    Key("graph_capture_record_stream_reuse", BOOLEAN, "let CUDA-graph capture reuse blocks "
+        "freed on other streams", "False", _v("2.9")),
+    Key("pinned_reserve_segment_size_mb", INTEGER, "reserve one pinned segment of this size "
+        "up front for small pinned allocations", "0 (off)", _v("2.9"), minimum=((OLDEST, 0, True),),
+        maximum=INT_LIMIT, runtime=False,
+        runtime_reason="the reserve segment is made with the first pinned allocation"),
+    Key("per_process_memory_fraction", FRACTION, "cap this process at this fraction of the "
+        "GPU's memory (like torch.cuda.set_per_process_memory_fraction)", "1.0", _v("2.10"),
+        minimum=((OLDEST, 0.0, False),), maximum=1.0, runtime=False,
+        runtime_reason="read when each device's allocator starts; call "
+                       "torch.cuda.set_per_process_memory_fraction() instead"),
+    Key("large_segment_size_mb", INTEGER, "size of the segments large requests are packed "
+        "into (the split minimums follow it)", "20", _v("2.11"), minimum=((OLDEST, 10, True),),
+        maximum=INT_LIMIT, general=True, native_only=True, runtime=False,
+        runtime_reason="segments already made keep their size; set it before CUDA starts",
+        backends=_ACCELERATORS),
+    Key("pinned_max_round_threshold_mb", INTEGER, "pinned allocations above this size are "
+        "not rounded up to a power of two", "unlimited", _v("2.13"), minimum=((OLDEST, 0, False),),
+        maximum=INT_LIMIT, general=True, backends=_ACCELERATORS),
+    Key("pinned_max_cached_size_mb", INTEGER, "freed pinned blocks above this size go back to "
+        "the OS instead of the cache", "unlimited", _v("2.13"), minimum=((OLDEST, 0, False),),
+        maximum=INT_LIMIT, general=True, backends=_ACCELERATORS),
+    Key("pinned_free_catch_all", BOOLEAN, "let the pinned allocator free blocks allocated "
+        "outside it", "False", _v("2.14")),
+    Key("throw_on_cudamalloc_oom", BOOLEAN, "raise out-of-memory before calling cudaMalloc "
+        "when the request cannot fit", "False", _v("2.14")),
+)
+
+BY_NAME = {key.name: key for key in KEYS}
+
+# Presets: settings plus the reason, so a student learns why and not only what.
+PRESETS = {
+    "fragmentation": (
+        "expandable_segments:True",
+        "When an out-of-memory message shows much memory 'reserved but unallocated', the "
+        "cache is fragmented: free blocks exist but none is big enough. Expandable segments "
+        "let one segment grow instead, which is what PyTorch's own OOM message recommends "
+        "(torch >= 2.1)."),
+    "fragmentation-old-torch": (
+        "max_split_size_mb:128",
+        "For torch < 2.1, which has no expandable segments: never split cached blocks above "
+        "128 MB, so large free blocks stay whole for large tensors. It can slow allocation."),
+    "reclaim": (
+        "garbage_collection_threshold:0.8",
+        "Free unused cached blocks once 80% of the allowed memory is in use, instead of "
+        "waiting for an out-of-memory retry. It only acts under a per-process memory "
+        "fraction below 1: call torch.cuda.set_per_process_memory_fraction(0.95)."),
+    "async": (
+        "backend:cudaMallocAsync",
+        "Use CUDA's own stream-ordered pool allocator instead of torch's. It ignores the "
+        "split and rounding keys and makes torch's memory snapshots meaningless; it must be "
+        "set before `import torch` (torch >= 2.0)."),
+}

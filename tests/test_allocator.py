@@ -1,0 +1,276 @@
+"""The allocator schema, parser and validator, and %alloc_conf with torch not imported.
+
+"torch not imported" is real here: ``modules={}`` is the module table the core inspects, and
+the magic tests run in a real IPython shell with torch hidden from ``sys.modules``.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+from IPython.core.error import UsageError
+
+from colab_gpu.allocator import AllocConfError, alloc_conf, apply_saved, parse, to_torch, validate
+from colab_gpu.allocator.schema import BY_NAME, KEYS, PRESETS
+from colab_gpu.runtime import TorchState
+
+NOT_IMPORTED = TorchState(imported=False)
+
+
+def check(text, version=(2, 13)):
+    return to_torch(validate(parse(text), version))
+
+
+def rejected(text, version=(2, 13)):
+    with pytest.raises(AllocConfError) as error:
+        check(text, version)
+    return str(error.value)
+
+
+@pytest.fixture
+def env(tmp_path):
+    """A private environment mapping with its own config dir for saved settings."""
+    return {"COLAB_GPU_CONFIG_DIR": str(tmp_path / "config")}
+
+
+def test_both_forms_give_torchs_string():
+    assert check("max_split_size_mb=128 expandable_segments=True") == \
+        "max_split_size_mb:128,expandable_segments:True"
+    assert check("max_split_size_mb:128, expandable_segments : True,") == \
+        "max_split_size_mb:128,expandable_segments:True"
+    assert check("roundup_power2_divisions:[256:1, 512:2,>:4]") == \
+        "roundup_power2_divisions:[256:1,512:2,>:4]"
+    assert check("roundup_power2_divisions=[256:1,512:2,>:4],garbage_collection_threshold=0.6") == \
+        "roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6"
+    assert check("") == ""
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("max_split_size:128", "did you mean 'max_split_size_mb'"),
+    ("expandable_segment=True", "did you mean 'expandable_segments'"),
+    ("expandable_segments:true", "takes True or False, capitalized as in Python (write True)"),
+    ("max_split_size_mb:19", "must be >= 20"),
+    ("max_split_size_mb:128abc", "takes a whole number"),
+    ("max_split_size_mb:-5", "takes a whole number"),
+    ("garbage_collection_threshold:1.5", "must be > 0 and < 1"),
+    ("garbage_collection_threshold:0", "must be > 0 and < 1"),
+    ("garbage_collection_threshold:1e-1", "takes a decimal number"),
+    ("backend:cudaMalloc", "did you mean 'cudaMallocAsync'"),
+    ("pinned_num_register_threads:3", "power of two"),
+    ("pinned_num_register_threads:256", "must be >= 1 and <= 128"),
+    ("large_segment_size_mb:10", "must be > 10"),
+    ("roundup_power2_divisions:3", "takes a power of two"),
+    ("roundup_power2_divisions:[3:1]", "each interval is a power of two"),
+    ("roundup_power2_divisions:[256:3]", "must be 0 (no rounding) or a power of two"),
+    ("max_split_size_mb:128 expandable_segments:True", "put a ',' before 'expandable_segments'"),
+    ("max_split_size_mb=128,expandable_segments:True", "not both"),
+    ("max_split_size_mb:", "expected a value for max_split_size_mb"),
+    ("max_split_size_mb", "expected '=' or ':' after 'max_split_size_mb'"),
+    ("max_split_size_mb:128,,expandable_segments:True", "expected a key"),
+    ("max_split_size_mb:128,max_split_size_mb:256", "given twice"),
+    ("max_split_size_mb:30,large_segment_size_mb:40", "must be >= large_segment_size_mb=40"),
+])
+def test_errors_name_the_problem(text, expected):
+    assert expected in rejected(text)
+
+
+def test_versions_are_checked_both_ways():
+    assert "removed in torch 2.0" in rejected("roundup_bypass_threshold_mb:64", (2, 1))
+    assert check("roundup_bypass_threshold_mb:64", (1, 13)) == "roundup_bypass_threshold_mb:64"
+    assert "needs torch >= 2.1 (added in 2.1); the installed torch is 2.0" in \
+        rejected("expandable_segments:True", (2, 0))
+    assert "list form needs torch >= 2.0" in rejected("roundup_power2_divisions:[256:1]", (1, 13))
+    assert check("roundup_power2_divisions:4", (1, 13)) == "roundup_power2_divisions:4"
+    # max_split_size_mb was "> 20" until 2.8, ">= 20" since the 2.9 AllocatorConfig
+    assert "must be > 20" in rejected("max_split_size_mb:20", (2, 8))
+    assert check("max_split_size_mb:20", (2, 9)) == "max_split_size_mb:20"
+    assert "needs torch >= 2.10" in rejected("per_process_memory_fraction:0.5", (2, 9))
+
+
+def test_schema_covers_the_issue_keys_with_meaning_and_versions():
+    wanted = {"backend", "max_split_size_mb", "roundup_power2_divisions",
+              "roundup_bypass_threshold_mb", "garbage_collection_threshold", "expandable_segments",
+              "release_lock_on_cudamalloc", "pinned_use_cuda_host_register",
+              "pinned_num_register_threads", "max_non_split_rounding_mb",
+              "pinned_use_background_threads", "graph_capture_record_stream_reuse",
+              "pinned_reserve_segment_size_mb", "per_process_memory_fraction",
+              "large_segment_size_mb"}
+    assert wanted <= set(BY_NAME)
+    for key in KEYS:
+        assert key.meaning and key.default and key.added >= (1, 13), key.name
+        assert key.runtime or key.runtime_reason, key.name
+
+
+def test_every_preset_is_valid_on_the_newest_torch_and_explained():
+    for name, (text, why) in PRESETS.items():
+        assert check(text) and len(why) > 40, name
+
+
+def test_merge_unset_reset(env):
+    alloc_conf(["max_split_size_mb=128 expandable_segments=True"], environ=env, modules={})
+    result = alloc_conf(["garbage_collection_threshold:0.6"], unset=["max_split_size_mb"],
+                        environ=env, modules={})
+    expected = "expandable_segments:True,garbage_collection_threshold:0.6"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == env["PYTORCH_ALLOC_CONF"] == expected
+    assert result.env_before["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
+    assert result.applied_via == ("environment",)
+    alloc_conf(reset=True, environ=env, modules={})
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env and "PYTORCH_ALLOC_CONF" not in env
+
+
+def test_warnings_where_torch_is_surprising(env):
+    result = alloc_conf(["garbage_collection_threshold=0.6 max_split_size_mb=128 "
+                         "expandable_segments=True backend=cudaMallocAsync"], environ=env, modules={})
+    text = " | ".join(result.warnings)
+    assert "does nothing unless a per-process memory fraction below 1" in text
+    assert "max_split_size_mb with expandable_segments" in text
+    assert "cudaMallocAsync ignores garbage_collection_threshold, max_split_size_mb, expandable_segments" in text
+    assert "snapshots" in text
+    quiet = alloc_conf(["garbage_collection_threshold=0.6 per_process_memory_fraction=0.9"],
+                       reset=True, environ=env, modules={})
+    assert not any("per-process memory fraction" in w for w in quiet.warnings)
+
+
+def test_torch_29_warns_that_pytorch_alloc_conf_is_ignored(env):
+    from colab_gpu.allocator.apply import _warnings
+
+    before = {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    assert any("2.9 ignores PYTORCH_ALLOC_CONF" in w for w in _warnings((), (2, 9), before))
+    assert not any("2.9 ignores" in w for w in _warnings((), (2, 10), before))
+
+
+BAD_CALLS = [
+    dict(settings=["max_split_size=128"]),
+    dict(settings=["expandable_segments=true"]),
+    dict(settings=["max_split_size_mb=128 garbage_collection_threshold=2"]),
+    dict(settings=["roundup_power2_divisions:[256:1,512:2"]),
+    dict(settings=["max_split_size_mb=64"], unset=["max_split_size_mb"]),
+    dict(unset=["max_split"]),
+    dict(preset="fragmentaton"),
+    dict(check="max_split_size_mb:5"),
+]
+
+
+@pytest.mark.parametrize("call", BAD_CALLS)
+def test_rejected_calls_leave_the_environment_byte_identical(call, env):
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True, max_split_size_mb:256"
+    env["PYTORCH_ALLOC_CONF"] = "garbage_collection_threshold:0.5"
+    before = {name: value.encode() for name, value in env.items()}
+    with pytest.raises(AllocConfError):
+        alloc_conf(environ=env, modules={}, **call)
+    assert {name: value.encode() for name, value in env.items()} == before
+
+
+def test_check_applies_nothing(env):
+    result = alloc_conf(check="max_split_size_mb:128", environ=env, modules={})
+    assert result.action == "check" and to_torch(result.settings) == "max_split_size_mb:128"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env
+
+
+def test_unreadable_existing_setting_asks_for_reset(env):
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb"
+    with pytest.raises(AllocConfError, match="PYTORCH_CUDA_ALLOC_CONF already holds something unreadable"):
+        alloc_conf(["expandable_segments=True"], environ=env, modules={})
+    alloc_conf(["expandable_segments=True"], reset=True, environ=env, modules={})
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_save_is_visible_applied_on_load_and_forgettable(env):
+    result = alloc_conf(preset="fragmentation", save=True, environ=env, modules={})
+    path = os.path.join(env["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt")
+    assert open(path).read() == "expandable_segments:True\n"
+    assert result.saved == "expandable_segments:True" and result.saved_path == path
+    shown = alloc_conf(environ=env, modules={})
+    assert shown.saved == "expandable_segments:True"
+    # a restarted runtime: empty environment, the saved file applied before CUDA starts
+    fresh = {"COLAB_GPU_CONFIG_DIR": env["COLAB_GPU_CONFIG_DIR"]}
+    message = apply_saved(environ=fresh, modules={}, state=NOT_IMPORTED)
+    assert "applied the saved allocator setting 'expandable_segments:True'" in message
+    assert fresh["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    late = {"COLAB_GPU_CONFIG_DIR": env["COLAB_GPU_CONFIG_DIR"]}
+    started = TorchState(imported=True, version="2.13.0", cuda_version="12.8", cuda_initialized=True)
+    assert "not applied: CUDA is already running" in apply_saved(environ=late, modules={}, state=started)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in late
+    alloc_conf(forget=True, environ=env, modules={})
+    assert not os.path.exists(path)
+    assert apply_saved(environ=fresh, modules={}, state=NOT_IMPORTED) is None
+
+
+def test_result_renders_as_text_html_and_json(env):
+    result = alloc_conf(["max_split_size_mb=128"], environ=env, modules={})
+    assert repr(result) == "<AllocConfResult set: max_split_size_mb:128; 0 warnings>"
+    from IPython.lib.pretty import pretty
+
+    text = pretty(result)
+    assert "PYTORCH_CUDA_ALLOC_CONF = 'max_split_size_mb:128'" in text
+    assert "max_split_size_mb = 128  -- cached blocks larger than this are never split" in text
+    assert "torch not imported yet" in text
+    html = result._repr_html_()
+    assert 'class="cgpu-card"' in html and "max_split_size_mb" in html and "<script" not in html
+    assert '"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"' in result.to_json()
+
+
+# --- the magic in the real IPython shell, torch not imported -------------------------------
+
+@pytest.fixture
+def magic_env(shell, clean_env, tmp_path):
+    """The shell as a notebook sees it before `import torch`.
+
+    Other test files import torch into this process; hiding it from ``sys.modules`` for the
+    test is exactly the state the core reads, and any attempt of the code under test to
+    import torch would now fail loudly (a second import of torch raises).
+    """
+    import sys
+
+    clean_env.delitem(sys.modules, "torch", raising=False)
+    clean_env.setenv("COLAB_GPU_CONFIG_DIR", str(tmp_path))
+    return shell
+
+
+def test_magic_sets_both_variables_and_shows_the_meaning(magic_env, capsys):
+    magic_env.run_line_magic("config", "GPUMagics.output = 'text'")
+    try:
+        magic_env.run_line_magic("alloc_conf", "max_split_size_mb=128 expandable_segments=True")
+        magic_env.run_line_magic("alloc_conf", "roundup_power2_divisions:[256:1,512:2,>:4]")
+    finally:
+        magic_env.run_line_magic("config", "GPUMagics.output = 'auto'")
+    expected = "max_split_size_mb:128,expandable_segments:True,roundup_power2_divisions:[256:1,512:2,>:4]"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == os.environ["PYTORCH_ALLOC_CONF"] == expected
+    out = capsys.readouterr().out
+    assert "round request sizes up to one of N steps" in out
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("max_split_size=128", "did you mean 'max_split_size_mb'"),
+    ("--check max_split_size_mb:5", "must be >= 20"),
+    ("--unset expandable_segment", "did you mean 'expandable_segments'"),
+    ("--preset frag", "unknown preset 'frag'; presets: fragmentation"),
+    ("garbage_collection_threshold:0.5 max_split_size_mb:abc", "takes a whole number"),
+])
+def test_magic_bad_input_is_a_usage_error_and_changes_nothing(magic_env, line, expected):
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    before = {name: value.encode() for name, value in os.environ.items()}
+    with pytest.raises(UsageError, match=expected.replace("(", r"\(").replace("[", r"\[")):
+        magic_env.run_line_magic("alloc_conf", line)
+    assert {name: value.encode() for name, value in os.environ.items()} == before
+
+
+def test_magic_check_json_keys_and_show(magic_env, capsys):
+    import json
+
+    magic_env.run_line_magic("alloc_conf", "--check expandable_segments:True --json")
+    data = json.loads(capsys.readouterr().out)
+    assert data["action"] == "check" and data["settings"] == {"expandable_segments": "True"}
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    magic_env.run_line_magic("alloc_conf", "--keys")
+    listing = capsys.readouterr().out
+    assert "roundup_bypass_threshold_mb" in listing and "(not in the installed torch)" in listing
+    magic_env.run_line_magic("alloc_conf", "--json")
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["action"] == "show" and shown["torch"]["imported"] is False
+
+
+def test_magic_help_lists_the_options(magic_env):
+    doc = magic_env.find_line_magic("alloc_conf").__doc__
+    for option in ("--unset", "--reset", "--check", "--preset", "--save", "--forget", "--json"):
+        assert option in doc

@@ -1,0 +1,171 @@
+"""%alloc_conf against the real torch (2.13.0+cpu): its parser, its setter, a real kernel.
+
+This file imports torch into the test process (the "torch imported, CUDA not initialized"
+state is the natural one on a CPU build), so it sorts after test_allocator.py, whose tests
+need a process without torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from IPython.core.error import UsageError
+
+from colab_gpu.allocator import AllocConfError, alloc_conf, parse, to_torch, validate
+from colab_gpu.allocator.schema import KEYS
+from colab_gpu.runtime import TorchState
+from conftest import ROOT
+
+# The keys the CPU build's parser checks (AcceleratorAllocatorConfig); it lets others through.
+CHECKED_KEYS = [key.name for key in KEYS if key.general and key.available((2, 13))]
+
+# One torch process judges a whole batch; the settings torch keeps between calls (e.g.
+# large_segment_size_mb) are put back to their defaults before each string.
+JUDGE = r"""
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+setter = torch._C._accelerator_setAllocatorSettings
+BASELINE = "large_segment_size_mb:20,expandable_segments:False,pinned_use_background_threads:False"
+verdicts = []
+for text in json.load(sys.stdin):
+    setter(BASELINE)
+    try:
+        setter(text)
+        verdicts.append(None)
+    except Exception as error:
+        verdicts.append(f"{type(error).__name__}: {str(error).splitlines()[0]}")
+print(json.dumps(verdicts))
+"""
+
+
+def torch_verdicts(texts):
+    """None (accepted) or the error, per string, from torch's own parser in a subprocess."""
+    done = subprocess.run([sys.executable, "-c", JUDGE], input=json.dumps(texts), text=True,
+                          capture_output=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+VALUES = st.one_of(
+    st.sampled_from(["0", "1", "2", "3", "4", "10", "11", "19", "20", "21", "40", "128", "0.5",
+                     "1.0", "1.5", ".5", "0.", "1e-1", "nan", "True", "False", "true", "abc",
+                     "-5", "128abc", "99999999999999999999999", "[256:1,512:2,>:4]", "[3:1]",
+                     "[256:3]", "[>:0]", "[1:4,]", "[256:1", "", " 7 "]),
+    st.integers(0, 5000).map(str),
+    st.floats(0, 2, allow_nan=False).map(lambda f: f"{f:.3f}"),
+)
+SETTING = st.tuples(st.sampled_from(CHECKED_KEYS), VALUES).map(lambda kv: f"{kv[0]}:{kv[1]}")
+CONFIG = st.tuples(st.lists(SETTING, min_size=1, max_size=4),
+                   st.sampled_from([",", ", ", " ,"]), st.sampled_from(["", ","])
+                   ).map(lambda parts: parts[1].join(parts[0]) + parts[2])
+
+
+def ours(text):
+    try:
+        return to_torch(validate(parse(text), (2, 13)))
+    except AllocConfError:
+        return None
+
+
+# Fixed strings with known outcomes, so the comparison is shown not to be trivial.
+KNOWN = {"max_split_size_mb:128,expandable_segments:True": True, "max_split_size_mb:19": False,
+         "roundup_power2_divisions:[256:1,512:2,>:4]": True, "garbage_collection_threshold:1.5": False,
+         "expandable_segments:true": False, "large_segment_size_mb:11": True}
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(CONFIG, min_size=100, max_size=100, unique=True))
+def test_check_accepts_only_what_torchs_parser_accepts(texts):
+    """One torch subprocess per example judges 100 generated strings, our rewrites of those we accept, and
+    the known strings: every string torch rejects (for the keys it checks), --check rejects."""
+    accepted = {text: ours(text) for text in texts if ours(text) is not None}
+    batch = texts + list(accepted.values()) + list(KNOWN)
+    verdicts = dict(zip(batch, torch_verdicts(batch)))
+    wrongly_accepted = {text: verdicts[text] for text in accepted if verdicts[text] is not None}
+    assert not wrongly_accepted
+    assert all(verdicts[canonical] is None for canonical in accepted.values())
+    assert {text: verdicts[text] is None for text in KNOWN} == KNOWN == \
+        {text: ours(text) is not None for text in KNOWN}
+    assert 0 < len(accepted) < len(texts)  # both outcomes are exercised
+
+
+# --- torch imported, CUDA not initialized: the real setter ----------------------------------
+
+@pytest.fixture
+def torch_env(clean_env, tmp_path):
+    torch = pytest.importorskip("torch")
+    assert not torch.cuda.is_initialized()
+    clean_env.setenv("COLAB_GPU_CONFIG_DIR", str(tmp_path))
+    yield torch
+    torch._C._accelerator_setAllocatorSettings("large_segment_size_mb:20")
+
+
+def test_imported_state_writes_env_and_torchs_setter(shell, torch_env):
+    shell.run_line_magic("alloc_conf", "max_split_size_mb=256 expandable_segments=True --json")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256,expandable_segments:True"
+    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:256,expandable_segments:True"
+
+
+def test_backend_is_refused_once_torch_is_imported(shell, torch_env):
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    before = {name: value.encode() for name, value in os.environ.items()}
+    with pytest.raises(UsageError, match="backend cannot change now: torch is already imported"):
+        shell.run_line_magic("alloc_conf", "backend=cudaMallocAsync")
+    assert {name: value.encode() for name, value in os.environ.items()} == before
+
+
+def test_torch_refusing_restores_env_and_torchs_settings(torch_env):
+    """torch keeps large_segment_size_mb between calls; set behind our back, it makes torch
+    refuse a string we validated. Everything must come back as it was."""
+    setter, getter = torch_env._C._accelerator_setAllocatorSettings, torch_env._C._accelerator_getAllocatorSettings
+    setter("large_segment_size_mb:40")
+    os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+    before = {name: value.encode() for name, value in os.environ.items()}
+    with pytest.raises(AllocConfError, match="torch refused .*must be >= 40; nothing was changed"):
+        alloc_conf(["max_split_size_mb=30"])
+    assert {name: value.encode() for name, value in os.environ.items()} == before
+    assert getter() == "large_segment_size_mb:40"
+
+
+def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env):
+    """The CUDA-started branch, with the state passed in and torch's real setter called."""
+    started = TorchState(imported=True, version=torch_env.__version__, cuda_version="12.8",
+                         cuda_initialized=True)
+    result = alloc_conf(["max_split_size_mb=128 per_process_memory_fraction=0.5"], state=started)
+    assert result.deferred == (("per_process_memory_fraction", dict(
+        (k.name, k.runtime_reason) for k in KEYS)["per_process_memory_fraction"]),)
+    assert result.applied_via == ("environment", "torch._C._accelerator_setAllocatorSettings")
+    assert result.in_effect == "max_split_size_mb:128"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,per_process_memory_fraction:0.5"
+    from IPython.lib.pretty import pretty
+
+    assert "add --save to apply them when the extension loads after a restart" in pretty(result)
+    saved = alloc_conf(["backend=cudaMallocAsync"], state=started, save=True)
+    assert ("backend", "backend is chosen when torch is imported") in saved.deferred
+    assert saved.saved.endswith("backend:cudaMallocAsync")
+
+
+# --- a real Jupyter kernel ------------------------------------------------------------------
+
+@pytest.mark.kernel
+def test_kernel_applies_saved_and_new_settings_before_torch_reads_them(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    (tmp_path / "alloc_conf.txt").write_text("expandable_segments:True\n")
+    cells = ["%load_ext colab_gpu",
+             "%alloc_conf max_split_size_mb=256",
+             "import torch\nprint(torch._C._accelerator_getAllocatorSettings())"]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PYTORCH_")}
+    env.update(PYTHONPATH=str(ROOT), COLAB_GPU_CONFIG_DIR=str(tmp_path))
+    NotebookClient(notebook, timeout=120, kernel_name="python3").execute(env=env)
+    loaded = "".join(o.get("text", "") for o in notebook.cells[0].outputs)
+    assert "applied the saved allocator setting 'expandable_segments:True'" in loaded
+    final = "".join(o.get("text", "") for o in notebook.cells[2].outputs)
+    assert final.strip() == "expandable_segments:True,max_split_size_mb:256"
