@@ -18,6 +18,8 @@ _LAZY = {
     "Status": "colab_gpu.status",
     "detect_runtime": "colab_gpu.runtime",
     "open_source": "colab_gpu.devices",
+    "history": "colab_gpu.live",
+    "live_url": "colab_gpu.live",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]
