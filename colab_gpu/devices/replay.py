@@ -1,0 +1,474 @@
+"""The replay source: GPUs read from a saved ``nvidia-smi`` recording instead of the driver.
+
+Users paste these files when asking for help, and they are how the project shows real
+hardware where there is none. Two kinds are read:
+
+* ``nvidia-smi -q -x`` XML (schema v10 to v13: field names moved between versions, e.g.
+  ``clocks_throttle_reasons`` -> ``clocks_event_reasons``, ``power_readings`` ->
+  ``gpu_power_readings``, ``power_draw`` -> ``average_power_draw``): one time step.
+* ``nvidia-smi --query-gpu=... --format=csv`` logs, with or without units, with a header of
+  nvidia-smi field names or a few custom names seen in real logs, or without a header when
+  the columns' units match a known layout: one time step per timestamp.
+
+Values nvidia-smi could not read ("N/A", "[Not Supported]", ...) become ``None``.
+"""
+from __future__ import annotations
+
+import calendar
+import csv
+import dataclasses
+import datetime
+import io
+import os
+import re
+import threading
+import xml.etree.ElementTree as ElementTree
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from . import GPU, GPUProcess, MiB, Snapshot
+from .nvml import decode_clock_event_reasons
+
+ACCEPTED = ("accepted: an `nvidia-smi -q -x` XML file or an "
+            "`nvidia-smi --query-gpu=... --format=csv` log")
+
+UNKNOWN_NAME = "name not recorded"
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be replayed; the message is one line for the user."""
+
+
+# --- values -----------------------------------------------------------------------------
+
+_UNIT_BYTES = {"B": 1, "KiB": 1024, "MiB": MiB, "GiB": 1024 * MiB}
+_NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
+
+
+def _number(text: Optional[str]) -> Optional[Tuple[float, str]]:
+    """(value, unit) of "26.78 W" / "16x" / "40"; None for "N/A", "[Not Supported]" ..."""
+    if text is None:
+        return None
+    match = _NUMBER.match(text)
+    if match is None:
+        return None
+    return float(match.group(1)), match.group(2)
+
+
+def _float(text: Optional[str]) -> Optional[float]:
+    parsed = _number(text)
+    return None if parsed is None else parsed[0]
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    parsed = _number(text)
+    return None if parsed is None else int(parsed[0])
+
+
+def _bytes(text: Optional[str], default_unit: str = "MiB") -> Optional[int]:
+    """Bytes from "1032 MiB" (nvidia-smi's unit) or a bare number in ``default_unit``."""
+    parsed = _number(text)
+    if parsed is None:
+        return None
+    value, unit = parsed
+    scale = _UNIT_BYTES.get(unit or default_unit)
+    return None if scale is None else int(round(value * scale))
+
+
+def _text(text: Optional[str]) -> Optional[str]:
+    """Text as recorded; None for nvidia-smi's placeholders ("N/A", "[Not Supported]" ...)."""
+    if text is None:
+        return None
+    text = text.strip()
+    bare = text.strip("[]")
+    if not text or bare in ("N/A", "Not Supported", "Unknown Error", "Insufficient Permissions",
+                            "Requested functionality has been deprecated", "GPU is lost"):
+        return None
+    return text
+
+
+def _epoch(text: str) -> Optional[float]:
+    """Seconds since the epoch of a recorded time; zone-less times are taken as UTC."""
+    text = text.strip()
+    moment = None
+    for layout in ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%a %b %d %H:%M:%S %Y"):
+        try:
+            moment = datetime.datetime.strptime(text, layout)
+            break
+        except ValueError:
+            continue
+    if moment is None:
+        try:
+            moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if moment.tzinfo is not None:
+        return moment.timestamp()
+    return calendar.timegm(moment.timetuple()) + moment.microsecond / 1e6
+
+
+# Bits of NVML's clocks-event mask by the suffix nvidia-smi gives each reason.
+_REASON_BITS = {
+    "gpu_idle": 0x001,
+    "applications_clocks_setting": 0x002,
+    "sw_power_cap": 0x004,
+    "hw_slowdown": 0x008,
+    "sync_boost": 0x010,
+    "sw_thermal_slowdown": 0x020,
+    "hw_thermal_slowdown": 0x040,
+    "hw_power_brake_slowdown": 0x080,
+    "display_clocks_setting": 0x100,
+}
+
+
+def _reasons(states: Dict[str, Optional[str]]) -> Optional[Tuple[str, ...]]:
+    """Decoded reasons from nvidia-smi's per-reason "Active" / "Not Active" words."""
+    known = {name: state for name, state in states.items() if name in _REASON_BITS and state}
+    if not known:
+        return None
+    mask = sum(_REASON_BITS[name] for name, state in known.items() if state.strip() == "Active")
+    return decode_clock_event_reasons(mask)
+
+
+# --- nvidia-smi -q -x -------------------------------------------------------------------
+
+
+def _find(element, *paths: str) -> Optional[str]:
+    """The text of the first of ``paths`` that holds a value (names moved across versions)."""
+    for path in paths:
+        found = element.find(path)
+        if found is not None and _text(found.text) is not None:
+            return found.text.strip()
+    return None
+
+
+def _xml_processes(gpu) -> Optional[Tuple[GPUProcess, ...]]:
+    processes = gpu.find("processes")
+    if processes is None:
+        return None
+    result = []
+    for info in processes.findall("process_info"):
+        pid = _int(_find(info, "pid"))
+        if pid is None:
+            continue
+        kind = _find(info, "type") or "C"
+        result.append(GPUProcess(
+            pid=pid,
+            name=_find(info, "process_name"),
+            used_memory=_bytes(_find(info, "used_memory")),
+            kind="compute" if "C" in kind else "graphics",
+        ))
+    return tuple(result)
+
+
+def _xml_gpu(index: int, gpu) -> GPU:
+    power = "power_readings", "gpu_power_readings"
+    reasons = gpu.find("clocks_event_reasons")
+    if reasons is None:
+        reasons = gpu.find("clocks_throttle_reasons")
+    states = {} if reasons is None else {
+        re.sub(r"^clocks_(event|throttle)_reason_", "", child.tag): _text(child.text)
+        for child in reasons}
+    return GPU(
+        index=index,
+        name=_find(gpu, "product_name") or UNKNOWN_NAME,
+        uuid=_find(gpu, "uuid"),
+        bus_id=_find(gpu, "pci/pci_bus_id") or _text(gpu.get("id")),
+        memory_total=_bytes(_find(gpu, "fb_memory_usage/total")),
+        memory_used=_bytes(_find(gpu, "fb_memory_usage/used")),
+        memory_free=_bytes(_find(gpu, "fb_memory_usage/free")),
+        memory_reserved=_bytes(_find(gpu, "fb_memory_usage/reserved")),
+        utilization_gpu=_float(_find(gpu, "utilization/gpu_util")),
+        utilization_memory=_float(_find(gpu, "utilization/memory_util")),
+        temperature=_float(_find(gpu, "temperature/gpu_temp")),
+        power_draw=_float(_find(gpu, *(f"{group}/{name}" for group in power for name in
+                                        ("power_draw", "average_power_draw", "instant_power_draw")))),
+        power_limit=_float(_find(gpu, *(f"{group}/{name}" for group in power for name in
+                                         ("enforced_power_limit", "current_power_limit", "power_limit")))),
+        sm_clock=_int(_find(gpu, "clocks/sm_clock")),
+        sm_clock_max=_int(_find(gpu, "max_clocks/sm_clock")),
+        memory_clock=_int(_find(gpu, "clocks/mem_clock")),
+        memory_clock_max=_int(_find(gpu, "max_clocks/mem_clock")),
+        clock_event_reasons=_reasons(states),
+        performance_state=_find(gpu, "performance_state"),
+        pcie_generation=_int(_find(gpu, "pci/pci_gpu_link_info/pcie_gen/current_link_gen")),
+        pcie_generation_max=_int(_find(gpu, "pci/pci_gpu_link_info/pcie_gen/max_link_gen")),
+        pcie_width=_int(_find(gpu, "pci/pci_gpu_link_info/link_widths/current_link_width")),
+        pcie_width_max=_int(_find(gpu, "pci/pci_gpu_link_info/link_widths/max_link_width")),
+        processes=_xml_processes(gpu),
+    )
+
+
+def _xml_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, ...]:
+    try:
+        root = ElementTree.fromstring(text)
+    except ElementTree.ParseError as error:
+        raise RecordingError(f"is not well-formed XML ({error})") from None
+    if root.tag != "nvidia_smi_log":
+        raise RecordingError(f"is XML but not from `nvidia-smi -q -x` (its root element is "
+                             f"<{root.tag}>, not <nvidia_smi_log>)")
+    recorded = _find(root, "timestamp")
+    return (Snapshot(
+        source=label,
+        gpus=tuple(_xml_gpu(index, gpu) for index, gpu in enumerate(root.findall("gpu"))),
+        driver_version=_find(root, "driver_version"),
+        cuda_driver_version=_find(root, "cuda_version"),
+        timestamp=(recorded and _epoch(recorded)) or fallback_time,
+    ),)
+
+
+# --- nvidia-smi --query-gpu=... --format=csv --------------------------------------------
+
+# Column name (nvidia-smi's, or a custom one seen in real logs) -> GPU field and reader.
+_COLUMNS = {
+    "index": ("index", _int), "gpu_index": ("index", _int),
+    "name": ("name", _text), "gpu_name": ("name", _text),
+    "uuid": ("uuid", _text), "gpu_uuid": ("uuid", _text),
+    "pci.bus_id": ("bus_id", _text), "gpu_bus_id": ("bus_id", _text),
+    "compute_cap": ("compute_capability", _text),
+    "memory.total": ("memory_total", _bytes),
+    "memory.used": ("memory_used", _bytes),
+    "memory.free": ("memory_free", _bytes),
+    "memory.reserved": ("memory_reserved", _bytes),
+    "utilization.gpu": ("utilization_gpu", _float), "utilization_gpu_percent": ("utilization_gpu", _float),
+    "utilization.memory": ("utilization_memory", _float),
+    "temperature.gpu": ("temperature", _float), "temperature_c": ("temperature", _float),
+    "power.draw": ("power_draw", _float), "power.draw.average": ("power_draw", _float),
+    "power.draw.instant": ("power_draw", _float), "power_w": ("power_draw", _float),
+    "enforced.power.limit": ("power_limit", _float), "power.limit": ("power_limit", _float),
+    "clocks.sm": ("sm_clock", _int), "clocks.current.sm": ("sm_clock", _int),
+    "clocks.max.sm": ("sm_clock_max", _int),
+    "clocks.mem": ("memory_clock", _int), "clocks.current.memory": ("memory_clock", _int),
+    "clocks.max.mem": ("memory_clock_max", _int), "clocks.max.memory": ("memory_clock_max", _int),
+    "pstate": ("performance_state", _text),
+    "pcie.link.gen.current": ("pcie_generation", _int),
+    "pcie.link.gen.max": ("pcie_generation_max", _int),
+    "pcie.link.width.current": ("pcie_width", _int),
+    "pcie.link.width.max": ("pcie_width_max", _int),
+    "clocks_event_reasons.active": ("clock_event_reasons", _text),
+    "clocks_throttle_reasons.active": ("clock_event_reasons", _text),
+}
+# When one field has several columns, the first listed in _COLUMNS wins (power.draw first).
+_PRIORITY = {name: rank for rank, name in enumerate(_COLUMNS)}
+_SNAPSHOT_COLUMNS = {"timestamp", "driver_version"}
+
+# Files written with --format=csv,noheader: a layout is recognised by the units of its values.
+_HEADERLESS_LAYOUTS = {
+    ("time", "%", "%", "MiB", "MiB", "", "W"): (
+        "timestamp", "utilization.gpu", "utilization.memory", "memory.used", "memory.free",
+        "temperature.gpu", "power.draw"),
+}
+
+
+def _column_name(header: str) -> str:
+    """"memory.used [MiB]" -> "memory.used"; custom names compare case-insensitively."""
+    return re.sub(r"\s*\[[^\]]*\]\s*$", "", header).strip().lower()
+
+
+def _shape(cell: str) -> str:
+    """What a headerless cell holds: "time", a unit ("%", "MiB", "W", "" for a bare number), "text"."""
+    parsed = _number(cell)
+    if parsed is not None:
+        return parsed[1]
+    return "time" if _epoch(cell) is not None else "text"
+
+
+def _is_header(cells: Sequence[str]) -> bool:
+    return all(_shape(cell) == "text" for cell in cells if cell)
+
+
+def _csv_gpu(position: int, row: Dict[str, str]) -> GPU:
+    fields: Dict[str, object] = {}
+    for column in sorted(row, key=lambda name: _PRIORITY.get(name, len(_PRIORITY))):
+        if column not in _COLUMNS:
+            continue
+        field, read = _COLUMNS[column]
+        value = read(row[column])
+        if value is None or field in fields:
+            continue
+        fields[field] = value
+    mask = fields.pop("clock_event_reasons", None)
+    if mask is not None:
+        try:
+            fields["clock_event_reasons"] = decode_clock_event_reasons(int(str(mask), 16))
+        except ValueError:
+            pass
+    else:
+        states = {column.split(".", 1)[1]: _text(value) for column, value in row.items()
+                  if column.startswith(("clocks_event_reasons.", "clocks_throttle_reasons."))}
+        if _reasons(states) is not None:
+            fields["clock_event_reasons"] = _reasons(states)
+    capability = fields.pop("compute_capability", None)
+    if capability is not None:
+        major, _, minor = str(capability).partition(".")
+        if major.isdigit() and minor.isdigit():
+            fields["compute_capability"] = (int(major), int(minor))
+    fields.setdefault("index", position)
+    fields.setdefault("name", UNKNOWN_NAME)
+    return GPU(**fields)
+
+
+def _time_steps(rows: List[Dict[str, str]], index: Optional[str]) -> Iterable[List[Dict[str, str]]]:
+    """Rows of one moment: one timestamp, or (without timestamps) until a GPU repeats."""
+    step: List[Dict[str, str]] = []
+    for row in rows:
+        if "timestamp" in row:
+            starts_new = bool(step) and row["timestamp"] != step[0]["timestamp"]
+        else:
+            starts_new = index is None or any(earlier[index] == row[index] for earlier in step)
+        if step and starts_new:
+            yield step
+            step = []
+        step.append(row)
+    if step:
+        yield step
+
+
+def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, ...]:
+    lines = [cells for cells in csv.reader(io.StringIO(text), skipinitialspace=True)
+             if any(cell.strip() for cell in cells)]
+    lines = [[cell.strip() for cell in cells] for cells in lines]
+    for cells in lines:  # nvidia-smi ends some rows with ", "
+        while cells and not cells[-1]:
+            cells.pop()
+    if not lines:
+        raise RecordingError("holds no values")
+    note = None
+    if _is_header(lines[0]):
+        header, lines = [_column_name(cell) for cell in lines[0]], lines[1:]
+        if not lines:
+            raise RecordingError("has a CSV header but no rows")
+    else:
+        shape = tuple(_shape(cell) for cell in lines[0])
+        if shape not in _HEADERLESS_LAYOUTS:
+            raise RecordingError(
+                f"is a CSV without a header line whose columns ({', '.join(s or 'number' for s in shape)}) "
+                f"match no known nvidia-smi layout: record it with a header (--format=csv)")
+        header = list(_HEADERLESS_LAYOUTS[shape])
+        note = f"no header: columns read from their units as {', '.join(header)}"
+    if not any(name in _COLUMNS for name in header):
+        raise RecordingError(f"is a CSV whose columns ({', '.join(header[:6])}"
+                             f"{', ...' if len(header) > 6 else ''}) are not nvidia-smi --query-gpu fields")
+    rows = []
+    for number, cells in enumerate(lines, start=2 if note is None else 1):
+        if len(cells) != len(header):
+            raise RecordingError(f"has {len(cells)} values on line {number} where the header "
+                                 f"names {len(header)} columns")
+        rows.append(dict(zip(header, cells)))
+    index = next((name for name in header if _COLUMNS.get(name, ("",))[0] == "index"), None)
+    frames = []
+    for step in _time_steps(rows, index):
+        indices = [row[index] for row in step] if index else []
+        if len(set(indices)) < len(indices):  # the "index" column does not hold GPU indices
+            note = note or "its index column repeats within one time step, so GPUs are numbered in row order"
+            step = [{name: value for name, value in row.items() if name != index} for row in step]
+        recorded = _epoch(step[0].get("timestamp", ""))
+        frames.append(Snapshot(
+            source=label,
+            gpus=tuple(_csv_gpu(position, row) for position, row in enumerate(step)),
+            driver_version=_text(step[0].get("driver_version")),
+            timestamp=recorded if recorded is not None else fallback_time,
+        ))
+    if note is not None:
+        frames = [_with_note(frame, note) for frame in frames]
+    return tuple(frames)
+
+
+def _with_note(frame: Snapshot, note: str) -> Snapshot:
+    """Say in the snapshot's source how a file that does not describe itself was read."""
+    return dataclasses.replace(frame, source=f"{frame.source} ({note})")
+
+
+# --- files -------------------------------------------------------------------------------
+
+
+def load_frames(path: "str | os.PathLike[str]") -> Tuple[Snapshot, ...]:
+    """Every time step of the recording at ``path``, in order (an XML file is one step).
+
+    Raises :class:`RecordingError` with one line saying what is wrong with which file.
+    """
+    path = os.fspath(path)
+    label = replay_label(path)
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+        fallback_time = os.path.getmtime(path)
+    except FileNotFoundError:
+        raise RecordingError(f"cannot replay {path}: no such file; {ACCEPTED}") from None
+    except IsADirectoryError:
+        raise RecordingError(f"cannot replay {path}: it is a directory; {ACCEPTED}") from None
+    except OSError as error:
+        raise RecordingError(f"cannot replay {path}: {error.strerror or error}; {ACCEPTED}") from None
+    try:
+        return _parse(data, label, fallback_time)
+    except RecordingError as error:
+        raise RecordingError(f"cannot replay {path}: it {error}; {ACCEPTED}") from None
+
+
+def _parse(data: bytes, label: str, fallback_time: float) -> Tuple[Snapshot, ...]:
+    if b"\0" in data:
+        raise RecordingError("holds binary data, not text")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise RecordingError("is not UTF-8 text") from None
+    stripped = text.lstrip()
+    if not stripped:
+        raise RecordingError("is empty")
+    if stripped.startswith("<"):
+        return _xml_frames(stripped, label, fallback_time)
+    if "NVIDIA-SMI" in text and "+----" in text:
+        raise RecordingError("is the `nvidia-smi` table, which has too little to replay")
+    if "==NVSMI LOG==" in text:
+        raise RecordingError("is `nvidia-smi -q` text; save `nvidia-smi -q -x` (XML) instead")
+    return _csv_frames(text, label, fallback_time)
+
+
+def replay_label(path: "str | os.PathLike[str]") -> str:
+    return f"replay of {os.path.basename(os.fspath(path))}"
+
+
+def latest(frames: Sequence[Snapshot]) -> Snapshot:
+    """The last row of every GPU: a log cut off mid-step still shows each GPU's last state."""
+    by_index: Dict[int, GPU] = {}
+    for frame in frames:
+        by_index.update((gpu.index, gpu) for gpu in frame.gpus)
+    return dataclasses.replace(frames[-1], gpus=tuple(by_index[index] for index in sorted(by_index)))
+
+
+class ReplaySource:
+    """A :class:`~colab_gpu.devices.DeviceSource` over a recording (read once, on first use).
+
+    ``follow=False``: every snapshot is the recording's final state (the last row per GPU).
+    ``follow=True``: each snapshot is the next time step, looping at the end (a demo trace).
+    """
+
+    def __init__(self, path: "str | os.PathLike[str]", follow: bool = False):
+        self.path = os.fspath(path)
+        self.follow = follow
+        self.label = replay_label(self.path)
+        self._frames: Optional[Tuple[Snapshot, ...]] = None
+        self._problem: Optional[str] = None
+        self._next = 0
+        self._lock = threading.Lock()  # a sampler thread and the notebook may both read
+
+    def _load(self) -> None:
+        if self._frames is None and self._problem is None:
+            try:
+                self._frames = load_frames(self.path)
+            except RecordingError as error:
+                self._problem = str(error)
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            self._load()
+            if self._problem is not None:
+                return Snapshot(source=self.label, problem=self._problem)
+            frames = self._frames
+            if not self.follow:
+                return latest(frames)
+            frame = frames[self._next]
+            self._next = (self._next + 1) % len(frames)
+            return frame
+
+    def close(self) -> None:
+        """Nothing to release: the file was read whole and closed at once."""

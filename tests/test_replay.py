@@ -1,0 +1,238 @@
+"""The replay source: real nvidia-smi recordings read into the same dataclasses as NVML's.
+
+Expected values come from the recordings themselves (and tests/data/README.md), so a parser
+that reads the wrong field, the wrong unit or the wrong schema version fails here.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from colab_gpu.devices import MiB, open_source
+from colab_gpu.devices.replay import ACCEPTED, ReplaySource, load_frames
+
+from conftest import DATA
+
+XML = DATA / "nvidia-smi-xml"
+CSV = DATA / "nvidia-smi-csv"
+CAPTURES = DATA / "nvidia-smi-captures"
+RECORDINGS = sorted(XML.glob("*.xml")) + sorted(CSV.glob("*.csv"))
+
+
+def section(capture: pathlib.Path, title: str) -> str:
+    """The output under one '# <title>' heading of an nvidia_gpu_exporter capture."""
+    lines = capture.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"# {title}"))
+    body = start + 1
+    while lines[body].startswith("#"):  # the command line and the closing rule
+        body += 1
+    end = body
+    while end < len(lines) and not lines[end].startswith("####"):
+        end += 1
+    return "\n".join(lines[body:end]).strip() + "\n"
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda path: path.name)
+def test_every_recording_replays_with_named_gpus(path):
+    frames = load_frames(path)
+    final = ReplaySource(path).snapshot()
+    assert frames and final.ok and final.source.startswith(f"replay of {path.name}")
+    assert final.gpus and all(gpu.name for gpu in final.gpus)
+    # Every recording reports at least one measured quantity per GPU.
+    for gpu in final.gpus:
+        assert any(value is not None for value in (gpu.memory_used, gpu.utilization_gpu, gpu.power_draw))
+
+
+def test_tesla_t4_xml_fields_match_the_recording():
+    snapshot = ReplaySource(XML / "tesla-t4.xml").snapshot()
+    assert (snapshot.driver_version, snapshot.cuda_driver_version) == ("515.105.01", "11.7")
+    (gpu,) = snapshot.gpus
+    assert (gpu.index, gpu.name) == (0, "Tesla T4")
+    assert gpu.uuid == "GPU-d37e67a5-91dd-3774-a5cb-99096249601a"
+    assert gpu.bus_id == "00000000:00:1E.0"
+    assert (gpu.memory_total, gpu.memory_reserved, gpu.memory_used, gpu.memory_free) == (
+        15360 * MiB, 388 * MiB, 1032 * MiB, 13939 * MiB)
+    assert (gpu.power_draw, gpu.power_limit, gpu.temperature) == (26.78, 70.0, 40.0)
+    assert gpu.performance_state == "P0"
+    assert (gpu.utilization_gpu, gpu.utilization_memory) == (0.0, 0.0)
+    assert (gpu.sm_clock, gpu.sm_clock_max, gpu.memory_clock, gpu.memory_clock_max) == (585, 1590, 5000, 5001)
+    assert (gpu.pcie_generation, gpu.pcie_generation_max, gpu.pcie_width, gpu.pcie_width_max) == (3, 3, 8, 16)
+    assert gpu.clock_event_reasons == ()  # every throttle reason "Not Active"
+    assert gpu.compute_capability is None  # nvidia-smi's XML does not record it
+    assert [(p.pid, p.name, p.used_memory, p.kind) for p in gpu.processes] == [
+        (675, "/usr/lib/xorg/Xorg", 22 * MiB, "graphics"), (5762, "python", 1005 * MiB, "compute")]
+    assert snapshot.timestamp == 1682353359.0  # Mon Apr 24 16:22:39 2023, read as UTC
+
+
+def test_a100_v12_reads_renamed_power_and_event_reason_fields():
+    snapshot = ReplaySource(XML / "a100-sxm4-v12.xml").snapshot()
+    # The file says 4 attached GPUs but holds one <gpu> (in MIG mode): all it holds is listed.
+    (gpu,) = snapshot.gpus
+    assert gpu.name == "NVIDIA A100-SXM4-80GB"
+    # The GPU's own fb_memory_usage, not one of its four MIG devices' (19968 MiB each).
+    assert (gpu.memory_total, gpu.memory_reserved, gpu.memory_used, gpu.memory_free) == (
+        81920 * MiB, 869 * MiB, 50 * MiB, 80999 * MiB)
+    assert (gpu.power_draw, gpu.power_limit) == (67.03, 500.0)  # gpu_power_readings/current_power_limit
+    assert gpu.utilization_gpu is None and gpu.utilization_memory is None  # "N/A" under MIG
+    assert gpu.clock_event_reasons == ()  # clocks_event_reasons, all "Not Active"
+    assert snapshot.driver_version == "535.54.03"
+
+
+def test_v13_average_power_draw_and_combined_process_types():
+    (gpu,) = ReplaySource(XML / "rtx-4000-sff-ada-v13.xml").snapshot().gpus
+    assert (gpu.power_draw, gpu.power_limit) == (8.81, 70.0)  # average_power_draw, not instant 8.44
+    assert gpu.clock_event_reasons == ("idle",)
+    assert (gpu.memory_total, gpu.memory_reserved) == (20475 * MiB, 460 * MiB)
+    kinds = {p.pid: p.kind for p in gpu.processes}
+    assert kinds == {1842: "graphics", 3190: "graphics", 4937: "compute", 34626: "compute"}  # C+G computes
+
+
+def test_old_schemas_leave_unrecorded_fields_empty():
+    (minimal,) = ReplaySource(XML / "gtx-1070-ti.xml").snapshot().gpus  # v10, a few fields only
+    assert minimal.memory_total == 4096 * MiB and minimal.memory_reserved is None
+    assert minimal.power_draw is None  # "N/A"
+    assert minimal.processes is None and minimal.clock_event_reasons is None and minimal.sm_clock_max is None
+    old = ReplaySource(XML / "gtx-1660-ti.xml").snapshot()  # driver 418: no reserved memory yet
+    (gpu,) = old.gpus
+    assert (gpu.name, old.driver_version, gpu.memory_reserved) == ("Graphics Device", "418.43", None)
+    assert gpu.processes == () and gpu.clock_event_reasons == ("idle",)
+
+
+def test_csv_with_units_replays_every_second_and_ends_on_the_last_row():
+    frames = load_frames(CSV / "v100s-pcie-32gb_miris.csv")
+    assert len(frames) == 107 and all(len(frame.gpus) == 1 for frame in frames)
+    assert [frame.timestamp for frame in frames] == sorted(frame.timestamp for frame in frames)
+    assert max(frame.gpus[0].utilization_gpu for frame in frames) == 19.0  # light load: at most 19 %
+    used = [frame.gpus[0].memory_used for frame in frames]
+    assert (used[0], max(used), used[-1]) == (1 * MiB, 1094 * MiB, 1 * MiB)  # idle -> load -> idle
+    (gpu,) = ReplaySource(CSV / "v100s-pcie-32gb_miris.csv").snapshot().gpus
+    assert (gpu.name, gpu.memory_total, gpu.memory_used, gpu.temperature) == (
+        "Tesla V100S-PCIE-32GB", 32768 * MiB, 1 * MiB, 28.0)
+
+
+def test_custom_header_log_groups_eight_gpus_per_timestamp():
+    frames = load_frames(CSV / "8gpu-training_nanogpt-pr643.csv")
+    assert len(frames) == 639 and {len(frame.gpus) for frame in frames} == {8}
+    final = ReplaySource(CSV / "8gpu-training_nanogpt-pr643.csv").snapshot()
+    assert final.source == "replay of 8gpu-training_nanogpt-pr643.csv"  # nothing guessed
+    assert [gpu.index for gpu in final.gpus] == list(range(8))
+    gpu = final.gpus[6]  # 2025-09-24T03:51:11.016Z,6, 47, 100, 389.93
+    assert (gpu.temperature, gpu.utilization_gpu, gpu.power_draw) == (47.0, 100.0, 389.93)
+
+
+def test_headerless_csv_is_recognised_from_its_units_and_says_so():
+    path = CSV / "20gb-noheader_plato.csv"
+    frames = load_frames(path)
+    assert len(frames) == 1923
+    assert max(frame.gpus[0].memory_used for frame in frames) == 20137 * MiB  # the jump to a full 20 GB
+    final = ReplaySource(path).snapshot()
+    assert "no header: columns read from their units as timestamp, utilization.gpu" in final.source
+    (gpu,) = final.gpus  # 2026/04/25 18:46:43.733, 0 %, 0 %, 2 MiB, 20146 MiB, 27, 11.28 W
+    assert (gpu.memory_used, gpu.memory_free, gpu.temperature, gpu.power_draw) == (2 * MiB, 20146 * MiB, 27.0, 11.28)
+    assert gpu.memory_total is None  # not recorded, not invented
+
+
+def test_unknown_headerless_layout_is_a_problem(tmp_path):
+    rows = (CSV / "20gb-noheader_plato.csv").read_text().splitlines()[:3]
+    path = tmp_path / "three-columns.csv"
+    path.write_text("\n".join(", ".join(row.split(", ")[:3]) for row in rows))
+    problem = ReplaySource(path).snapshot().problem
+    assert problem == (f"cannot replay {path}: it is a CSV without a header line whose columns (time, %, %) "
+                       f"match no known nvidia-smi layout: record it with a header (--format=csv); {ACCEPTED}")
+
+
+def test_wrong_header_of_gpu_glasses_is_read_by_name_and_noted():
+    final = ReplaySource(CSV / "8gpu-80gb-idle_gpu-glasses.csv").snapshot()
+    assert "its index column repeats within one time step, so GPUs are numbered in row order" in final.source
+    assert [gpu.index for gpu in final.gpus] == list(range(8))
+    assert all(gpu.memory_total == 81559 * MiB and gpu.memory_used == 4 * MiB for gpu in final.gpus)
+    assert all(gpu.utilization_gpu is None for gpu in final.gpus)  # it hides under "index"
+    # The last step stops after GPU 2: GPUs 0-2 come from it, 3-7 from the step before.
+    assert [gpu.power_draw for gpu in final.gpus] == [74.05, 73.24, 72.96, 73.93, 72.68, 72.31, 74.31, 73.43]
+    assert [len(frame.gpus) for frame in load_frames(CSV / "8gpu-80gb-idle_gpu-glasses.csv")] == [8] * 5 + [3]
+
+
+@pytest.mark.parametrize("capture", sorted(CAPTURES.glob("*.txt")), ids=lambda path: path.name.split("__")[1])
+def test_every_field_query_gpu_csv_of_real_captures(capture, tmp_path):
+    idle, load = tmp_path / "idle.csv", tmp_path / "load.csv"
+    idle.write_text(section(capture, "idle :: query-gpu (csv"))
+    load.write_text(section(capture, "load :: query-gpu (csv"))
+    (quiet,) = ReplaySource(idle).snapshot().gpus
+    (busy,) = ReplaySource(load).snapshot().gpus
+    assert quiet.name.lower().replace(" ", "-") == capture.name.split("__")[1]  # the file is named after it
+    assert quiet.memory_total == busy.memory_total and quiet.memory_total > 16000 * MiB
+    assert quiet.memory_reserved is not None and quiet.power_limit is not None
+    assert quiet.compute_capability in {(8, 9), (9, 0)}
+    assert quiet.clock_event_reasons == ("idle",)  # clocks_event_reasons.active 0x...01
+    assert busy.utilization_gpu > quiet.utilization_gpu
+    assert busy.sm_clock > quiet.sm_clock and busy.sm_clock_max == quiet.sm_clock_max
+    assert quiet.pcie_width_max == 16
+
+
+def test_h100_capture_values(tmp_path):
+    path = tmp_path / "h100.csv"
+    path.write_text(section(next(CAPTURES.glob("*h100*")), "idle :: query-gpu (csv"))
+    (frame,) = load_frames(path)
+    (gpu,) = frame.gpus
+    assert (gpu.name, gpu.memory_total, gpu.memory_reserved, gpu.memory_used, gpu.memory_free) == (
+        "NVIDIA H100 80GB HBM3", 81559 * MiB, 479 * MiB, 0, 81081 * MiB)
+    assert (gpu.power_draw, gpu.power_limit, gpu.temperature, gpu.compute_capability) == (69.85, 700.0, 41.0, (9, 0))
+    assert (gpu.pcie_generation, gpu.pcie_generation_max, gpu.performance_state) == (5, 5, "P0")
+    assert frame.driver_version == "590.48.01"
+
+
+def test_follow_mode_steps_through_every_frame_and_loops():
+    path = CSV / "v100s-pcie-32gb_miris.csv"
+    frames = load_frames(path)
+    source = ReplaySource(path, follow=True)
+    played = [source.snapshot() for _ in range(len(frames) + 2)]
+    assert played[:len(frames)] == list(frames)
+    assert played[len(frames):] == list(frames[:2])
+    fixed = ReplaySource(path)
+    assert fixed.snapshot() == fixed.snapshot() == frames[-1]
+
+
+def test_open_source_with_a_path_is_the_replay_source():
+    source = open_source(str(XML / "tesla-t4.xml"))
+    assert isinstance(source, ReplaySource) and source.label == "replay of tesla-t4.xml"
+    source.close()
+    source.close()  # harmless twice
+
+
+def _malformed():
+    """(file name, content, what the problem line must say) for files that cannot be replayed."""
+    t4 = (XML / "tesla-t4.xml").read_bytes()
+    capture = next(CAPTURES.glob("*h200*"))
+    miris = (CSV / "v100s-pcie-32gb_miris.csv").read_text().splitlines()
+    return [
+        ("empty.xml", b"", "it is empty"),
+        ("blank.csv", b"\n  \n", "it is empty"),
+        ("image.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "it holds binary data, not text"),
+        ("latin1.csv", "temp\xe9rature\n".encode("latin-1"), "it is not UTF-8 text"),
+        ("cut.xml", t4[: len(t4) // 2], "it is not well-formed XML (unclosed token: line 213"),
+        ("other.xml", b"<html><body>hi</body></html>", "it is XML but not from `nvidia-smi -q -x` (its root element is <html>"),
+        ("table.txt", section(capture, "idle :: nvidia-smi (default table)").encode(),
+         "it is the `nvidia-smi` table, which has too little to replay"),
+        ("query.txt", section(capture, "idle :: query (-q)").encode(), "it is `nvidia-smi -q` text"),
+        ("header-only.csv", (miris[0] + "\n").encode(), "it has a CSV header but no rows"),
+        ("short-row.csv", "\n".join(miris[:2] + [miris[2].rsplit(",", 2)[0]]).encode(),
+         "it has 6 values on line 3 where the header names 8 columns"),
+        ("unrelated.csv", b"player,score\nalice,3\n", "it is a CSV whose columns (player, score) are not nvidia-smi"),
+    ]
+
+
+def test_unreadable_files_become_one_problem_line(tmp_path):
+    cases = _malformed() + [("missing.xml", None, "no such file"), ("folder", "dir", "it is a directory")]
+    for name, content, expected in cases:
+        path = tmp_path / name
+        if content == "dir":
+            path.mkdir()
+        elif content is not None:
+            path.write_bytes(content)
+        snapshot = ReplaySource(path).snapshot()  # never raises
+        problem = snapshot.problem
+        assert problem is not None and snapshot.gpus == (), name
+        assert problem.startswith(f"cannot replay {path}: ") and expected in problem, (name, problem)
+        assert problem.endswith(ACCEPTED) and "\n" not in problem, name
+        assert snapshot.source == f"replay of {name}"
