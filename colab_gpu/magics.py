@@ -55,6 +55,13 @@ class GPUMagics(Magics):
         3600, help="Samples the live monitor keeps for colab_gpu.history() and the final chart "
                    "(the oldest are dropped): an hour at one a second.",
     ).tag(config=True)
+    live_display = Enum(
+        ["auto", "widgets", "page", "terminal"], default_value="auto",
+        help="How %gpu_status --live shows the monitor: 'auto' picks what updates in this front "
+             "end (the live page in Colab, widgets in Jupyter/JupyterLab/VS Code, lines in a "
+             "terminal); 'page' shows the local live page in an IFrame (the browser must run on "
+             "this machine, or be Colab).",
+    ).tag(config=True)
     live_lines = Int(
         0, help="In a terminal, %gpu_status --live stops after this many lines; 0 prints "
                 "until Ctrl-C.",
@@ -162,11 +169,18 @@ class GPUMagics(Magics):
         if args.cells:
             self._start_cell_peaks()
         platform = detect_platform(self.shell)
-        if platform == COLAB:
+        shown = self.live_display
+        if shown == "auto":
+            shown = {COLAB: "page", TERMINAL: "terminal", PLAIN_PYTHON: "terminal"}.get(platform, "widgets")
+        if shown == "page" and platform == COLAB:
             from google.colab import output
 
             output.serve_kernel_port_as_iframe(live.page_server().port, height="440")
-        elif platform in (TERMINAL, PLAIN_PYTHON):
+        elif shown == "page":
+            from IPython.display import IFrame, display
+
+            display(IFrame(live.live_url(), width="100%", height=440))
+        elif shown == "terminal":
             from .live.terminal import watch
 
             try:

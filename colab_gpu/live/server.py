@@ -8,6 +8,7 @@ Only the page and its data are served; any other path is a 404.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
@@ -90,10 +91,12 @@ class LiveServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="colab_gpu-live-page", daemon=True)
         self._thread.start()
+        atexit.register(self.stop)  # after the sampler's: runs first at exit
         return self
 
     def stop(self) -> None:
         """Stop serving and close the socket: the port refuses connections afterwards."""
+        atexit.unregister(self.stop)
         if self._httpd is None:
             return
         self._httpd.shutdown()
