@@ -172,13 +172,28 @@ def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
     samples = live.history(frame=False)
     assert samples == sampler.samples() and len(samples) == record.count >= 6
     assert live.stop() is None  # nothing left to stop
-    try:
-        import pandas  # noqa: F401
-    except ImportError:
-        assert live.history() == samples
-    else:
-        frame = live.history()
-        assert list(frame.columns) == list(live.ROW_FIELDS) and len(frame) == len(samples)
+
+
+def test_history_without_pandas_is_the_samples(monkeypatch):
+    sampler, _ = live.start(demo=True, interval=0.005)
+    sampler.wait(3, timeout=10)
+    live.stop()
+    monkeypatch.setitem(sys.modules, "pandas", None)  # as if pandas were not installed
+    assert live.history() == sampler.samples()
+    with pytest.raises(ImportError):
+        live.history(frame=True)
+
+
+def test_history_as_a_dataframe():
+    pandas = pytest.importorskip("pandas", reason="pandas is not installed (the test extra has it)")
+    sampler, _ = live.start(path=str(NANOGPT), interval=0.005)
+    sampler.wait(3, timeout=10)
+    live.stop()
+    frame = live.history()
+    assert list(frame.columns) == list(live.ROW_FIELDS)
+    assert len(frame) == 8 * sampler.count and sorted(set(frame["gpu"])) == list(range(8))
+    assert frame["utilization"].eq(100).all() and frame["memory_used"].isna().all()
+    assert pandas.api.types.is_datetime64_any_dtype(frame["time"])
 
 
 def test_the_run_record_summarises_and_draws_the_whole_run():
