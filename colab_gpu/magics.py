@@ -132,11 +132,9 @@ class GPUMagics(Magics):
         else:
             self._show(result)
 
-
     def _live(self, args) -> None:
         """--live: start (or reuse) the sampler and show it the way this front end updates."""
         from . import live
-        from .runtime import COLAB, PLAIN_PYTHON, TERMINAL, detect_platform
 
         if args.stop:
             if args.live or args.json or args.demo or args.cells or args.path or args.interval is not None:
@@ -168,6 +166,18 @@ class GPUMagics(Magics):
                   f"{sampler.interval:g} s); %gpu_status --stop ends it")
         if args.cells:
             self._start_cell_peaks()
+        try:
+            self._show_live(sampler)
+        except BaseException:
+            if started:  # no monitor left running without its display
+                self._stop_live()
+            raise
+
+    def _show_live(self, sampler) -> None:
+        """Show the running sampler the way this front end really updates."""
+        from . import live
+        from .runtime import COLAB, PLAIN_PYTHON, TERMINAL, detect_platform
+
         platform = detect_platform(self.shell)
         shown = self.live_display
         if shown == "auto":
@@ -187,7 +197,9 @@ class GPUMagics(Magics):
                 watch(sampler, print, self.live_lines)
             except KeyboardInterrupt:
                 pass
-            self._show(self._stop_live())
+            record = self._stop_live()
+            if record is not None:
+                self._show(record)
         else:
             from IPython.display import display
 

@@ -360,6 +360,14 @@ def test_the_widget_value_changes_as_samples_arrive():
     wait_until(lambda: "stopped," in widget.value)
 
 
+def test_a_display_that_cannot_be_shown_leaves_no_monitor_running(live_config, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if ipywidgets were not installed
+    run_live(live_config, "--live --demo --cells", live_display="widgets")
+    assert "colab_gpu: ipywidgets could not be imported" in capsys.readouterr().err
+    assert live.running() is None and live_threads() == []
+    assert cell_hooks(live_config) == []
+
+
 def test_unload_ext_stops_the_monitor(live_config):
     run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
     assert live.running() is not None
@@ -389,8 +397,14 @@ def test_colab_shows_the_live_page_through_the_kernel_port(live_config, monkeypa
         socket.create_connection(("127.0.0.1", served[0]), timeout=2)
 
 
+def cell_hooks(shell):
+    return [f for event in ("pre_run_cell", "post_run_cell") for f in shell.events.callbacks[event]
+            if getattr(f, "__qualname__", "").startswith("GPUMagics._start_cell_peaks")]
+
+
 def test_cells_prints_one_line_per_cell_and_stop_removes_the_hooks(live_config, capsys):
     run_live(live_config, "--live --demo --cells --interval 0.02", live_display="widgets")
+    assert len(cell_hooks(live_config)) == 2
     capsys.readouterr()
     live_config.run_cell("import time; time.sleep(0.3)")
     line = capsys.readouterr().out.strip().splitlines()[-1]
@@ -400,6 +414,7 @@ def test_cells_prints_one_line_per_cell_and_stop_removes_the_hooks(live_config, 
     capsys.readouterr()
     live_config.run_cell("x = 1")
     assert "cell GPU memory" not in capsys.readouterr().out
+    assert cell_hooks(live_config) == []
 
 
 class FakeCuda:

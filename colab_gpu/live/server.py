@@ -38,6 +38,13 @@ def page_state(sampler: Sampler) -> dict:
     }
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A browser that went away mid-reply: nothing to tell (and never into a cell)."""
+
+
 class LiveServer:
     """Serves the live page of ``sampler`` on a free port of 127.0.0.1 from a daemon thread."""
 
@@ -86,8 +93,7 @@ class LiveServer:
             def log_message(self, format, *args):  # never print into the user's cells
                 pass
 
-        self._httpd = ThreadingHTTPServer((HOST, 0), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _QuietServer((HOST, 0), Handler)
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="colab_gpu-live-page", daemon=True)
         self._thread.start()
