@@ -130,12 +130,16 @@ class RunRecord:
                   ("temperature (°C)", lambda r: r.temperature, None))
         axes_grid = figure.subplots(2, 2, sharex=True)
         for axes, (title, value, top) in zip(axes_grid.flat, panels):
+            highest = 0.0
             for index in sorted(self.gpu_names):
                 points = [(sample.time - start, value(r)) for sample in self.samples
                           for r in sample.gpus if r.index == index and value(r) is not None]
                 if points:
                     axes.plot(*zip(*points), label=f"GPU {index}", linewidth=1.2)
-            axes.set_ylim(0, top)
+                    highest = max(highest, max(y for _, y in points))
+            if not axes.lines:
+                axes.text(0.5, 0.5, "not reported", ha="center", va="center", transform=axes.transAxes)
+            axes.set_ylim(0, top or (highest * 1.1 or 1))
             axes.set_title(title, fontsize=10)
             axes.grid(alpha=0.3)
         for axes in axes_grid[1]:
