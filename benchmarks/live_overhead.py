@@ -112,6 +112,10 @@ def main() -> None:
             line += f"  ratio {median / base:.4f}, overhead {100 * (1 - median / base):+.2f}%"
         print(line)
     for name in list(settings)[1:]:
+        paired = statistics.median(on / off for on, off in zip(results[name], results["off"]))
+        print(f"  paired (each repeat's {name} / its own off): median ratio {paired:.4f}, "
+              f"overhead {100 * (1 - paired):+.2f}%")
+    for name in list(settings)[1:]:
         share = cpu[name] / (args.repeats * args.seconds)
         print(f"  monitor thread CPU at {name[4:]}: {1000 * cpu[name] / max(1, samples[name]):.2f} ms "
               f"per sample, {100 * share:.3f}% of one core")
