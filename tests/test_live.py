@@ -304,7 +304,8 @@ def run_live(shell, line, **config):
 @pytest.fixture
 def live_config(shell):
     yield shell
-    for name, value in (("live_lines", 0), ("live_display", "auto"), ("live_interval", 1.0)):
+    for name, value in (("live_lines", 0), ("live_display", "auto"), ("live_interval", 1.0),
+                        ("live_history", 3600)):
         shell.run_line_magic("config", f"GPUMagics.{name} = {value!r}")
 
 
@@ -317,6 +318,14 @@ def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys)
     assert lines[3].startswith("Live monitor stopped: ") and "replay of v100s" in lines[3]
     assert lines[4].startswith("GPU 0 Tesla V100S-PCIE-32GB: busy")
     assert live.running() is None and live_threads() == []
+
+
+def test_live_from_a_file_replays_it_and_config_sets_the_defaults(live_config, capsys):
+    run_live(live_config, f"--live --from {NANOGPT}", live_lines=4, live_interval=0.03, live_history=2)
+    lines = capsys.readouterr().out.splitlines()
+    assert all(" | GPU7 100% " in line for line in lines[:4])
+    assert lines[4].startswith("Live monitor stopped: ") and "(the last 2 kept) every 0.03 s" in lines[4]
+    assert len(live.history(frame=False)) == 2
 
 
 def test_ctrl_c_ends_the_terminal_display_and_stops_the_monitor(live_config, capsys):
