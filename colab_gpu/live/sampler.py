@@ -92,10 +92,6 @@ class Sampler:
         return self.source.label
 
     @property
-    def history(self) -> int:
-        return self._buffer.maxlen
-
-    @property
     def running(self) -> bool:
         return self._thread is not None and not self._done.is_set()
 
@@ -129,12 +125,12 @@ class Sampler:
         atexit.register(self.stop)
         return self
 
-    def stop(self, timeout: Optional[float] = None) -> None:
+    def stop(self) -> None:
         """End the thread, wait for its read in flight, close a source it owns. Idempotent."""
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+            thread.join()
         atexit.unregister(self.stop)
         if self.close_source:
             self.source.close()
