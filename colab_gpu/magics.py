@@ -108,7 +108,8 @@ class GPUMagics(Magics):
               help="With --live: after each cell, one line with its peak GPU memory and change.")
     @argument("--from", dest="path", metavar="FILE",
               help="Show the status recorded in an `nvidia-smi -q -x` XML file or an "
-                   "`nvidia-smi --query-gpu=... --format=csv` log instead of the live GPUs.")
+                   "`nvidia-smi --query-gpu=... --format=csv` log instead of the live GPUs; "
+                   "with --live, replay it one time step per sample.")
     @line_magic
     @_friendly_errors
     def gpu_status(self, line: str = ""):
