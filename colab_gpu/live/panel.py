@@ -24,6 +24,7 @@ EXTRA_STYLE = """
 .cgpu-live svg .cgpu-axis{stroke:var(--cgpu-line);fill:none}
 .cgpu-live .cgpu-error{color:var(--cgpu-warn)}
 .cgpu-live td{white-space:nowrap}
+.cgpu-card.cgpu-live{max-width:72em}
 </style>
 """
 
