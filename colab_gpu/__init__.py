@@ -25,6 +25,8 @@ _LAZY = {
     "alloc_conf": "colab_gpu.allocator",
     "AllocConfResult": "colab_gpu.allocator",
     "AllocConfError": "colab_gpu.allocator",
+    "history": "colab_gpu.live",
+    "live_url": "colab_gpu.live",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]

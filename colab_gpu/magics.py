@@ -12,7 +12,7 @@ from typing import Callable, List
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Enum
+from traitlets import Enum, Float, Int
 
 
 def _friendly_errors(method: Callable) -> Callable:
@@ -47,9 +47,31 @@ class GPUMagics(Magics):
              "notebooks, text in a terminal); 'text' forces plain text everywhere.",
     ).tag(config=True)
 
+    live_interval = Float(
+        1.0, help="Seconds between two samples of %gpu_status --live (--interval overrides it). "
+                  "NVML's counters change a few times a second at most.",
+    ).tag(config=True)
+    live_history = Int(
+        3600, help="Samples the live monitor keeps for colab_gpu.history() and the final chart "
+                   "(the oldest are dropped): an hour at one a second.",
+    ).tag(config=True)
+    live_display = Enum(
+        ["auto", "widgets", "page", "terminal"], default_value="auto",
+        help="How %gpu_status --live shows the monitor: 'auto' picks what updates in this front "
+             "end (the live page in Colab, widgets in Jupyter/JupyterLab/VS Code, lines in a "
+             "terminal); 'page' shows the local live page in an IFrame (the browser must run on "
+             "this machine, or be Colab).",
+    ).tag(config=True)
+    live_lines = Int(
+        0, help="In a terminal, %gpu_status --live stops after this many lines; 0 prints "
+                "until Ctrl-C.",
+    ).tag(config=True)
+
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
         self._cleanups: List[Callable[[], None]] = []
+        self._cell_hooks = None  # (pre, post) while --cells is on
+        self._live_cleanup_added = False
 
     def add_cleanup(self, cleanup: Callable[[], None]) -> None:
         """Something to undo on unload (a hook, a thread); run last-added first."""
@@ -71,9 +93,23 @@ class GPUMagics(Magics):
 
     @magic_arguments()
     @argument("--json", action="store_true", help="Print the status as JSON, for scripts.")
+    @argument("--live", action="store_true",
+              help="Follow utilization, memory, power and temperature of every GPU while other "
+                   "cells run: widgets in Jupyter, a live page in Colab, a line per sample in a "
+                   "terminal. A second --live shows the running monitor again.")
+    @argument("--stop", action="store_true",
+              help="Stop the live monitor and show a chart of the whole run.")
+    @argument("--interval", type=float, metavar="SECONDS",
+              help="With --live: seconds between samples (default: GPUMagics.live_interval, 1).")
+    @argument("--demo", action="store_true",
+              help="With --live: replay a bundled real nvidia-smi trace (no GPU needed), "
+                   "labelled as a replay.")
+    @argument("--cells", action="store_true",
+              help="With --live: after each cell, one line with its peak GPU memory and change.")
     @argument("--from", dest="path", metavar="FILE",
               help="Show the status recorded in an `nvidia-smi -q -x` XML file or an "
-                   "`nvidia-smi --query-gpu=... --format=csv` log instead of the live GPUs.")
+                   "`nvidia-smi --query-gpu=... --format=csv` log instead of the live GPUs; "
+                   "with --live, replay it one time step per sample.")
     @line_magic
     @_friendly_errors
     def gpu_status(self, line: str = ""):
@@ -86,6 +122,11 @@ class GPUMagics(Magics):
         from .gpu_status import status
 
         args = parse_argstring(self.gpu_status, line)
+        if args.live or args.stop:
+            return self._live(args)
+        if args.interval is not None or args.demo or args.cells:
+            raise UsageError("--interval, --demo and --cells go with --live, "
+                             "e.g. %gpu_status --live --demo")
         result = status(path=args.path, shell=self.shell)
         if args.json:
             print(result.to_json())
@@ -180,6 +221,112 @@ class GPUMagics(Magics):
             print(result.to_json())
         else:
             self._show(result)
+
+    def _live(self, args) -> None:
+        """--live: start (or reuse) the sampler and show it the way this front end updates."""
+        from . import live
+
+        if args.stop:
+            if args.live or args.json or args.demo or args.cells or args.path or args.interval is not None:
+                raise UsageError("--stop takes no other option: %gpu_status --stop")
+            record = self._stop_live()
+            if record is None:
+                print("colab_gpu: the live monitor is not running")
+            else:
+                self._show(record)
+            return
+        if args.json:
+            raise UsageError("--json does not go with --live; colab_gpu.history() gives the samples")
+        if args.demo and args.path:
+            raise UsageError("--demo replays the bundled trace and --from FILE your recording: give one")
+        interval = self.live_interval if args.interval is None else args.interval
+        if not interval > 0:
+            raise UsageError(f"--interval must be a positive number of seconds (e.g. 1 or 0.5), not {interval}")
+        try:
+            sampler, started = live.start(path=args.path, demo=args.demo, interval=interval,
+                                          history=self.live_history)
+        except ValueError as error:  # the source cannot be read: no driver, a bad recording
+            hint = "" if args.demo or args.path else "; %gpu_status --live --demo replays a recorded trace"
+            raise UsageError(f"cannot start the live monitor: {error}{hint}") from None
+        if not self._live_cleanup_added:
+            self.add_cleanup(self._stop_live)
+            self._live_cleanup_added = True
+        if not started:
+            print(f"colab_gpu: the live monitor is already running ({sampler.label}, every "
+                  f"{sampler.interval:g} s); %gpu_status --stop ends it")
+        if args.cells:
+            self._start_cell_peaks()
+        try:
+            self._show_live(sampler)
+        except BaseException:
+            if started:  # no monitor left running without its display
+                self._stop_live()
+            raise
+
+    def _show_live(self, sampler) -> None:
+        """Show the running sampler the way this front end really updates."""
+        from . import live
+        from .runtime import COLAB, PLAIN_PYTHON, TERMINAL, detect_platform
+
+        platform = detect_platform(self.shell)
+        shown = self.live_display
+        if shown == "auto":
+            shown = {COLAB: "page", TERMINAL: "terminal", PLAIN_PYTHON: "terminal"}.get(platform, "widgets")
+        if shown == "page" and platform == COLAB:
+            from google.colab import output
+
+            output.serve_kernel_port_as_iframe(live.page_server().port, height="440")
+        elif shown == "page":
+            from IPython.display import IFrame, display
+
+            display(IFrame(live.live_url(), width="100%", height=440))
+        elif shown == "terminal":
+            from .live.terminal import watch
+
+            try:
+                watch(sampler, print, self.live_lines)
+            except KeyboardInterrupt:
+                pass
+            record = self._stop_live()
+            if record is not None:
+                self._show(record)
+        else:
+            from IPython.display import display
+
+            from .live.widget import live_widget
+
+            display(live_widget(sampler))
+
+    def _stop_live(self):
+        """Stop the per-cell lines, the sampler and the live page; the run's record."""
+        from . import live
+
+        if self._cell_hooks is not None:
+            pre, post = self._cell_hooks
+            self.shell.events.unregister("pre_run_cell", pre)
+            self.shell.events.unregister("post_run_cell", post)
+            self._cell_hooks = None
+        return live.stop()
+
+    def _start_cell_peaks(self) -> None:
+        if self._cell_hooks is not None:
+            return
+        from . import live
+        from .live.cells import CellPeaks
+
+        peaks = CellPeaks(live.running)
+
+        def pre(*args) -> None:  # IPython >= 8.17 passes an ExecutionInfo; older ones vary
+            peaks.before()
+
+        def post(*args) -> None:
+            line = peaks.after()
+            if line:
+                print(line)
+
+        self.shell.events.register("pre_run_cell", pre)
+        self.shell.events.register("post_run_cell", post)
+        self._cell_hooks = (pre, post)
 
 
 def _loaded(shell) -> "GPUMagics | None":

@@ -1,0 +1,120 @@
+"""The live monitor: one sampler per process, its history, and the displays that follow it.
+
+``start()`` returns the running sampler or starts one (NVML, a recording, or the bundled
+demo trace); ``stop()`` ends it and returns the :class:`~colab_gpu.live.record.RunRecord` of
+the whole run; ``history()`` gives the samples of the running or last run. Nothing here
+imports IPython; the magic ``%gpu_status --live`` picks the display for the front end.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Optional, Tuple
+
+from .record import ROW_FIELDS, RunRecord, rows
+from .sampler import Sample, Sampler, SourceError
+
+DEMO_TRACE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
+                          "v100s-pcie-32gb_miris.csv")
+
+_lock = threading.Lock()
+_sampler: Optional[Sampler] = None  # the running sampler, or the last one (for history())
+_server: Any = None  # the live page's server, started on first request
+
+
+def running() -> Optional[Sampler]:
+    """The process's sampler while it runs, else None."""
+    return _sampler if _sampler is not None and _sampler.running else None
+
+
+def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
+          history: int = 3600) -> Tuple[Sampler, bool]:
+    """(the sampler, whether it was started now): a running sampler is reused as it is.
+
+    Reads the live GPUs through NVML, or replays the recording at ``path`` (or the bundled
+    demo trace) one time step per sample, looping. Raises :class:`SourceError` when the
+    source cannot be read at all (no driver, a bad file).
+    """
+    global _sampler
+    with _lock:
+        current = running()
+        if current is not None:
+            return current, False
+        if demo or path is not None:
+            from ..devices.replay import ReplaySource
+
+            sampler = Sampler(ReplaySource(DEMO_TRACE if demo else os.fspath(path), follow=True),
+                              interval, history, close_source=True)
+        else:
+            from ..devices import default_source
+
+            # The shared NVML source (created first, so its atexit close runs after ours).
+            sampler = Sampler(default_source(), interval, history)
+        sampler.start()
+        _sampler = sampler
+        return sampler, True
+
+
+def stop() -> Optional[RunRecord]:
+    """Stop the sampler and the live page; the record of the whole run, also when the sampler
+    had stopped by itself (a lost GPU); None when there is no run left to stop."""
+    global _server
+    with _lock:
+        if _server is not None:
+            _server.stop()
+            _server = None
+        sampler = _sampler
+        if sampler is None or sampler.stop_requested:
+            return None
+        sampler.stop()
+        return record_of(sampler)
+
+
+def page_server():
+    """The local live page of the running sampler (127.0.0.1 only), started on first use."""
+    global _server
+    from .server import LiveServer
+
+    with _lock:
+        sampler = running()
+        if sampler is None:
+            raise SourceError("the live monitor is not running: start it with %gpu_status --live")
+        if _server is None or _server.sampler is not sampler:
+            if _server is not None:
+                _server.stop()
+            _server = LiveServer(sampler).start()
+        return _server
+
+
+def live_url() -> str:
+    """The address of the live page (for an IFrame where the browser runs on this machine)."""
+    return page_server().url
+
+
+def record_of(sampler: Sampler) -> RunRecord:
+    return RunRecord(label=sampler.label, interval=sampler.interval, samples=sampler.samples(),
+                     gpu_names=dict(sampler.gpu_names), started_at=sampler.started_at,
+                     stopped_at=sampler.stopped_at, error=sampler.error, count=sampler.count)
+
+
+def history(frame: Optional[bool] = None):
+    """The samples of the running or last live run: a pandas DataFrame (one row per GPU and
+    time) when pandas is installed, else a tuple of :class:`Sample`. ``frame=False`` always
+    returns the samples; ``frame=True`` requires pandas."""
+    sampler = _sampler
+    samples = sampler.samples() if sampler is not None else ()
+    if frame is False:
+        return samples
+    try:
+        import pandas
+    except ImportError:
+        if frame:
+            raise
+        return samples
+    names = sampler.gpu_names if sampler is not None else {}
+    data = pandas.DataFrame.from_records(list(rows(samples, names)), columns=list(ROW_FIELDS))
+    data["time"] = pandas.to_datetime(data["time"], unit="s")
+    for column in ROW_FIELDS[3:]:  # a field a GPU does not report: NaN, not None
+        data[column] = pandas.to_numeric(data[column])
+    return data
+

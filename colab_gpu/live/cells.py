@@ -1,0 +1,90 @@
+"""Per-cell GPU memory peaks (``%gpu_status --live --cells``): one line after each cell.
+
+Where this process has started CUDA, the numbers are torch's own allocator counters, exact
+and without polling: the peak counters are reset when a cell starts
+(``torch.cuda.reset_peak_memory_stats``), so ``torch.cuda.max_memory_allocated()`` reads per
+cell while this is on. Where it has not, the line comes from the live sampler's NVML readings
+during the cell: the whole GPU (every process), at the sampling interval, said as such.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, List, Optional
+
+from ..render import size
+
+
+def _signed(value: int) -> str:
+    return ("+" if value >= 0 else "-") + size(abs(value))
+
+
+def _cuda_torch(modules=sys.modules):
+    """torch, only when the user's code has already initialized CUDA (never starts it)."""
+    torch = modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return torch if torch.cuda.is_initialized() else None
+    except Exception:
+        return None
+
+
+class CellPeaks:
+    """``before()`` at pre_run_cell, ``after()`` at post_run_cell returns the line to show."""
+
+    def __init__(self, sampler: Callable[[], Optional[object]]):
+        self._sampler = sampler  # the running sampler, looked up per cell
+        self._started: Optional[float] = None
+        self._allocated: Optional[List[int]] = None  # per torch device at the cell's start
+
+    def before(self) -> None:
+        self._started = time.time()
+        torch = _cuda_torch()
+        self._allocated = None
+        if torch is not None:
+            self._allocated = []
+            for device in range(torch.cuda.device_count()):
+                torch.cuda.reset_peak_memory_stats(device)
+                self._allocated.append(torch.cuda.memory_allocated(device))
+
+    def after(self) -> Optional[str]:
+        if self._started is None:  # the cell that turned this on
+            return None
+        started, self._started = self._started, None
+        torch = _cuda_torch()
+        if torch is not None:
+            return self._torch_line(torch)
+        return self._sampled_line(started)
+
+    def _torch_line(self, torch) -> str:
+        parts = []
+        for device in range(torch.cuda.device_count()):
+            before = self._allocated[device] if self._allocated and device < len(self._allocated) else 0
+            now = torch.cuda.memory_allocated(device)
+            parts.append(f"cuda:{device} peak {size(torch.cuda.max_memory_allocated(device))} allocated "
+                         f"({_signed(now - before)} kept), {size(torch.cuda.max_memory_reserved(device))} "
+                         f"reserved")
+        return "cell GPU memory (torch): " + "; ".join(parts)
+
+    def _sampled_line(self, started: float) -> str:
+        sampler = self._sampler()
+        if sampler is None:
+            return "cell GPU memory: CUDA not started by this process and the live monitor is off"
+        recorded = sampler.samples()
+        during = [s for s in recorded if s.time >= started]
+        if not during:
+            return (f"cell GPU memory: no sample during this {time.time() - started:.1f} s cell "
+                    f"(sampling every {sampler.interval:g} s); CUDA not started by this process")
+        before = [s for s in recorded if s.time < started]
+        baseline = {r.index: r.memory_used for r in (before[-1] if before else during[0]).gpus}
+        parts = []
+        for index in sorted({r.index for s in during for r in s.gpus}):
+            used = [r.memory_used for s in during for r in s.gpus
+                    if r.index == index and r.memory_used is not None]
+            if used:
+                start = baseline.get(index)
+                change = used[-1] - (used[0] if start is None else start)
+                parts.append(f"GPU {index} peak {size(max(used))} used ({_signed(change)})")
+        return (f"cell GPU memory (NVML, all processes, {len(during)} samples; CUDA not started "
+                f"by this process): " + "; ".join(parts))

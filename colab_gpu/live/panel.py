@@ -1,0 +1,136 @@
+"""The live panel: a header, a bar row per GPU and a rolling SVG chart, as one HTML fragment.
+
+The same fragment is the ipywidgets display (Jupyter, JupyterLab, VS Code) and the body of
+the local live page (Colab), so both show the same thing. SVG keeps it light: no image
+encoding per update, and the front end swaps it in without a flicker.
+"""
+from __future__ import annotations
+
+import time
+from html import escape
+from typing import List, Sequence
+
+from ..render import number, size
+from ..render.html import STYLE, _bar
+from .sampler import Sample
+
+CHART_SECONDS = 300  # the rolling chart's time span; the whole run is in history()
+PALETTE = ("#2da44e", "#0969da", "#cf222e", "#bf8700", "#8250df", "#1b7c83", "#e16f24", "#6e7781")
+EXTRA_STYLE = """
+<style>
+.cgpu-live .cgpu-replay{color:var(--cgpu-warn);font-weight:600}
+.cgpu-live svg{display:inline-block;margin:4px 16px 0 0;overflow:visible}
+.cgpu-live svg text{fill:var(--cgpu-muted);font-size:10px}
+.cgpu-live svg .cgpu-axis{stroke:var(--cgpu-line);fill:none}
+.cgpu-live .cgpu-error{color:var(--cgpu-warn)}
+.cgpu-live td{white-space:nowrap}
+.cgpu-card.cgpu-live{max-width:72em}
+</style>
+"""
+
+
+def is_replay(label: str) -> bool:
+    return label.startswith("replay of")
+
+
+def source_title(label: str) -> str:
+    """The header's words for a source: a replay never passes for the user's own GPU."""
+    if is_replay(label):
+        return f"REPLAY of a recorded trace ({label[len('replay of '):]}), not this machine's GPU"
+    return f"live from {label}"
+
+
+def state_words(sampler, now: float) -> str:
+    """"sampling every 1 s, 42 samples over 41 s" or why it stopped."""
+    end = sampler.stopped_at or now
+    span = f"{sampler.count} samples over {end - (sampler.started_at or end):.0f} s"
+    if sampler.running:
+        return f"sampling every {sampler.interval:g} s, {span}"
+    return f"stopped, {span}"
+
+
+def _gpu_row(index: int, name: str, reading, colour: str) -> str:
+    if reading is None:
+        return f"<tr><td>GPU {index}</td><td colspan='4'>not in the latest sample</td></tr>"
+    busy = None if reading.utilization is None else reading.utilization / 100
+    used = None
+    if reading.memory_used is not None and reading.memory_total:
+        used = reading.memory_used / reading.memory_total
+    return (
+        f"<tr><td><b style='color:{colour}'>&#9632;</b> GPU {index} "
+        f"<span class='cgpu-muted'>{escape(name)}</span></td>"
+        f"<td>{_bar(busy)}<span class='cgpu-util'>{number(reading.utilization, '%')}</span></td>"
+        f"<td>{_bar(used)}{escape(size(reading.memory_used))} / {escape(size(reading.memory_total))}</td>"
+        f"<td>{escape(number(reading.power, ' W', 1))}</td>"
+        f"<td>{escape(number(reading.temperature, ' °C'))}</td></tr>"
+    )
+
+
+def _polyline(points: List[str], colour: str, dashed: bool) -> str:
+    dash = " stroke-dasharray='4 3'" if dashed else ""
+    return (f"<polyline points='{' '.join(points)}' fill='none' stroke='{colour}' "
+            f"stroke-width='1.5'{dash}/>")
+
+
+def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
+              height: int = 110, seconds: float = CHART_SECONDS) -> str:
+    """One 0-100 % panel: a line per GPU over the last ``seconds`` of ``samples``.
+
+    ``value(reading)`` gives the percentage to draw, or None for a gap in the line.
+    """
+    end = samples[-1].time if samples else time.time()
+    start = max(samples[0].time, end - seconds) if samples else end
+    span = max(end - start, 1.0)  # the axis grows until it spans ``seconds``
+    lines: dict = {}
+    for sample in samples:
+        if sample.time < start:
+            continue
+        x = (sample.time - start) / span * width
+        for reading in sample.gpus:
+            percent = value(reading)
+            if percent is not None:
+                y = height - max(0.0, min(100.0, percent)) / 100 * height
+                lines.setdefault(reading.index, []).append(f"{x:.1f},{y:.1f}")
+    body = "".join(_polyline(points, PALETTE[index % len(PALETTE)], False)
+                   for index, points in sorted(lines.items()))
+    return (
+        f"<svg class='cgpu-chart' width='{width}' height='{height + 14}' "
+        f"viewBox='0 -12 {width} {height + 26}' role='img' aria-label='{escape(title)}'>"
+        f"<text x='0' y='-2'>{escape(title)}, last {span:.0f} s</text>"
+        f"<rect class='cgpu-axis' x='0' y='0' width='{width}' height='{height}'/>"
+        f"<text x='{width + 3}' y='8'>100</text><text x='{width + 3}' y='{height}'>0</text>"
+        f"{body}</svg>"
+    )
+
+
+def _utilization(reading):
+    return reading.utilization
+
+
+def _memory_percent(reading):
+    if reading.memory_used is None or not reading.memory_total:
+        return None
+    return reading.memory_used / reading.memory_total * 100
+
+
+def render_panel(sampler, now: float = None) -> str:
+    """The whole live display for ``sampler``'s current state, as an HTML fragment."""
+    now = time.time() if now is None else now
+    samples = sampler.samples()
+    latest = {reading.index: reading for reading in samples[-1].gpus} if samples else {}
+    label_class = "cgpu-replay" if is_replay(sampler.label) else ""
+    parts = [STYLE, EXTRA_STYLE, "<div class='cgpu-card cgpu-live'>",
+             f"<div><b class='{label_class}'>{escape(source_title(sampler.label))}</b> "
+             f"<span class='cgpu-muted cgpu-state'>&middot; {escape(state_words(sampler, now))}</span></div>"]
+    if sampler.error:
+        parts.append(f"<p class='cgpu-error'>Stopped: {escape(sampler.error)}</p>")
+    parts.append("<table><tr class='cgpu-muted'><td></td><td>busy</td><td>memory used</td>"
+                 "<td>power</td><td>temperature</td></tr>")
+    for index in sorted(sampler.gpu_names):
+        parts.append(_gpu_row(index, sampler.gpu_names[index], latest.get(index),
+                              PALETTE[index % len(PALETTE)]))
+    parts.append("</table>")
+    parts.append(chart_svg(samples, "busy %", _utilization))
+    parts.append(chart_svg(samples, "memory used %", _memory_percent))
+    parts.append("</div>")
+    return "".join(parts)

@@ -1,0 +1,152 @@
+"""The record of a whole live run: a summary per GPU and a static chart that outlives it.
+
+``%gpu_status --stop`` displays it, so the notebook keeps an image of the run (HTML with an
+embedded PNG) after the runtime is gone. matplotlib is imported only to draw that image,
+through its object API (``Figure`` + the Agg canvas), never pyplot.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+from html import escape
+from typing import Dict, Iterator, Optional, Tuple
+
+from ..render import number, size
+from ..render.html import STYLE
+from .sampler import Sample
+
+ROW_FIELDS = ("time", "gpu", "name", "utilization", "memory_used", "memory_total", "power",
+              "temperature")
+
+
+def rows(samples, names: Dict[int, str]) -> Iterator[tuple]:
+    """One row per GPU and sample, in ROW_FIELDS order (time in seconds since the epoch)."""
+    for sample in samples:
+        for reading in sample.gpus:
+            yield (sample.time, reading.index, names.get(reading.index), reading.utilization,
+                   reading.memory_used, reading.memory_total, reading.power, reading.temperature)
+
+
+def _peak(values) -> Optional[float]:
+    known = [value for value in values if value is not None]
+    return max(known) if known else None
+
+
+def _mean(values) -> Optional[float]:
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None
+
+
+@dataclasses.dataclass(frozen=True)
+class GPURunSummary:
+    index: int
+    name: str
+    utilization_mean: Optional[float]
+    utilization_peak: Optional[float]
+    memory_peak: Optional[int]
+    memory_total: Optional[int]
+    power_peak: Optional[float]
+    temperature_peak: Optional[float]
+
+    def line(self) -> str:
+        return (f"GPU {self.index} {self.name}: busy {number(self.utilization_mean, '%')} on average, "
+                f"peak {number(self.utilization_peak, '%')}; memory peak {size(self.memory_peak)} "
+                f"of {size(self.memory_total)}; power peak {number(self.power_peak, ' W', 1)}; "
+                f"temperature peak {number(self.temperature_peak, ' °C')}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """Everything a live run saw (the buffer's last samples) and how it ended."""
+
+    label: str
+    interval: float
+    samples: Tuple[Sample, ...]
+    gpu_names: Dict[int, str]
+    started_at: Optional[float]
+    stopped_at: Optional[float]
+    error: Optional[str]
+    count: int  # samples taken; more than len(samples) when the buffer overflowed
+
+    @property
+    def duration(self) -> float:
+        if self.started_at is None or self.stopped_at is None:
+            return 0.0
+        return self.stopped_at - self.started_at
+
+    def summaries(self) -> Tuple[GPURunSummary, ...]:
+        result = []
+        for index in sorted(self.gpu_names):
+            readings = [r for sample in self.samples for r in sample.gpus if r.index == index]
+            result.append(GPURunSummary(
+                index=index, name=self.gpu_names[index],
+                utilization_mean=_mean(r.utilization for r in readings),
+                utilization_peak=_peak(r.utilization for r in readings),
+                memory_peak=_peak(r.memory_used for r in readings),
+                memory_total=_peak(r.memory_total for r in readings),
+                power_peak=_peak(r.power for r in readings),
+                temperature_peak=_peak(r.temperature for r in readings),
+            ))
+        return tuple(result)
+
+    def headline(self) -> str:
+        kept = "" if self.count == len(self.samples) else f" (the last {len(self.samples)} kept)"
+        text = (f"Live monitor stopped: {self.count} samples{kept} every {self.interval:g} s "
+                f"over {self.duration:.1f} s, {self.label}")
+        if self.error:
+            text += f"; it had stopped by itself: {self.error}"
+        return text
+
+    def __repr__(self) -> str:
+        return f"<RunRecord {self.label}: {self.count} samples over {self.duration:.1f} s>"
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text("\n".join([self.headline()] + [s.line() for s in self.summaries()]))
+
+    def _repr_html_(self) -> str:
+        image = ""
+        if self.samples:
+            encoded = base64.b64encode(self.chart_png()).decode("ascii")
+            image = (f"<img alt='{escape(self.label)}: the whole run' style='max-width:100%' "
+                     f"src='data:image/png;base64,{encoded}'>")
+        lines = "".join(f"<li>{escape(s.line())}</li>" for s in self.summaries())
+        return (f"{STYLE}<div class='cgpu-card'><div><b>{escape(self.headline())}</b></div>"
+                f"<ul>{lines}</ul>{image}</div>")
+
+    def chart_png(self, dpi: int = 80) -> bytes:
+        """The whole run as a PNG: busy %, memory used, power and temperature per GPU."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        figure = Figure(figsize=(10, 5), dpi=dpi, layout="constrained")
+        FigureCanvasAgg(figure)
+        start = self.samples[0].time if self.samples else 0.0
+        totals = [r.memory_total for sample in self.samples for r in sample.gpus if r.memory_total]
+        panels = (("busy (%)", lambda r: r.utilization, 100),
+                  ("memory used (GiB)", lambda r: None if r.memory_used is None else r.memory_used / 1024 ** 3,
+                   max(totals) / 1024 ** 3 if totals else None),
+                  ("power (W)", lambda r: r.power, None),
+                  ("temperature (°C)", lambda r: r.temperature, None))
+        axes_grid = figure.subplots(2, 2, sharex=True)
+        for axes, (title, value, top) in zip(axes_grid.flat, panels):
+            highest = 0.0
+            for index in sorted(self.gpu_names):
+                points = [(sample.time - start, value(r)) for sample in self.samples
+                          for r in sample.gpus if r.index == index and value(r) is not None]
+                if points:
+                    axes.plot(*zip(*points), label=f"GPU {index}", linewidth=1.2)
+                    highest = max(highest, max(y for _, y in points))
+            if not axes.lines:
+                axes.text(0.5, 0.5, "not reported", ha="center", va="center", transform=axes.transAxes)
+            axes.set_ylim(0, top or (highest * 1.1 or 1))
+            axes.set_title(title, fontsize=10)
+            axes.grid(alpha=0.3)
+        for axes in axes_grid[1]:
+            axes.set_xlabel("seconds since start")
+        if len(self.gpu_names) > 1:
+            axes_grid[0][0].legend(fontsize=8, ncol=2)
+        figure.suptitle(self.label, fontsize=11)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        return buffer.getvalue()

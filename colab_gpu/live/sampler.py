@@ -1,0 +1,204 @@
+"""The sampler: one background thread per process that reads a device source into a ring buffer.
+
+It stores only what the live charts need (utilization, memory, power, temperature per GPU),
+so an hour at one sample a second stays small. It never imports torch and never prints: the
+displays read its buffer. A failure of the source (an exception, a lost GPU, a driver that
+went away) stops it and is kept in :attr:`Sampler.error` for the display to show once.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import threading
+import time
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+
+from ..devices import DeviceSource, Snapshot
+
+THREAD_NAME = "colab_gpu-sampler"
+
+
+class GPUReading(NamedTuple):
+    """One GPU at one moment: the fields the live monitor draws (None where not reported)."""
+
+    index: int
+    utilization: Optional[float]  # percent of time a kernel ran
+    memory_used: Optional[int]  # bytes
+    memory_total: Optional[int]  # bytes
+    power: Optional[float]  # watts
+    temperature: Optional[float]  # degrees Celsius
+
+
+class Sample(NamedTuple):
+    """Every GPU at one moment; ``time`` is the wall-clock time the sampler read it."""
+
+    time: float
+    gpus: Tuple[GPUReading, ...]
+
+
+def reading_of(gpu) -> GPUReading:
+    return GPUReading(gpu.index, gpu.utilization_gpu, gpu.memory_used, gpu.memory_total,
+                      gpu.power_draw, gpu.temperature)
+
+
+def snapshot_problem(snapshot: Snapshot) -> Optional[str]:
+    """Why a snapshot cannot be charted: the source failed or a GPU fell off (one line)."""
+    if snapshot.problem:
+        return snapshot.problem
+    failed = [f"GPU {gpu.index}: {gpu.error}" for gpu in snapshot.gpus if gpu.error]
+    if failed:
+        return "; ".join(failed)
+    if not snapshot.gpus:
+        return "the source shows no GPU"
+    return None
+
+
+class SourceError(ValueError):
+    """The source could not be read at the start; the message is one line for the user."""
+
+
+class Sampler:
+    """Reads ``source`` every ``interval`` seconds into a buffer of the last ``history`` samples.
+
+    ``start()`` launches a daemon thread and registers ``stop`` with ``atexit``; ``stop()`` ends
+    the thread and waits for a read in flight, so the source (NVML) can be shut down safely
+    afterwards. Listeners added with :meth:`add_listener` run in the thread after each sample.
+    """
+
+    def __init__(self, source: DeviceSource, interval: float = 1.0, history: int = 3600,
+                 close_source: bool = False):
+        if not interval > 0:
+            raise ValueError(f"the interval must be a positive number of seconds, not {interval!r}")
+        if history < 1:
+            raise ValueError(f"the history length must be at least 1 sample, not {history!r}")
+        self.source = source
+        self.interval = float(interval)
+        self.close_source = close_source  # a source this sampler opened itself (a replay)
+        self.error: Optional[str] = None  # why the sampler stopped by itself
+        self.listener_error: Optional[str] = None  # why a display was dropped
+        self.gpu_names: Dict[int, str] = {}
+        self.started_at: Optional[float] = None
+        self.stopped_at: Optional[float] = None
+        self._buffer: "collections.deque[Sample]" = collections.deque(maxlen=history)
+        self._count = 0
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._listeners: List[Callable[["Sampler"], None]] = []
+
+    @property
+    def label(self) -> str:
+        return self.source.label
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and not self._done.is_set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def count(self) -> int:
+        """Samples taken since the start (the buffer keeps the last ``history`` of them)."""
+        return self._count
+
+    def start(self) -> "Sampler":
+        """Read once here (a source that cannot be read raises SourceError), then in a thread."""
+        if self._thread is not None:
+            return self
+        try:
+            first = self.source.snapshot()
+            problem = snapshot_problem(first)
+        except Exception as error:  # a source that breaks its promise not to raise
+            problem = f"{type(error).__name__}: {error}"
+        if problem is not None:
+            raise SourceError(f"{self.label}: {problem}")
+        self.started_at = time.time()
+        self._record(first)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+        # Registered after the source was created, so it runs before the source's own
+        # atexit close (atexit runs last-registered first): NVML is never shut down under
+        # a read in flight (nvitop's segfault).
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        """End the thread, wait for its read in flight, close a source it owns. Idempotent."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        atexit.unregister(self.stop)
+        if self.close_source:
+            self.source.close()
+
+    def add_listener(self, listener: Callable[["Sampler"], None]) -> None:
+        """Call ``listener(sampler)`` in the sampler thread after each sample and at the end."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[["Sampler"], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def samples(self) -> Tuple[Sample, ...]:
+        with self._changed:
+            return tuple(self._buffer)
+
+    def samples_after(self, count: int) -> Tuple[int, Tuple[Sample, ...]]:
+        """(count now, the samples taken after the ``count``-th that are still buffered)."""
+        with self._changed:
+            new = min(self._count - count, len(self._buffer))
+            recent = tuple(self._buffer)[len(self._buffer) - new:] if new > 0 else ()
+            return self._count, recent
+
+    def latest(self) -> Optional[Sample]:
+        with self._changed:
+            return self._buffer[-1] if self._buffer else None
+
+    def wait(self, count: int, timeout: Optional[float] = None) -> bool:
+        """Wait until more than ``count`` samples were taken or the sampler ended."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: self._count > count or not self.running, timeout)
+
+    def _run(self) -> None:
+        next_time = time.monotonic() + self.interval
+        while not self._stop.wait(max(0.0, next_time - time.monotonic())):
+            try:
+                snapshot = self.source.snapshot()
+                problem = snapshot_problem(snapshot)
+            except Exception as error:  # a source that breaks its promise not to raise
+                problem = f"{type(error).__name__}: {error}"
+            if problem is not None:
+                self.error = problem
+                break
+            self._record(snapshot)
+            next_time += self.interval
+            if next_time < time.monotonic():  # a read took longer than the interval: no burst
+                next_time = time.monotonic()
+        self.stopped_at = time.time()
+        with self._changed:
+            self._done.set()
+            self._changed.notify_all()
+        self._notify()
+
+    def _record(self, snapshot: Snapshot) -> None:
+        for gpu in snapshot.gpus:
+            self.gpu_names.setdefault(gpu.index, gpu.name)
+        sample = Sample(time.time(), tuple(reading_of(gpu) for gpu in snapshot.gpus))
+        with self._changed:
+            self._buffer.append(sample)
+            self._count += 1
+            self._changed.notify_all()
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(self)
+            except Exception as error:  # a broken display must not stop the recording
+                self.remove_listener(listener)
+                self.listener_error = f"{type(error).__name__}: {error}"

@@ -1,0 +1,38 @@
+"""The terminal display: a compact line per sample, in the foreground, until Ctrl-C."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict
+
+from ..render import number, size
+from .panel import is_replay
+from .sampler import Sample, Sampler
+
+
+def sample_line(sample: Sample, names: Dict[int, str], replay: bool = False) -> str:
+    """"12:00:01  GPU0 19% 966 MiB/32.00 GiB 45.0 W 28 °C | GPU1 ...", marked when replayed."""
+    clock = time.strftime("%H:%M:%S", time.localtime(sample.time))
+    gpus = " | ".join(
+        f"GPU{r.index} {number(r.utilization, '%'):>4} {size(r.memory_used)}/{size(r.memory_total)} "
+        f"{number(r.power, ' W', 1)} {number(r.temperature, ' °C')}" for r in sample.gpus)
+    return f"{clock}  {'REPLAY  ' if replay else ''}{gpus}"
+
+
+def watch(sampler: Sampler, write: Callable[[str], None], max_lines: int = 0) -> int:
+    """Write a line per sample until the sampler ends or ``max_lines`` (0: no limit) were
+    written; Ctrl-C (KeyboardInterrupt) reaches the caller. Returns the lines written."""
+    replay = is_replay(sampler.label)
+    seen = max(0, sampler.count - 1)  # start with the latest sample at once
+    written = 0
+    while True:
+        sampler.wait(seen, timeout=max(1.0, 2 * sampler.interval))
+        seen, new = sampler.samples_after(seen)
+        for sample in new:
+            write(sample_line(sample, sampler.gpu_names, replay))
+            written += 1
+            if max_lines and written >= max_lines:
+                return written
+        if not sampler.running:
+            if sampler.error:
+                write(f"stopped: {sampler.error}")
+            return written

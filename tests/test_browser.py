@@ -1,0 +1,146 @@
+"""The live monitor in a real browser: JupyterLab + Debian's Chromium driven by Playwright.
+
+Runs where the browser extra is installed (scripts/test.sh installs it in the "latest"
+environment, and Chromium from Debian); elsewhere each test is skipped with the reason.
+Screenshots are saved under test-artifacts/ for a person to look at.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import ROOT
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "test-artifacts"
+pytestmark = pytest.mark.browser
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the browser extra)")
+pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (the browser extra)")
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is absent: apt-get install chromium", allow_module_level=True)
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """A headless Chromium with a fresh profile (never one a tool downloads)."""
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1200, "height": 900})
+        yield context
+        context.close()
+
+
+NOTEBOOK = {
+    "cells": [
+        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+         "source": "%load_ext colab_gpu"},
+        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+         "source": "%gpu_status --live --demo --interval 0.25"},
+    ],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4, "nbformat_minor": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def jupyterlab(tmp_path_factory):
+    """JupyterLab on 127.0.0.1 with a token, serving a folder with one notebook."""
+    root = tmp_path_factory.mktemp("lab")
+    (root / "live.ipynb").write_text(json.dumps(NOTEBOOK))
+    port, token = free_port(), "colab-gpu-test-token"
+    home = tmp_path_factory.mktemp("home")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(home), JUPYTER_CONFIG_DIR=str(home / "config"),
+               JUPYTER_RUNTIME_DIR=str(home / "runtime"))
+    log = open(root.parent / "jupyterlab.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         "--LabApp.news_url=", "--LabApp.extension_manager=readonly", "--allow-root"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "JupyterLab did not start"
+            time.sleep(0.3)
+    yield base, token
+    server.terminate()
+    server.wait(timeout=30)
+    log.close()
+
+
+def panel_state(frame):
+    """What a user sees change: the state line and the chart's first line."""
+    return (frame.locator(".cgpu-state").first.inner_text(),
+            frame.locator("svg.cgpu-chart polyline").first.get_attribute("points"))
+
+
+def test_jupyterlab_shows_the_live_widget_and_it_keeps_moving(browser, jupyterlab):
+    base, token = jupyterlab
+    page = browser.new_page()
+    page.goto(f"{base}/lab/tree/live.ipynb?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)  # the kernel is up
+    page.locator(".jp-Cell").first.click()
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.press("Shift+Enter")
+    panel = page.locator(".cgpu-live")
+    panel.wait_for(timeout=60_000)
+    assert "REPLAY of a recorded trace (v100s-pcie-32gb_miris.csv)" in panel.inner_text()
+    assert "Tesla V100S-PCIE-32GB" in panel.inner_text()
+    first = panel_state(page)
+    time.sleep(3)
+    later = panel_state(page)
+    page.screenshot(path=str(ARTIFACTS / "jupyterlab-live-widget.png"), full_page=True)
+    assert later[0] != first[0]  # "sampling every 0.25 s, N samples over T s" moved on
+    assert later[1] != first[1]  # the chart's line grew
+    page.close()
+
+
+def test_the_live_page_chart_updates_in_chromium(browser):
+    from colab_gpu import live
+
+    sampler, _ = live.start(demo=True, interval=0.2)
+    try:
+        server = live.page_server()
+        page = browser.new_page()
+        page.goto(server.url)
+        page.wait_for_selector(".cgpu-live svg.cgpu-chart polyline", timeout=20_000)
+        assert page.title().startswith("REPLAY of a recorded trace")
+        first = panel_state(page)
+        time.sleep(2)
+        later = panel_state(page)
+        page.screenshot(path=str(ARTIFACTS / "live-page.png"), full_page=True)
+        assert later[0] != first[0] and later[1] != first[1]
+        live.stop()
+        page.wait_for_function("document.getElementById('cgpu-note').textContent.length > 0",
+                               timeout=10_000)
+        assert "stopped" in page.locator("#cgpu-note").inner_text()
+        page.screenshot(path=str(ARTIFACTS / "live-page-stopped.png"), full_page=True)
+        page.close()
+    finally:
+        live.stop()

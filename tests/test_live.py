@@ -1,0 +1,498 @@
+"""The live monitor: sampler, history, page server, displays, and %gpu_status --live/--stop.
+
+Sources are real recordings: the replay source, or NVML's own code (NvmlSource) over a
+recording-fed stand-in of the pynvml module (tests/live_nvml.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+import urllib.error
+import urllib.request
+
+import pytest
+from IPython.core.error import UsageError
+
+from colab_gpu import live
+from colab_gpu.devices.nvml import NvmlSource
+from colab_gpu.devices.replay import ReplaySource, load_frames
+from colab_gpu.live.panel import render_panel
+from colab_gpu.live.sampler import THREAD_NAME, Sampler, SourceError
+from colab_gpu.live.server import LiveServer
+from colab_gpu.live.terminal import watch
+
+from conftest import DATA, ROOT
+from live_nvml import RecordedNvml
+
+V100 = DATA / "nvidia-smi-csv" / "v100s-pcie-32gb_miris.csv"
+NANOGPT = DATA / "nvidia-smi-csv" / "8gpu-training_nanogpt-pr643.csv"
+
+
+def live_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("colab_gpu")]
+
+
+def wait_until(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.fixture(autouse=True)
+def no_monitor_left():
+    """Every test starts and ends without a running monitor or one of its threads."""
+    live.stop()
+    yield
+    live.stop()
+    wait_until(lambda: not live_threads(), timeout=5)
+
+
+# --- the sampler ---------------------------------------------------------------------------
+
+def test_sampler_fills_a_bounded_buffer_with_the_recorded_steps_then_stops():
+    frames = load_frames(V100)
+    sampler = Sampler(ReplaySource(V100, follow=True), interval=0.005, history=10).start()
+    assert [t.name for t in live_threads()] == [THREAD_NAME]
+    assert sampler.wait(24, timeout=10)
+    sampler.stop()
+    samples = sampler.samples()
+    assert sampler.count >= 25 and len(samples) == 10  # the ring buffer keeps the last 10
+    first_kept = sampler.count - 10
+    expected = [frames[(first_kept + i) % len(frames)].gpus[0] for i in range(10)]
+    assert [s.gpus[0].memory_used for s in samples] == [g.memory_used for g in expected]
+    assert [s.gpus[0].utilization for s in samples] == [g.utilization_gpu for g in expected]
+    assert sampler.gpu_names == {0: "Tesla V100S-PCIE-32GB"}
+    assert all(a.time < b.time for a, b in zip(samples, samples[1:]))
+    assert not sampler.running and live_threads() == []
+    count = sampler.count
+    time.sleep(0.05)
+    assert sampler.count == count  # nothing sampled after stop
+
+
+def test_sampler_reads_nvml_through_its_real_code_path():
+    nvml = RecordedNvml(NANOGPT)
+    source = NvmlSource(nvml=nvml)
+    sampler = Sampler(source, interval=0.005).start()
+    sampler.wait(3, timeout=10)
+    sampler.stop()
+    source.close()
+    latest = sampler.latest()
+    assert len(latest.gpus) == 8 and all(r.utilization == 100 for r in latest.gpus)
+    assert nvml.late_calls == []
+
+
+def test_a_lost_gpu_stops_the_sampler_and_its_error_is_shown_once():
+    nvml = RecordedNvml(V100, lose_gpu_after=3)
+    sampler = Sampler(NvmlSource(nvml=nvml), interval=0.005)
+    ends = []
+    sampler.add_listener(lambda s: ends.append(s.running))
+    sampler.start()
+    wait_until(lambda: not sampler.running)
+    assert sampler.count == 3  # the good reads are kept
+    assert sampler.error == "GPU 0: a GPU has fallen off the bus: restart the runtime or the machine"
+    assert ends[-1] is False  # the displays were told it ended
+    assert live_threads() == []
+    assert render_panel(sampler).count("fallen off the bus") == 1
+    lines = []
+    watch(sampler, lines.append)
+    assert lines[-1] == f"stopped: {sampler.error}"
+    assert sum("fallen off" in line for line in lines) == 1
+
+
+def test_a_source_that_raises_stops_the_sampler_cleanly():
+    class Breaking:
+        label = "breaking"
+
+        def __init__(self):
+            self.replay = ReplaySource(V100, follow=True)
+            self.reads = 0
+
+        def snapshot(self):
+            self.reads += 1
+            if self.reads > 2:
+                raise OSError("the device node vanished")
+            return self.replay.snapshot()
+
+        def close(self):
+            pass
+
+    source = Breaking()
+    sampler = Sampler(source, interval=0.005).start()
+    wait_until(lambda: not sampler.running)
+    assert sampler.error == "OSError: the device node vanished"
+    assert source.reads == 3 and sampler.count == 2
+    sampler.stop()
+    assert live_threads() == []
+
+
+def test_a_source_that_cannot_be_read_at_all_does_not_start_a_thread(tmp_path):
+    missing = tmp_path / "missing.csv"
+    with pytest.raises(SourceError, match="no such file"):
+        Sampler(ReplaySource(missing, follow=True)).start()
+    assert live_threads() == []
+
+
+def test_a_broken_display_is_dropped_without_stopping_the_recording():
+    sampler = Sampler(ReplaySource(V100, follow=True), interval=0.005)
+
+    def broken(_):
+        raise RuntimeError("front end went away")
+
+    sampler.add_listener(broken)
+    sampler.start()
+    sampler.wait(5, timeout=10)
+    assert sampler.running and sampler.listener_error == "RuntimeError: front end went away"
+    sampler.stop()
+
+
+def test_invalid_interval_and_history_are_refused():
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        Sampler(ReplaySource(V100), interval=0)
+    with pytest.raises(ValueError, match="at least 1 sample"):
+        Sampler(ReplaySource(V100), history=0)
+
+
+# --- one sampler per process, history ---------------------------------------------------------
+
+def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
+    sampler, started = live.start(demo=True, interval=0.005)
+    again, started_again = live.start(interval=5)
+    assert started and not started_again and again is sampler
+    assert sampler.label == "replay of v100s-pcie-32gb_miris.csv"
+    sampler.wait(5, timeout=10)
+    record = live.stop()
+    samples = live.history(frame=False)
+    assert samples == sampler.samples() and len(samples) == record.count >= 6
+    assert live.stop() is None  # nothing left to stop
+
+
+def test_history_without_pandas_is_the_samples(monkeypatch):
+    sampler, _ = live.start(demo=True, interval=0.005)
+    sampler.wait(3, timeout=10)
+    live.stop()
+    monkeypatch.setitem(sys.modules, "pandas", None)  # as if pandas were not installed
+    assert live.history() == sampler.samples()
+    with pytest.raises(ImportError):
+        live.history(frame=True)
+
+
+def test_history_as_a_dataframe():
+    pandas = pytest.importorskip("pandas", reason="pandas is not installed (the test extra has it)")
+    sampler, _ = live.start(path=str(NANOGPT), interval=0.005)
+    sampler.wait(3, timeout=10)
+    live.stop()
+    frame = live.history()
+    assert list(frame.columns) == list(live.ROW_FIELDS)
+    assert len(frame) == 8 * sampler.count and sorted(set(frame["gpu"])) == list(range(8))
+    assert frame["utilization"].eq(100).all() and frame["memory_used"].isna().all()
+    assert pandas.api.types.is_datetime64_any_dtype(frame["time"])
+
+
+def test_the_run_record_summarises_and_draws_the_whole_run():
+    sampler, _ = live.start(path=str(NANOGPT), interval=0.005)
+    sampler.wait(4, timeout=10)
+    record = live.stop()
+    assert len(record.summaries()) == 8
+    assert record.summaries()[0].line().startswith("GPU 0 name not recorded: busy 100% on average")
+    png = record.chart_png()
+    assert png.startswith(b"\x89PNG")
+    html = record._repr_html_()
+    assert "data:image/png;base64," in html and "Live monitor stopped" in html
+
+
+def test_nvml_is_shut_down_only_after_the_sampler_thread_ended():
+    """In-process: the order atexit will use (sampler.stop, then the source's close)."""
+    nvml = RecordedNvml(V100, delay=0.02)
+    source = NvmlSource(nvml=nvml)
+    sampler = Sampler(source, interval=0.001).start()
+    sampler.wait(3, timeout=10)
+    nvml.on_shutdown = lambda: nvml.late_calls.extend(("sampler alive", t.name) for t in live_threads())
+    sampler.stop()
+    source.close()
+    assert nvml.late_calls == []
+
+
+EXIT_SCRIPT = textwrap.dedent("""
+    import atexit, sys, threading
+    # Registered first, so it runs last: what is left once every exit handler has run.
+    atexit.register(lambda: print("left:", sorted(t.name for t in threading.enumerate())))
+    sys.path.insert(0, {tests!r})
+    from live_nvml import RecordedNvml
+    import colab_gpu.devices
+    from colab_gpu import live
+    from colab_gpu.devices.nvml import NvmlSource
+
+    nvml = RecordedNvml({path!r}, delay=0.02)
+    colab_gpu.devices.open_source = lambda path=None: NvmlSource(nvml=nvml)
+    nvml.on_shutdown = lambda: print("alive at NVML shutdown:",
+        [t.name for t in threading.enumerate() if t.name.startswith("colab_gpu")])
+    atexit.register(lambda: print("late NVML calls:", nvml.late_calls))
+    sampler, _ = live.start(interval=0.001)
+    live.page_server()
+    sampler.wait(5, timeout=10)
+    print("running:", sampler.running, [t.name for t in threading.enumerate() if t.name.startswith("colab_gpu")])
+""")
+
+
+def test_interpreter_exit_with_the_sampler_running_is_clean():
+    script = EXIT_SCRIPT.format(tests=str(ROOT / "tests"), path=str(V100))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # no traceback, no "exception in thread"
+    out = done.stdout.splitlines()
+    assert out[0] == "running: True ['colab_gpu-sampler', 'colab_gpu-live-page']"
+    assert "alive at NVML shutdown: []" in out
+    assert "late NVML calls: []" in out
+    assert out[-1] == "left: ['MainThread']"
+
+
+# --- the live page ------------------------------------------------------------------------
+
+def fetch(url):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.headers["Content-Type"], response.read()
+
+
+def test_the_page_server_listens_on_localhost_only_and_serves_only_its_paths():
+    sampler = Sampler(ReplaySource(V100, follow=True), interval=0.01).start()
+    server = LiveServer(sampler).start()
+    try:
+        host, port = server.address
+        assert host == "127.0.0.1" and server.url == f"http://127.0.0.1:{port}/"
+        status, kind, page = fetch(server.url)
+        assert status == 200 and kind.startswith("text/html")
+        assert b"<script>" in page and b"data.json" in page
+        assert b"http://" not in page and b"https://" not in page  # no CDN, no network
+        sampler.wait(3, timeout=10)
+        status, kind, body = fetch(server.url + "data.json")
+        state = json.loads(body)
+        assert status == 200 and kind == "application/json"
+        assert state["running"] and state["count"] >= 3 and state["error"] is None
+        assert state["title"].startswith("REPLAY of a recorded trace")
+        assert state["latest"]["gpus"][0]["memory_total"] == 32768 * 1024 ** 2
+        assert "<svg" in state["panel"] and "polyline" in state["panel"]
+        for path in ("favicon.ico", "data.json/../../etc/passwd", "index.htm", "live/page.html"):
+            with pytest.raises(urllib.error.HTTPError) as error:
+                fetch(server.url + path)
+            assert error.value.code == 404
+    finally:
+        server.stop()
+        sampler.stop()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+    assert live_threads() == []
+
+
+# --- %gpu_status --live in the real IPython shell -----------------------------------------------
+
+def run_live(shell, line, **config):
+    for name, value in config.items():
+        shell.run_line_magic("config", f"GPUMagics.{name} = {value!r}")
+    return shell.run_line_magic("gpu_status", line)
+
+
+@pytest.fixture
+def live_config(shell):
+    yield shell
+    for name, value in (("live_lines", 0), ("live_display", "auto"), ("live_interval", 1.0),
+                        ("live_history", 3600)):
+        shell.run_line_magic("config", f"GPUMagics.{name} = {value!r}")
+
+
+def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys):
+    run_live(live_config, "--live --demo --interval 0.02", live_lines=3)
+    lines = capsys.readouterr().out.splitlines()
+    samples = [line for line in lines if "REPLAY" in line]
+    assert len(samples) == 3
+    assert "GPU0" in samples[0] and "32.00 GiB" in samples[0]
+    assert lines[3].startswith("Live monitor stopped: ") and "replay of v100s" in lines[3]
+    assert lines[4].startswith("GPU 0 Tesla V100S-PCIE-32GB: busy")
+    assert live.running() is None and live_threads() == []
+
+
+def test_live_from_a_file_replays_it_and_config_sets_the_defaults(live_config, capsys):
+    run_live(live_config, f"--live --from {NANOGPT}", live_lines=4, live_interval=0.03, live_history=2)
+    lines = capsys.readouterr().out.splitlines()
+    assert all(" | GPU7 100% " in line for line in lines[:4])
+    assert lines[4].startswith("Live monitor stopped: ") and "(the last 2 kept) every 0.03 s" in lines[4]
+    assert len(live.history(frame=False)) == 2
+
+
+def test_ctrl_c_ends_the_terminal_display_and_stops_the_monitor(live_config, capsys):
+    import _thread
+
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    run_live(live_config, "--live --demo --interval 0.05")
+    timer.join()
+    out = capsys.readouterr().out
+    assert out.count("REPLAY") >= 3 and "Live monitor stopped" in out
+    assert live.running() is None and live_threads() == []
+
+
+def test_widgets_follow_the_sampler_and_stop_leaves_a_chart(live_config, capsys):
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    sampler = live.running()
+    assert sampler is not None and sampler.interval == 0.02
+    assert "HTML(value=" in capsys.readouterr().out  # the widget's text form in a terminal
+    run_live(live_config, "--live")
+    assert live.running() is sampler
+    assert "already running (replay of v100s-pcie-32gb_miris.csv, every 0.02 s)" in capsys.readouterr().out
+    sampler.wait(5, timeout=10)
+    run_live(live_config, "--stop")
+    out = capsys.readouterr().out
+    assert out.startswith("Live monitor stopped: ") and live.running() is None
+    run_live(live_config, "--stop")
+    assert capsys.readouterr().out == "colab_gpu: the live monitor is not running\n"
+
+
+def test_the_widget_value_changes_as_samples_arrive():
+    from colab_gpu.live.widget import live_widget
+
+    sampler, _ = live.start(path=str(NANOGPT), interval=0.01)
+    widget = live_widget(sampler)
+    first = widget.value
+    assert "REPLAY of a recorded trace" in first and first.count("<svg") == 2
+    sampler.wait(sampler.count + 3, timeout=10)
+    wait_until(lambda: widget.value != first)
+    live.stop()
+    wait_until(lambda: "stopped," in widget.value)
+
+
+def test_a_display_that_cannot_be_shown_leaves_no_monitor_running(live_config, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if ipywidgets were not installed
+    run_live(live_config, "--live --demo --cells", live_display="widgets")
+    assert "colab_gpu: ipywidgets could not be imported" in capsys.readouterr().err
+    assert live.running() is None and live_threads() == []
+    assert cell_hooks(live_config) == []
+
+
+def test_unload_ext_stops_the_monitor(live_config):
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    assert live.running() is not None
+    live_config.run_line_magic("unload_ext", "colab_gpu")
+    try:
+        assert live.running() is None and live_threads() == []
+    finally:
+        live_config.run_line_magic("load_ext", "colab_gpu")
+
+
+def test_colab_shows_the_live_page_through_the_kernel_port(live_config, monkeypatch, capsys):
+    served = []
+    output = types.ModuleType("google.colab.output")
+    output.serve_kernel_port_as_iframe = lambda port, **kwargs: served.append(port)
+    monkeypatch.setitem(sys.modules, "google.colab.output", output)
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setitem(sys.modules, "google", types.ModuleType("google"))
+    sys.modules["google.colab"].output = output
+    sys.modules["google"].colab = sys.modules["google.colab"]
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-20260801")
+    run_live(live_config, "--live --demo --interval 0.02")
+    assert len(served) == 1
+    status, _, body = fetch(f"http://127.0.0.1:{served[0]}/data.json")
+    assert json.loads(body)["label"] == "replay of v100s-pcie-32gb_miris.csv"
+    run_live(live_config, "--stop")
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", served[0]), timeout=2)
+
+
+def cell_hooks(shell):
+    return [f for event in ("pre_run_cell", "post_run_cell") for f in shell.events.callbacks[event]
+            if getattr(f, "__qualname__", "").startswith("GPUMagics._start_cell_peaks")]
+
+
+def test_cells_prints_one_line_per_cell_and_stop_removes_the_hooks(live_config, capsys):
+    run_live(live_config, "--live --demo --cells --interval 0.02", live_display="widgets")
+    assert len(cell_hooks(live_config)) == 2
+    capsys.readouterr()
+    live_config.run_cell("import time; time.sleep(0.3)")
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("cell GPU memory (NVML, all processes, ")
+    assert "GPU 0 peak " in line and "CUDA not started by this process" in line
+    live_config.run_cell("%gpu_status --stop")
+    capsys.readouterr()
+    live_config.run_cell("x = 1")
+    assert "cell GPU memory" not in capsys.readouterr().out
+    assert cell_hooks(live_config) == []
+
+
+class FakeCuda:
+    """torch.cuda after the user's code started CUDA: the device's allocator counters."""
+
+    def __init__(self):
+        self.allocated, self.peak, self.reserved = 100 * 2 ** 20, 900 * 2 ** 20, 1024 ** 3
+
+    def is_initialized(self):
+        return True
+
+    def device_count(self):
+        return 1
+
+    def reset_peak_memory_stats(self, device):
+        self.peak = self.allocated
+
+    def memory_allocated(self, device):
+        return self.allocated
+
+    def max_memory_allocated(self, device):
+        return self.peak
+
+    def max_memory_reserved(self, device):
+        return self.reserved
+
+
+def test_cells_uses_torchs_own_peak_counters_once_cuda_is_initialized(monkeypatch):
+    from colab_gpu.live.cells import CellPeaks
+
+    cuda = FakeCuda()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    peaks = CellPeaks(lambda: None)
+    peaks.before()
+    assert cuda.peak == cuda.allocated  # reset: the peak is this cell's
+    cuda.peak, cuda.allocated = 700 * 2 ** 20, 300 * 2 ** 20
+    assert peaks.after() == ("cell GPU memory (torch): cuda:0 peak 700 MiB allocated "
+                             "(+200 MiB kept), 1.00 GiB reserved")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--demo", "--interval, --demo and --cells go with --live"),
+    ("--live --interval 0", "--interval must be a positive number of seconds"),
+    ("--live --interval -1", "--interval must be a positive number of seconds"),
+    ("--live --demo --from x.csv", "give one"),
+    ("--stop --live", "--stop takes no other option"),
+    ("--live --json", "--json does not go with --live"),
+    ("--live --from /nonexistent/trace.csv", "cannot start the live monitor: replay of trace.csv: "
+                                             "cannot replay /nonexistent/trace.csv: no such file"),
+])
+def test_bad_live_options_are_one_line_usage_errors(shell, line, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(")) as error:
+        shell.run_line_magic("gpu_status", line)
+    assert "\n" not in str(error.value)
+    assert live.running() is None and live_threads() == []
+
+
+def test_importing_the_package_and_loading_the_extension_stay_light():
+    script = textwrap.dedent("""
+        import sys
+        from IPython.testing.globalipapp import start_ipython
+        shell = start_ipython()
+        before = set(sys.modules)
+        import colab_gpu
+        shell.run_line_magic('load_ext', 'colab_gpu')
+        print("imported by the extension:", sorted(m for m in set(sys.modules) - before
+                     if m.split('.')[0] in ('matplotlib', 'ipywidgets', 'torch', 'pandas')
+                     or m.startswith('colab_gpu.live')))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.stdout.rstrip().endswith("imported by the extension: []"), done.stdout + done.stderr

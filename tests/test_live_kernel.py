@@ -1,0 +1,45 @@
+"""The live widget through a real Jupyter kernel (nbclient), in both environments.
+
+What a front end receives: the widget is displayed, the sampler thread's updates reach the
+front end as widget state while other cells run, and --stop leaves a PNG chart in the
+notebook's saved output.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import ROOT
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+pytestmark = pytest.mark.kernel
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def test_widget_updates_reach_the_front_end_and_stop_leaves_a_chart(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%load_ext colab_gpu"),
+        nbformat.v4.new_code_cell("%gpu_status --live --demo --interval 0.05"),
+        nbformat.v4.new_code_cell("import time; time.sleep(1.5)  # a 'training' cell"),
+        nbformat.v4.new_code_cell("%gpu_status --stop"),
+    ])
+    client = nbclient.NotebookClient(notebook, timeout=60, kernel_name="python3",
+                                     store_widget_state=True)
+    client.execute()
+    live_output = notebook.cells[1].outputs
+    assert [o.output_type for o in live_output] == ["display_data"]
+    model_id = live_output[0].data[WIDGET_VIEW]["model_id"]
+    state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"][model_id]["state"]
+    # The last value the front end received came from the sampler thread after --stop.
+    assert "REPLAY of a recorded trace" in state["value"] and "stopped," in state["value"]
+    samples = int(state["value"].split("stopped, ")[1].split(" samples")[0])
+    assert samples >= 20  # about 1.5 s at 0.05 s
+    assert notebook.cells[2].outputs == []  # nothing printed into the other cell
+    stop_output = notebook.cells[3].outputs[0]
+    assert "Live monitor stopped" in stop_output.data["text/plain"]
+    assert "data:image/png;base64," in stop_output.data["text/html"]
