@@ -108,11 +108,7 @@ class Sampler:
         """Read once here (a source that cannot be read raises SourceError), then in a thread."""
         if self._thread is not None:
             return self
-        try:
-            first = self.source.snapshot()
-            problem = snapshot_problem(first)
-        except Exception as error:  # a source that breaks its promise not to raise
-            problem = f"{type(error).__name__}: {error}"
+        first, problem = self._read()
         if problem is not None:
             raise SourceError(f"{self.label}: {problem}")
         self.started_at = time.time()
@@ -164,14 +160,18 @@ class Sampler:
             return self._changed.wait_for(
                 lambda: self._count > count or not self.running, timeout)
 
+    def _read(self):
+        """(snapshot, None), or (None, why the source cannot be read)."""
+        try:
+            snapshot = self.source.snapshot()
+        except Exception as error:  # a source that breaks its promise not to raise
+            return None, f"{type(error).__name__}: {error}"
+        return snapshot, snapshot_problem(snapshot)
+
     def _run(self) -> None:
         next_time = time.monotonic() + self.interval
         while not self._stop.wait(max(0.0, next_time - time.monotonic())):
-            try:
-                snapshot = self.source.snapshot()
-                problem = snapshot_problem(snapshot)
-            except Exception as error:  # a source that breaks its promise not to raise
-                problem = f"{type(error).__name__}: {error}"
+            snapshot, problem = self._read()
             if problem is not None:
                 self.error = problem
                 break

@@ -10,9 +10,13 @@ NA = "n/a"
 
 
 def size(value: Optional[float]) -> str:
-    """Bytes in the unit nvidia-smi users read: MiB below 1 GiB, GiB above."""
+    """Bytes in the unit nvidia-smi users read: MiB below 1 GiB, GiB above (KiB, B when tiny)."""
     if value is None:
         return NA
+    if abs(value) < 1024:
+        return f"{value:.0f} B"
+    if abs(value) < 1024 ** 2:
+        return f"{value / 1024:.0f} KiB"
     if abs(value) < 1024 ** 3:
         return f"{value / 1024 ** 2:.0f} MiB"
     return f"{value / 1024 ** 3:.2f} GiB"
