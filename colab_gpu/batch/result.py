@@ -41,6 +41,12 @@ class Trial:
         return self.size * self.runs
 
 
+def trial_row(trial: Trial) -> Tuple[str, str, str, str, str]:
+    step = NA if trial.seconds_per_step is None else f"{trial.seconds_per_step * 1000:.1f} ms"
+    return (str(trial.size), trial.outcome, format_size(trial.peak_memory), step,
+            number(trial.samples_per_second))
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryFit:
     """Peak memory = intercept + slope * batch size, from two measured successes."""
@@ -87,10 +93,7 @@ class BatchResult:
 
     def rows(self):
         """(size, outcome, peak memory, time per step, samples/s) as text, one per trial."""
-        for trial in self.trials:
-            step = NA if trial.seconds_per_step is None else f"{trial.seconds_per_step * 1000:.1f} ms"
-            yield (str(trial.size), trial.outcome, format_size(trial.peak_memory), step,
-                   number(trial.samples_per_second))
+        return [trial_row(trial) for trial in self.trials]
 
     def summary(self) -> str:
         if self.answer is None:

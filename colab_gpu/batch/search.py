@@ -25,7 +25,8 @@ DEFAULT_START = 2  # not 1: batch norm refuses a batch of one in training mode
 DEFAULT_MAX = 65536
 AIM = 0.85  # jump to 85 % of the way to the predicted largest size: curves bend upwards
 LONGEST_JUMP = 64  # extrapolate at most this far from the largest success in one trial
-FLAT_RANGE = 64  # memory flat over this size ratio: the cell ignores the variable
+FLAT_RANGE = 64  # memory flat (< FLAT_BYTES) over this size ratio: the cell ignores the variable
+FLAT_BYTES = 1024 ** 2
 SECOND = 8  # the second size, far enough from the first for memory to grow measurably
 THROUGHPUT_GAIN = 1.05  # a doubling must pay at least 5 % samples/s to go on
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
@@ -157,7 +158,8 @@ class Search:
         small, large = measured[-2], measured[-1]
         growth = large.peak_memory - small.peak_memory
         if growth < noise_floor(self.capacity):
-            if large.size >= FLAT_RANGE * measured[0].size:
+            flat = large.peak_memory - measured[0].peak_memory < FLAT_BYTES
+            if flat and large.size >= FLAT_RANGE * measured[0].size:
                 self.refused = True
                 self.notes.append(
                     f"peak memory did not grow from {self.variable}={measured[0].size} to "
