@@ -18,6 +18,8 @@ _LAZY = {
     "Status": "colab_gpu.status",
     "detect_runtime": "colab_gpu.runtime",
     "open_source": "colab_gpu.devices",
+    "find_batch": "colab_gpu.batch",
+    "is_out_of_memory": "colab_gpu.batch",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]

@@ -28,7 +28,7 @@ OOM_FRAGMENTS = (
 )
 BROKEN_FRAGMENTS = (
     "illegal memory access",
-    "device-side assert",
+    "device-side assert triggered",  # not "enable device-side assertions", a hint in every CUDA error
     "unspecified launch failure",
     "misaligned address",
 )

@@ -99,7 +99,8 @@ class BatchResult:
         if self.answer is None:
             return f"no {self.variable} found: {self.stopped}"
         what = "fastest" if self.mode == "throughput" else "largest fitting"
-        return (f"{self.variable} = {self.answer} ({what} on {self.device}, {len(self.trials)} trials, "
+        where = f" on {self.device}" if self.device else ""
+        return (f"{self.variable} = {self.answer} ({what}{where}, {len(self.trials)} trials, "
                 f"{self.out_of_memory_count} out of memory)")
 
     def __repr__(self) -> str:

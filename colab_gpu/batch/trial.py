@@ -73,8 +73,8 @@ class CpuGauge:
     """Linux only: peak resident memory of this process, reset per trial.
 
     Under an address-space limit (``ulimit -v``, RLIMIT_AS) the capacity is that limit and
-    a trial's peak is the address space in use before it plus the resident growth during
-    it; otherwise the capacity is resident memory plus what the machine (or the cgroup)
+    a trial's peak is the address space's new high (VmPeak) when it set one, else the
+    address space in use before it plus the resident growth during it; otherwise the capacity is resident memory plus what the machine (or the cgroup)
     still has available.
     """
 
@@ -95,9 +95,13 @@ class CpuGauge:
         self.before = _proc_status()
 
     def peak(self) -> int:
-        grown = _proc_status()["VmHWM"] - self.before["VmRSS"]
-        base = self.before["VmSize"] if self.limit != self.unlimited else self.before["VmRSS"]
-        return base + max(0, grown)
+        now = _proc_status()
+        grown = max(0, now["VmHWM"] - self.before["VmRSS"])
+        if self.limit == self.unlimited:
+            return self.before["VmRSS"] + grown
+        if now["VmPeak"] > self.before["VmPeak"]:
+            return now["VmPeak"]  # a new high of the address space: exact
+        return min(self.before["VmSize"] + grown, self.before["VmPeak"])
 
     def capacity(self) -> int:
         if self.limit != self.unlimited:
