@@ -27,6 +27,8 @@ _LAZY = {
     "AllocConfError": "colab_gpu.allocator",
     "history": "colab_gpu.live",
     "live_url": "colab_gpu.live",
+    "find_batch": "colab_gpu.batch",
+    "is_out_of_memory": "colab_gpu.batch",
 }
 
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]

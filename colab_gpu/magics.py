@@ -10,7 +10,7 @@ import sys
 from typing import Callable, List
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Enum, Float, Int
 
@@ -327,6 +327,73 @@ class GPUMagics(Magics):
         self.shell.events.register("pre_run_cell", pre)
         self.shell.events.register("post_run_cell", post)
         self._cell_hooks = (pre, post)
+
+    @magic_arguments()
+    @argument("--var", default="batch_size", metavar="NAME",
+              help="The variable the cell reads its batch size from (default batch_size); set to the answer.")
+    @argument("--start", type=int, help="First size tried (default 2, or --multiple-of).")
+    @argument("--max", type=int, dest="maximum", help="Largest size tried (default 65536).")
+    @argument("--steps", type=int, default=3,
+              help="Runs of the cell per trial, the first not timed (default 3).")
+    @argument("--headroom", default="0",
+              help="Memory kept free: bytes like 512MiB, or a percentage of device memory like 10%%.")
+    @argument("--multiple-of", type=int, default=1, dest="multiple_of", metavar="K",
+              help="Only try multiples of K (tensor cores like multiples of 8).")
+    @argument("--mode", choices=["max", "throughput"], default="max",
+              help="max: the largest size that fits; throughput: the fastest size that fits.")
+    @argument("--restore", nargs="+", default=[], metavar="NAME",
+              help="Objects (model, optimizer, scheduler, tensor) whose state is saved to the CPU and "
+                   "restored after every trial.")
+    @argument("--device", default="auto",
+              help="auto (CUDA once your code has started it, else CPU), cpu, cuda or cuda:N.")
+    @cell_magic
+    @_friendly_errors
+    def find_batch(self, line: str = "", cell: str = ""):
+        """Run the cell at several batch sizes; set the variable to the largest (or fastest) that fits.
+
+        Names the cell assigns, the --restore objects and the random generators are put back
+        after every trial; Ctrl-C stops and keeps the best size so far. A cell error other
+        than out-of-memory stops the search and is shown.
+        """
+        from .batch import RestoreError, SearchError, search_batch
+        from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
+        from .batch.render import chart_png
+        from .batch.state import Snapshot, assigned_names
+
+        args = parse_argstring(self.find_batch, line)
+        namespace = self.shell.user_ns
+        missing = [name for name in args.restore if name not in namespace]
+        if missing:
+            raise UsageError(f"--restore: no variable named {', '.join(missing)} in the notebook")
+        source = self.shell.transform_cell(cell)
+        code = compile(source, "<%%find_batch cell>", "exec")
+
+        def step(size: int) -> None:
+            namespace[args.var] = size
+            exec(code, namespace)
+
+        notebook = in_notebook() and self.output != "text"
+        progress = NotebookProgress() if notebook else TerminalProgress()
+        try:
+            snapshot = Snapshot(namespace, assigned_names(source) | {args.var},
+                                {name: namespace[name] for name in args.restore})
+            result = search_batch(
+                step, snapshot, variable=args.var, mode=args.mode, start=args.start,
+                maximum=args.maximum, steps=args.steps, headroom=args.headroom,
+                multiple_of=args.multiple_of, device=args.device, progress=progress)
+        except (SearchError, RestoreError) as error:
+            raise UsageError(str(error)) from None
+        if result.answer is not None:
+            namespace[args.var] = result.answer
+        if notebook:
+            from IPython.display import Image, display
+
+            progress.finish(result)
+            chart = chart_png(result)
+            if chart is not None:
+                display(Image(data=chart, format="png"))
+        else:
+            self._show(result)
 
 
 def _loaded(shell) -> "GPUMagics | None":

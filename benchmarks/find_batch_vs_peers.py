@@ -1,0 +1,250 @@
+"""colab_gpu.find_batch against Lightning's Tuner.scale_batch_size (binsearch) and
+accelerate's find_executable_batch_size, side by side in one run.
+
+1. The CPU problem of issue 6: an MLP 1024-4096-1024 training step (SGD, 3 steps a trial)
+   under an address-space limit, so torch's CPU allocator raises its real out-of-memory
+   error at a real boundary. Each tool runs in its own fresh subprocess under the same limit
+   (ROOM MiB above the address space the process uses after one warm-up step); the true
+   largest size is found by bisection with real runs in another one. glibc's mmap threshold
+   is fixed (MALLOC_MMAP_THRESHOLD_) in every subprocess: with the default dynamic one,
+   freed blocks stay in the heap and the boundary moves by about 10 % from one attempt to
+   the next, so "the largest size that runs" would not be well defined.
+2. The memory-fit path on milabench's measured memory curves (tests/milabench_replay.py):
+   colab_gpu and accelerate on a device that fails exactly where the real curve crosses
+   capacity (Lightning needs a real Trainer and data loader, so it is left out there).
+
+Needs: pip install torch==2.13.0 lightning accelerate (a separate venv; see the report).
+Run: python benchmarks/find_batch_vs_peers.py [--room MIB] [--skip-lightning-defaults]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+WIDTH, HIDDEN, STEPS = 1024, 4096, 3
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize")
+
+
+def _problem(room_mib: int):
+    """The model, its step, and the address-space limit set (inside a worker)."""
+    import resource
+
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, WIDTH))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    log = {"sizes": [], "oom": 0, "samples": 0}
+
+    def step(batch_size: int, x=None) -> None:
+        x = torch.randn(batch_size, WIDTH) if x is None else x
+        log["samples"] += batch_size
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step(2)
+    limit = _vm_size() + room_mib * 1024 ** 2
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return torch, model, optimizer, step, log
+
+
+def _runs(step, size: int) -> bool:
+    from colab_gpu import is_out_of_memory
+
+    try:
+        for _ in range(STEPS):
+            step(size)
+        return True
+    except RuntimeError as error:
+        if not is_out_of_memory(error):
+            raise
+    return False
+
+
+def _trial_counter(step, log):
+    """Wrap a step so every batch (a trial = a new size) and every OOM is counted."""
+
+    def counted(batch_size: int, x=None):
+        if not log["sizes"] or log["sizes"][-1] != batch_size:
+            log["sizes"].append(batch_size)
+        try:
+            return step(batch_size, x)
+        except RuntimeError:
+            log["oom"] += 1
+            raise
+
+    return counted
+
+
+def worker(tool: str, room_mib: int) -> dict:
+    torch, model, optimizer, step, log = _problem(room_mib)
+    began = time.perf_counter()
+    if tool == "truth":
+        low, high = 2, 4
+        while _runs(step, high):
+            low, high = high, high * 2
+        while high - low > max(1, low // 400):
+            middle = (low + high) // 2
+            low, high = (middle, high) if _runs(step, middle) else (low, middle)
+        return {"found": low, "seconds": time.perf_counter() - began}
+    if tool.startswith("colab_gpu"):
+        from colab_gpu import find_batch
+
+        result = find_batch(step, restore=[model, optimizer], steps=STEPS, progress=False,
+                            measure_memory=tool == "colab_gpu")
+        return {"found": result.answer, "trials": len(result.trials), "oom": result.out_of_memory_count,
+                "samples": result.samples_computed, "seconds": time.perf_counter() - began}
+    counted = _trial_counter(step, log)
+    if tool.startswith("accelerate"):
+        from accelerate.utils import find_executable_batch_size
+
+        start = int(tool.split(":")[1])
+
+        @find_executable_batch_size(starting_batch_size=start)
+        def train(batch_size):
+            for _ in range(STEPS):
+                counted(batch_size)
+            return batch_size
+
+        found = train()
+    else:
+        found = _lightning(torch, model, optimizer, counted, tool)
+    return {"found": found, "trials": len(log["sizes"]), "oom": log["oom"], "samples": log["samples"],
+            "seconds": time.perf_counter() - began, "sizes": log["sizes"]}
+
+
+def _lightning(torch, model, optimizer, counted, tool: str):
+    import lightning as L
+    from lightning.pytorch.tuner import Tuner
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1 << 22
+
+        def __getitem__(self, index):
+            return torch.randn(WIDTH)
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.batch_size = 2
+            self.net = model
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(Rows(), batch_size=self.batch_size)
+
+        def training_step(self, batch, index):
+            counted(batch.shape[0], batch)  # the same step, on Lightning's batch
+            return None  # the step already updated the weights
+
+        def configure_optimizers(self):
+            return optimizer
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, max_epochs=1)
+    kwargs = {"mode": "binsearch"}
+    if tool == "lightning:max_val=65536":
+        kwargs["max_val"] = 65536
+    return Tuner(trainer).scale_batch_size(Module(), **kwargs)
+
+
+def run_worker(tool: str, room_mib: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "65536",
+           "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, __file__, "--worker", tool, "--room", str(room_mib)],
+                          capture_output=True, text=True, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        return {"error": f"exit {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1][:120]}"}
+    return json.loads(lines[-1])
+
+
+def cpu_problem(room_mib: int, tools) -> None:
+    print(f"== CPU problem: MLP {WIDTH}-{HIDDEN}-{WIDTH}, SGD, {STEPS} steps a trial, "
+          f"address space limited to {room_mib} MiB above the warmed-up process")
+    truth = run_worker("truth", room_mib)
+    largest = truth["found"]
+    print(f"true largest size that runs: {largest} (bisection with real runs, {truth['seconds']:.0f} s)")
+    print(f"{'tool':<28}{'trials':>7}{'OOMs':>6}{'samples':>11}{'wall s':>8}{'found':>8}{'% of largest':>14}  ran?")
+    for tool in tools:
+        row = run_worker(tool, room_mib)
+        if "error" in row:
+            print(f"{tool:<28} failed: {row['error']}")
+            continue
+        ran = "yes" if tool.startswith("colab_gpu") or row["found"] in row.get("sizes", []) else "NO"
+        print(f"{tool:<28}{row['trials']:>7}{row['oom']:>6}{row['samples']:>11}{row['seconds']:>8.1f}"
+              f"{row['found']:>8}{100 * row['found'] / largest:>13.1f}%  {ran}")
+
+
+def milabench_problems() -> None:
+    sys.path.insert(0, str(ROOT))
+    from accelerate.utils import find_executable_batch_size
+
+    from colab_gpu.batch.search import Search
+    from tests.milabench_replay import ReplayDevice, problems
+
+    print("\n== memory fit on milabench's measured curves (device fails where the curve crosses capacity)")
+    rows = {"colab_gpu": [], "accelerate:128": []}
+    for label, curve, capacity in problems():
+        largest = curve.largest_under(capacity)
+        if largest < 20 or any(b < a for a, b in zip(curve.memory, curve.memory[1:])):
+            continue  # tiny answers are exact-or-nothing; non-monotone curves have no single answer
+        device = ReplayDevice(curve, capacity)
+        result = Search(device).run()
+        rows["colab_gpu"].append((len(result.trials), result.out_of_memory_count, result.answer / largest))
+        replay = ReplayDevice(curve, capacity)
+
+        @find_executable_batch_size(starting_batch_size=128)
+        def shrink(batch_size):
+            if not replay(batch_size).fits:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return batch_size
+
+        found = shrink()
+        rows["accelerate:128"].append((len(replay.sizes_run), len(replay.sizes_run) - 1, found / largest))
+    print(f"{len(rows['colab_gpu'])} problems (curve x capacity in 16/24/40/80 GiB, true largest >= 20)")
+    print(f"{'tool':<16}{'median trials':>14}{'<= 4 trials':>12}{'mean OOMs':>10}"
+          f"{'median %':>10}{'worst %':>9}{'>= 95%':>8}{'>= 95% in <= 4 trials':>23}")
+    for tool, data in rows.items():
+        trials = [t for t, _, _ in data]
+        ratios = [r for _, _, r in data]
+        both = sum(t <= 4 and r >= 0.95 for t, _, r in data)
+        print(f"{tool:<16}{statistics.median(trials):>14}{sum(t <= 4 for t in trials):>12}"
+              f"{statistics.mean(o for _, o, _ in data):>10.2f}{100 * statistics.median(ratios):>9.1f}%"
+              f"{100 * min(ratios):>8.1f}%{sum(r >= 0.95 for r in ratios):>8}{both:>23}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker")
+    parser.add_argument("--room", type=int, default=640,
+                        help="MiB of address space above the warmed-up process (default 640: about "
+                             "1.5 GiB in all on torch 2.13 CPU)")
+    parser.add_argument("--skip-cpu", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.room)))
+        return
+    if not args.skip_cpu:
+        cpu_problem(args.room, ["colab_gpu", "colab_gpu (no memory fit)", "lightning:defaults",
+                                "lightning:max_val=65536", "accelerate:65536", "accelerate:128"])
+    milabench_problems()
+
+
+if __name__ == "__main__":
+    main()

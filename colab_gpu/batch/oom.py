@@ -1,0 +1,97 @@
+"""Is this error an out-of-memory, a broken device, or something else?
+
+A batch-size search may retry with a smaller batch only after a real out-of-memory. An
+error that leaves the CUDA context broken (illegal memory access, device-side assert) must
+stop the search: every later trial would fail too, or hide the bug. Anything else is the
+user's own error. Classes are looked up by name with ``getattr`` because they moved between
+torch versions, and the message is checked along ``__cause__`` / ``__context__`` because
+user code often re-raises with its own wrapper.
+"""
+from __future__ import annotations
+
+import enum
+import sys
+from typing import Iterator, Optional
+
+# Lower-case fragments of every known out-of-memory wording (PyTorch CUDA / HIP / XPU / MPS /
+# CPU, the CUDA runtime, cuBLAS, cuDNN; TensorFlow's too, since a message is a message).
+OOM_FRAGMENTS = (
+    "out of memory",                      # CUDA/HIP/XPU allocator, "CUDA error: out of memory", MPS
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "cudnn_status_not_supported",         # cuDNN's usual disguise for a failed workspace allocation
+    "unable to find a valid cudnn algorithm",
+    "unable to find an engine",           # "FIND was unable to find an engine to execute this computation"
+    "can't allocate memory",              # "DefaultCPUAllocator: can't allocate memory"
+    "resource_exhausted: oom when allocating",  # TensorFlow
+    "cuda_error_out_of_memory",           # the driver API's name, as TensorFlow logs it
+)
+BROKEN_FRAGMENTS = (
+    "illegal memory access",
+    "device-side assert triggered",  # not "enable device-side assertions", a hint in every CUDA error
+    "unspecified launch failure",
+    "misaligned address",
+)
+# Class names (looked up on torch, torch.cuda, torch.mps, torch.xpu) that mean "out of memory".
+OOM_CLASSES = ("OutOfMemoryError",)
+
+
+class ErrorKind(enum.Enum):
+    OUT_OF_MEMORY = "out of memory"
+    DEVICE_BROKEN = "device broken"
+    OTHER = "other error"
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """The error and every error it was raised from or during, each once."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _oom_classes() -> tuple:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    found = []
+    for namespace in (torch, getattr(torch, "cuda", None), getattr(torch, "mps", None),
+                      getattr(torch, "xpu", None)):
+        for name in OOM_CLASSES:
+            cls = getattr(namespace, name, None)
+            if isinstance(cls, type) and cls not in found:
+                found.append(cls)
+    return tuple(found)
+
+
+def classify(error: Optional[BaseException]) -> Optional[ErrorKind]:
+    """What an error means for a batch-size search (None for no error).
+
+    A broken device wins over out-of-memory anywhere in the chain: retrying on a broken
+    context only produces more errors.
+    """
+    if error is None:
+        return None
+    classes = _oom_classes()
+    kinds = set()
+    for link in _chain(error):
+        text = str(link).lower()
+        if any(fragment in text for fragment in BROKEN_FRAGMENTS):
+            return ErrorKind.DEVICE_BROKEN
+        if (classes and isinstance(link, classes)) or any(fragment in text for fragment in OOM_FRAGMENTS):
+            kinds.add(ErrorKind.OUT_OF_MEMORY)
+    return kinds.pop() if kinds else ErrorKind.OTHER
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True when ``error`` (or one it was raised from) says the device ran out of memory.
+
+    Recognises ``torch.OutOfMemoryError`` / ``torch.cuda.OutOfMemoryError`` and the
+    messages of every variant: CUDA / HIP / XPU / MPS "out of memory", "CUDA error: out of
+    memory", CUBLAS_STATUS_ALLOC_FAILED, CUDNN_STATUS_ALLOC_FAILED / NOT_SUPPORTED, cuDNN
+    "unable to find an engine" / "valid cuDNN algorithm", and the CPU allocator's
+    "DefaultCPUAllocator: can't allocate memory". Errors that break the device (illegal
+    memory access, device-side assert) are not out-of-memory errors.
+    """
+    return classify(error) is ErrorKind.OUT_OF_MEMORY

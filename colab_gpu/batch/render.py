@@ -1,0 +1,98 @@
+"""Text, HTML and chart views of a batch-size search (matplotlib imported only for the chart)."""
+from __future__ import annotations
+
+from html import escape
+from typing import Optional
+
+from ..render import size as format_size
+from ..render.html import STYLE
+from .result import trial_row
+
+HEADER = ("size", "outcome", "peak memory", "time/step", "samples/s")
+
+
+def trial_line(trial, variable: str, number: int) -> str:
+    """One progress line for a terminal."""
+    row = trial_row(trial)
+    return (f"trial {number}: {variable}={row[0]:>6}  {row[1]:<13}  peak {row[2]:>9}  "
+            f"{row[3]:>10}/step  {row[4]:>8} samples/s" + (f"  ({trial.error})" if trial.error else ""))
+
+
+def _table_text(result) -> str:
+    rows = [HEADER] + result.rows()
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows)
+
+
+def _facts(result):
+    yield f"device: {result.device}"
+    if result.capacity is not None:
+        usable = "" if result.usable == result.capacity else f", usable with headroom {format_size(result.usable)}"
+        yield f"capacity: {format_size(result.capacity)}{usable}"
+    if result.fit is not None:
+        yield (f"memory fit: {format_size(result.fit.intercept)} + {format_size(result.fit.slope)} per sample "
+               f"(from {result.variable}={result.fit.sizes[0]} and {result.fit.sizes[1]})")
+    yield (f"{len(result.trials)} trials, {result.out_of_memory_count} out of memory, "
+           f"{result.samples_computed} samples computed; stopped: {result.stopped}")
+    if result.largest_fitting is not None:
+        yield f"largest that ran: {result.largest_fitting}"
+    if result.fastest is not None:
+        yield f"fastest that ran: {result.fastest}"
+    yield from result.notes
+
+
+def render_text(result) -> str:
+    return "\n".join([result.summary(), _table_text(result), *_facts(result)])
+
+
+def table_html(result) -> str:
+    head = "".join(f"<th>{escape(cell)}</th>" for cell in HEADER)
+    body = "".join(
+        "<tr" + (" class='cgpu-answer'" if trial.size == result.answer and trial.fits else "") + ">"
+        + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>"
+        for trial, row in zip(result.trials, result.rows()))
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render_html(result) -> str:
+    facts = "".join(f"<li>{escape(fact)}</li>" for fact in _facts(result))
+    return (STYLE + "<style>.cgpu-card th{text-align:left;padding:1px 10px 1px 0;color:var(--cgpu-muted)}"
+            ".cgpu-card tr.cgpu-answer td{font-weight:bold}</style>"
+            f"<div class='cgpu-card'><h4>{escape(result.summary())}</h4>{table_html(result)}"
+            f"<ul class='cgpu-muted'>{facts}</ul></div>")
+
+
+def chart_png(result) -> Optional[bytes]:
+    """Peak memory (with capacity and the fit) and throughput against size, as PNG bytes."""
+    fits = [t for t in result.trials if t.fits]
+    if not fits:
+        return None
+    import io
+
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(9, 3.2))
+    memory, speed = figure.subplots(1, 2)
+    gib = 1024 ** 3
+    measured = [t for t in result.trials if t.peak_memory is not None]
+    memory.plot([t.size for t in measured], [t.peak_memory / gib for t in measured], "o", label="peak (ran)")
+    failed = [t.size for t in result.trials if not t.fits]
+    if result.capacity is not None:
+        memory.axhline(result.capacity / gib, color="tab:red", label="capacity")
+        for size in failed:
+            memory.plot([size], [result.capacity / gib], "x", color="tab:red")
+        if result.usable != result.capacity:
+            memory.axhline(result.usable / gib, color="tab:orange", linestyle=":", label="capacity - headroom")
+    if result.fit is not None:
+        right = max([t.size for t in result.trials])
+        memory.plot([0, right], [result.fit.memory_at(0) / gib, result.fit.memory_at(right) / gib],
+                    "--", color="tab:gray", label="fit")
+    memory.set(xlabel=result.variable, ylabel="GiB", title="peak memory")
+    memory.legend(fontsize="small")
+    timed = [t for t in fits if t.samples_per_second]
+    speed.plot([t.size for t in timed], [t.samples_per_second for t in timed], "o-")
+    speed.set(xlabel=result.variable, ylabel="samples/s", title="throughput")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=80)
+    return buffer.getvalue()

@@ -1,0 +1,117 @@
+"""What a batch-size search found: one row per trial, the answer, and how it was reached."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Tuple
+
+from ..render import NA, number, size as format_size
+
+FITS = "fits"
+OUT_OF_MEMORY = "out of memory"
+OVER_HEADROOM = "over headroom"  # ran, but its peak left less free memory than asked
+DEVICE_BROKEN = "device broken"
+ERROR = "error"
+INTERRUPTED = "interrupted"
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """One size, run ``runs`` times; timings are the median of the timed runs."""
+
+    size: int
+    outcome: str
+    peak_memory: Optional[int] = None  # bytes, on the device's own scale (see capacity)
+    capacity: Optional[int] = None  # bytes the device can give at most, same scale as peak_memory
+    seconds_per_step: Optional[float] = None
+    runs: int = 0  # runs started, the failed one included
+    error: Optional[str] = None  # "RuntimeError: ..." of a failed trial, first line
+
+    @property
+    def fits(self) -> bool:
+        return self.outcome == FITS
+
+    @property
+    def samples_per_second(self) -> Optional[float]:
+        if not self.fits or not self.seconds_per_step:
+            return None
+        return self.size / self.seconds_per_step
+
+    @property
+    def samples_computed(self) -> int:
+        return self.size * self.runs
+
+
+def trial_row(trial: Trial) -> Tuple[str, str, str, str, str]:
+    step = NA if trial.seconds_per_step is None else f"{trial.seconds_per_step * 1000:.1f} ms"
+    return (str(trial.size), trial.outcome, format_size(trial.peak_memory), step,
+            number(trial.samples_per_second))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryFit:
+    """Peak memory = intercept + slope * batch size, from two measured successes."""
+
+    intercept: float
+    slope: float  # bytes per sample
+    sizes: Tuple[int, int]  # the two sizes it was fitted on
+
+    def memory_at(self, batch: float) -> float:
+        return self.intercept + self.slope * batch
+
+    def largest_under(self, limit: float) -> int:
+        return int((limit - self.intercept) // self.slope)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchResult:
+    """The search's trials and its answer: ``answer`` is always a size that ran and fitted."""
+
+    variable: str
+    mode: str  # "max" or "throughput"
+    device: str
+    trials: Tuple[Trial, ...]
+    answer: Optional[int]
+    largest_fitting: Optional[int]
+    fastest: Optional[int]
+    capacity: Optional[int]
+    usable: Optional[int]  # capacity minus headroom
+    fit: Optional[MemoryFit]
+    stopped: str  # why the search ended, one sentence
+    notes: Tuple[str, ...] = ()
+
+    @property
+    def out_of_memory_count(self) -> int:
+        return sum(trial.outcome == OUT_OF_MEMORY for trial in self.trials)
+
+    @property
+    def samples_computed(self) -> int:
+        return sum(trial.samples_computed for trial in self.trials)
+
+    @property
+    def interrupted(self) -> bool:
+        return any(trial.outcome == INTERRUPTED for trial in self.trials)
+
+    def rows(self):
+        """(size, outcome, peak memory, time per step, samples/s) as text, one per trial."""
+        return [trial_row(trial) for trial in self.trials]
+
+    def summary(self) -> str:
+        if self.answer is None:
+            return f"no {self.variable} found: {self.stopped}"
+        what = "fastest" if self.mode == "throughput" else "largest fitting"
+        where = f" on {self.device}" if self.device else ""
+        return (f"{self.variable} = {self.answer} ({what}{where}, {len(self.trials)} trials, "
+                f"{self.out_of_memory_count} out of memory)")
+
+    def __repr__(self) -> str:
+        return f"<BatchResult {self.summary()}>"
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        from .render import render_text
+
+        printer.text(repr(self) if cycle else render_text(self))
+
+    def _repr_html_(self) -> str:
+        from .render import render_html
+
+        return render_html(self)

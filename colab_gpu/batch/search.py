@@ -1,0 +1,269 @@
+"""The search itself, pure: it only sees ``run(size) -> Trial``, so any oracle can test it.
+
+Max mode. When peak memory and capacity are measured, fit memory against batch size from
+two small successes and jump to the predicted largest size (aiming a little under it), then
+refit from the two largest successes until the answer is within ``tolerance`` of the
+prediction. A fit is refused while memory has not grown measurably; when it stays flat over
+a 64x range (a cell that ignores the variable) the search falls back for good to doubling,
+as it does where memory cannot be measured. A failed prediction leads to bisection between
+the largest success and the smallest failure. Throughput mode doubles from the start and
+stops when a doubling gains less than 5 % samples/s.
+
+The answer is always a size that ran and fitted: never an interpolated one.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, List, Optional
+
+from .result import (DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, OVER_HEADROOM,
+                     BatchResult, MemoryFit, Trial)
+
+MODES = ("max", "throughput")
+DEFAULT_START = 2  # not 1: batch norm refuses a batch of one in training mode
+DEFAULT_MAX = 65536
+AIM = 0.85  # jump to 85 % of the way to the predicted largest size: curves bend upwards
+LONGEST_JUMP = 64  # extrapolate at most this far from the largest success in one trial
+FLAT_RANGE = 512  # memory flat (< FLAT_BYTES) over this size ratio: the cell ignores the variable
+FLAT_BYTES = 256 * 1024  # 256 bytes a sample over that range: less than any real input row
+SECOND = 8  # the second size, far enough from the first for memory to grow measurably
+THROUGHPUT_GAIN = 1.05  # a doubling must pay at least 5 % samples/s to go on
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
+          "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
+
+
+class SearchError(ValueError):
+    """An option the search cannot work with; the message says what is accepted."""
+
+
+class Headroom:
+    """Memory to keep free: bytes (``512MiB``) or a share of capacity (``10%``)."""
+
+    def __init__(self, spec="0"):
+        self.spec = str(spec).strip()
+        match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(%|[kmg]i?b?|b)?", self.spec.lower())
+        if not match:
+            raise SearchError(f"--headroom {self.spec!r}: give bytes like 512MiB or 2GB, or a "
+                              f"percentage of device memory like 10%")
+        value, unit = float(match.group(1)), match.group(2) or ""
+        if unit == "%" and value >= 100:
+            raise SearchError(f"--headroom {self.spec!r}: a percentage must be below 100%")
+        self.fraction = value / 100 if unit == "%" else None
+        self.bytes = None if unit == "%" else int(value * _UNITS[unit])
+
+    def usable(self, capacity: Optional[int]) -> Optional[int]:
+        if capacity is None:
+            return None
+        if self.fraction is not None:
+            return int(capacity * (1 - self.fraction))
+        return capacity - self.bytes
+
+    @property
+    def is_zero(self) -> bool:
+        return not (self.fraction or self.bytes)
+
+
+def noise_floor(capacity: int) -> int:
+    """Peak-memory growth below this is allocator rounding, not the batch."""
+    return max(8 * 1024 ** 2, capacity // 200)
+
+
+def _middle(lo: int, hi: int) -> float:
+    """Bisect geometrically over wide ranges (2..16 -> 5.7, not 9), arithmetically over narrow ones."""
+    return math.sqrt(lo * hi) if hi >= 4 * lo else (lo + hi) / 2
+
+
+class _Stop(Exception):
+    """Ends the search early (broken device, the user's error, Ctrl-C)."""
+
+
+class Search:
+    """One search; ``result()`` may be called at any time for the best so far."""
+
+    def __init__(self, run: Callable[[int], Trial], *, variable: str = "batch_size",
+                 mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
+                 multiple_of: int = 1, headroom="0", tolerance: float = 0.05, device: str = "",
+                 on_trial: Callable[["Search"], None] = lambda search: None):
+        if mode not in MODES:
+            raise SearchError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
+        if multiple_of < 1:
+            raise SearchError(f"--multiple-of {multiple_of}: give a whole number >= 1")
+        self.step = multiple_of
+        self.start = self._align(start if start is not None else max(DEFAULT_START, multiple_of))
+        self.maximum = maximum if maximum is not None else max(DEFAULT_MAX, self.start)
+        if start is not None and start < 1:
+            raise SearchError(f"--start {start}: give a whole number >= 1")
+        if self.maximum < self.start:
+            raise SearchError(f"--max {self.maximum} is below --start {self.start}")
+        self._run, self.variable, self.mode, self.device = run, variable, mode, device
+        self.headroom = headroom if isinstance(headroom, Headroom) else Headroom(headroom)
+        self.tolerance, self.on_trial = tolerance, on_trial
+        self.trials: List[Trial] = []
+        self.notes: List[str] = []
+        self.stopped = "not started"
+        self.refused = False  # memory stayed flat: no fit from now on
+
+    # --- bookkeeping -------------------------------------------------------------------
+    def _align(self, size: float) -> int:
+        return max(self.step, int(size) // self.step * self.step)
+
+    @property
+    def capacity(self) -> Optional[int]:
+        known = [trial.capacity for trial in self.trials if trial.capacity]
+        return known[-1] if known else None
+
+    @property
+    def usable(self) -> Optional[int]:
+        return self.headroom.usable(self.capacity)
+
+    def _successes(self) -> List[Trial]:
+        return sorted((t for t in self.trials if t.fits), key=lambda t: t.size)
+
+    @property
+    def lo(self) -> Optional[int]:
+        successes = self._successes()
+        return successes[-1].size if successes else None
+
+    @property
+    def hi(self) -> Optional[int]:
+        failed = [t.size for t in self.trials if t.outcome in (OUT_OF_MEMORY, OVER_HEADROOM)]
+        return min(failed) if failed else None
+
+    def attempt(self, size: int) -> Trial:
+        trial = self._run(size)
+        usable = self.headroom.usable(trial.capacity)
+        if trial.fits and not self.headroom.is_zero and trial.peak_memory and usable \
+                and trial.peak_memory > usable:
+            trial = Trial(**{**trial.__dict__, "outcome": OVER_HEADROOM})
+        self.trials.append(trial)
+        self.on_trial(self)
+        if trial.outcome == DEVICE_BROKEN:
+            self.stopped = (f"{self.variable}={size} broke the device ({trial.error}); restart the "
+                            f"runtime: nothing on this device works until the process restarts")
+            raise _Stop
+        if trial.outcome == ERROR:
+            self.stopped = f"{self.variable}={size} raised {trial.error}"
+            raise _Stop
+        if trial.outcome == INTERRUPTED:
+            self.stopped = "interrupted (Ctrl-C); the best size so far is the answer"
+            raise _Stop
+        return trial
+
+    def fit(self) -> Optional[MemoryFit]:
+        """Memory against size from the two largest measured successes, or None."""
+        measured = [t for t in self._successes() if t.peak_memory is not None]
+        if self.refused or len(measured) < 2 or self.capacity is None:
+            return None
+        small, large = measured[-2], measured[-1]
+        growth = large.peak_memory - small.peak_memory
+        if growth < noise_floor(self.capacity):
+            flat = large.peak_memory - measured[0].peak_memory < FLAT_BYTES
+            if flat and large.size >= FLAT_RANGE * measured[0].size:
+                self.refused = True
+                self.notes.append(
+                    f"peak memory did not grow from {self.variable}={measured[0].size} to "
+                    f"{large.size}: no memory fit (does the cell use {self.variable}?); doubling instead")
+            return None
+        slope = growth / (large.size - small.size)
+        return MemoryFit(large.peak_memory - slope * large.size, slope, (small.size, large.size))
+
+    # --- the two modes -----------------------------------------------------------------
+    def run(self) -> BatchResult:
+        try:
+            if self._first_success() is not None:
+                if self.mode == "max":
+                    self._largest()
+                else:
+                    self._fastest()
+        except _Stop:
+            pass
+        return self.result()
+
+    def _first_success(self) -> Optional[int]:
+        size = self.start
+        while not self.attempt(size).fits:
+            if size <= self.step:
+                self.stopped = f"even {self.variable}={size} does not fit"
+                return None
+            size = self._align(size // 2)
+        return size
+
+    def _close(self, lo: int, upper: int) -> bool:
+        return upper - lo <= self.step or lo >= (1 - self.tolerance) * upper
+
+    def _next_size(self, failed_last: bool) -> Optional[int]:
+        """The next size to run in max mode, or None when the answer is close enough."""
+        lo, hi = self.lo, self.hi
+        fit = self.fit()
+        usable = self.usable
+        predicted = fit.largest_under(usable) if fit is not None else None
+        upper = min(x for x in (hi, predicted, self.maximum + 1) if x is not None)
+        if hi is None and predicted is not None and predicted <= lo:
+            self.stopped = f"the memory fit says {self.variable}={lo} is as large as fits"
+            return None
+        if self._close(lo, upper):
+            self.stopped = (f"within {self.tolerance:.0%} of the largest size that fits"
+                            if upper <= self.maximum else f"reached --max {self.maximum}")
+            return None
+        if failed_last and hi is not None:
+            first_failure = sum(t.outcome in (OUT_OF_MEMORY, OVER_HEADROOM) for t in self.trials) == 1
+            if fit is None:
+                candidate = _middle(lo, hi)
+            else:  # the curve bent upwards: step just under the failure, then bisect
+                candidate = max((lo + hi) / 2, 0.9 * hi) if first_failure else (lo + hi) / 2
+        elif predicted is not None:
+            candidate = lo + AIM * (predicted - lo)
+            if hi is None and candidate > LONGEST_JUMP * lo:
+                candidate = math.sqrt(lo * candidate)  # refine the fit halfway (geometrically)
+        elif hi is not None:
+            candidate = _middle(lo, hi)
+        else:
+            measurable = self.capacity is not None and not self.refused
+            candidate = lo * (SECOND if measurable else 2)
+        ceiling = min(self.maximum, hi - 1) if hi is not None else self.maximum
+        candidate = self._align(min(max(candidate, lo + self.step), ceiling))
+        if candidate <= lo:
+            self.stopped = f"within {self.tolerance:.0%} of the largest size that fits"
+            return None
+        return candidate
+
+    def _largest(self) -> None:
+        failed_last = False
+        while True:
+            size = self._next_size(failed_last)
+            if size is None:
+                return
+            failed_last = not self.attempt(size).fits
+
+    def _fastest(self) -> None:
+        best = self._successes()[-1]
+        while True:
+            fit = self.fit()
+            ceiling = min(x for x in (self.maximum, self.hi and self.hi - 1,
+                                      fit and self.usable and fit.largest_under(self.usable))
+                          if x)
+            size = self._align(min(2 * self.lo, ceiling))
+            if size <= self.lo:
+                self.stopped = "reached the largest size that fits"
+                return
+            trial = self.attempt(size)
+            if not trial.fits:
+                self.stopped = f"{self.variable}={size} did not fit"
+                return
+            if (trial.samples_per_second or 0) < THROUGHPUT_GAIN * (best.samples_per_second or 0):
+                self.stopped = f"doubling to {size} gained less than {THROUGHPUT_GAIN - 1:.0%} samples/s"
+                return
+            best = trial
+
+    def result(self) -> BatchResult:
+        successes = self._successes()
+        largest = successes[-1].size if successes else None
+        fastest = max(successes, key=lambda t: t.samples_per_second or 0).size if successes else None
+        if any(t.samples_per_second is None for t in successes):
+            fastest = None if self.mode == "max" else largest
+        answer = fastest if self.mode == "throughput" else largest
+        return BatchResult(
+            variable=self.variable, mode=self.mode, device=self.device, trials=tuple(self.trials),
+            answer=answer, largest_fitting=largest, fastest=fastest, capacity=self.capacity,
+            usable=self.usable, fit=self.fit(), stopped=self.stopped, notes=tuple(self.notes))

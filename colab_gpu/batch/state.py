@@ -1,0 +1,115 @@
+"""Leave the notebook as it was: names, model/optimizer state, random generators.
+
+A snapshot is taken once before the search and restored after every trial, so each trial
+starts from the same weights and random stream, and nothing a trial left behind (tensors
+bound to names the cell assigns, gradients, optimizer state) keeps memory alive.
+"""
+from __future__ import annotations
+
+import ast
+import random
+import sys
+from typing import Any, Dict, Iterable, List, MutableMapping, Optional, Set
+
+_MISSING = object()
+
+
+class RestoreError(ValueError):
+    """An object given to --restore whose state cannot be saved."""
+
+
+def assigned_names(source: str) -> Set[str]:
+    """Names a cell binds at its top level scope (assignments, loops, imports, defs, with)."""
+    names: Set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return names
+
+
+def _to_cpu(value):
+    """A deep copy of a state dict with every tensor cloned to the CPU."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return type(value)((key, _to_cpu(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(item) for item in value)
+    return value
+
+
+class _ObjectState:
+    """One --restore object: anything with state_dict()/load_state_dict(), or a tensor."""
+
+    def __init__(self, name: str, obj: Any):
+        self.obj = obj
+        torch = sys.modules.get("torch")
+        self.is_tensor = torch is not None and isinstance(obj, torch.Tensor)
+        if self.is_tensor:
+            self.saved = _to_cpu(obj)
+        elif callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+            self.saved = _to_cpu(obj.state_dict())
+        else:
+            raise RestoreError(f"--restore {name}: a {type(obj).__name__} has no state_dict() / "
+                               f"load_state_dict(); give models, optimizers, schedulers or tensors")
+        parameters = getattr(obj, "parameters", None)
+        self.grads = ([(p, _to_cpu(p.grad)) for p in parameters()] if callable(parameters) else [])
+
+    def restore(self) -> None:
+        if self.is_tensor:
+            with sys.modules["torch"].no_grad():
+                self.obj.copy_(self.saved)
+        else:
+            self.obj.load_state_dict(self.saved)
+        for parameter, grad in self.grads:
+            parameter.grad = None if grad is None else grad.to(parameter.device)
+
+
+class _Generators:
+    """Python's, NumPy's (if imported), torch's (if imported) and CUDA's (if started)."""
+
+    def __init__(self):
+        self.python = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self.numpy = numpy.random.get_state() if numpy is not None else None
+        torch = sys.modules.get("torch")
+        self.torch = torch.get_rng_state() if torch is not None else None
+        self.cuda = (torch.cuda.get_rng_state_all()
+                     if torch is not None and torch.cuda.is_initialized() else None)
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        if self.numpy is not None:
+            sys.modules["numpy"].random.set_state(self.numpy)
+        torch = sys.modules.get("torch")
+        if self.torch is not None:
+            torch.set_rng_state(self.torch)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+class Snapshot:
+    """Everything a trial may change, saved now and put back by ``restore()``."""
+
+    def __init__(self, namespace: Optional[MutableMapping[str, Any]] = None,
+                 names: Iterable[str] = (), objects: Optional[Dict[str, Any]] = None):
+        self.namespace = namespace
+        self.names: Dict[str, Any] = ({name: namespace.get(name, _MISSING) for name in names}
+                                      if namespace is not None else {})
+        self.objects: List[_ObjectState] = [_ObjectState(name, obj) for name, obj in (objects or {}).items()]
+        self.generators = _Generators()
+
+    def restore(self) -> None:
+        for name, value in self.names.items():
+            if value is _MISSING:
+                self.namespace.pop(name, None)  # created by a trial, not by the user
+            else:
+                self.namespace[name] = value
+        for state in self.objects:
+            state.restore()
+        self.generators.restore()

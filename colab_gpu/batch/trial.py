@@ -1,0 +1,226 @@
+"""One trial: run the step at one size ``steps`` times, measure peak memory and time.
+
+The first run is not timed (allocator warm-up, cuDNN autotuning, optimizer state). The
+device is synchronized only when the user's code has already initialized CUDA, so timing
+never starts CUDA behind the user's back. Memory is read where it can be measured:
+torch's allocator on CUDA; on Linux CPUs, the process's peak resident memory (reset through
+/proc/self/clear_refs) on the scale of the address-space limit or free RAM.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Optional, Tuple
+
+from .oom import ErrorKind, classify
+from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
+def _cuda_index(device: str) -> Optional[int]:
+    """The CUDA device a spec means, or None when it is not (yet) a CUDA device."""
+    if device == "cpu" or not _cuda_initialized():
+        return None
+    torch = sys.modules["torch"]
+    if device.startswith("cuda:"):
+        return int(device.split(":", 1)[1])
+    return torch.cuda.current_device()
+
+
+class CudaGauge:
+    """torch's caching allocator: peak allocated bytes against what the allocator may hold."""
+
+    def __init__(self, index: int):
+        self.torch, self.index = sys.modules["torch"], index
+
+    def reset(self) -> None:
+        self.torch.cuda.reset_peak_memory_stats(self.index)
+
+    def peak(self) -> int:
+        return self.torch.cuda.max_memory_allocated(self.index)
+
+    def capacity(self) -> int:
+        cuda = self.torch.cuda
+        free, total = cuda.mem_get_info(self.index)
+        limit = total
+        fraction = getattr(cuda, "get_per_process_memory_fraction", None)
+        if fraction is not None:
+            limit = int(total * fraction(self.index))
+        return min(limit, free + cuda.memory_reserved(self.index))
+
+    def label(self) -> str:
+        return f"cuda:{self.index} ({self.torch.cuda.get_device_name(self.index)})"
+
+
+def _proc_status() -> dict:
+    values = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            name, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                values[name] = int(rest.split()[0]) * 1024
+    return values
+
+
+class CpuGauge:
+    """Linux only: peak resident memory of this process, reset per trial.
+
+    Under an address-space limit (``ulimit -v``, RLIMIT_AS) the capacity is that limit and
+    a trial's peak is the address space's new high (VmPeak) when it set one, else the
+    address space in use before it plus the resident growth during it; otherwise the capacity is resident memory plus what the machine (or the cgroup)
+    still has available.
+    """
+
+    def __init__(self):
+        import resource  # POSIX only; available() has checked for Linux
+
+        self.unlimited = resource.RLIM_INFINITY
+        self.limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        self.before = _proc_status()
+
+    @staticmethod
+    def available() -> bool:
+        return sys.platform.startswith("linux") and os.access("/proc/self/clear_refs", os.W_OK)
+
+    def reset(self) -> None:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # resets VmHWM, the peak resident set
+        self.before = _proc_status()
+
+    def peak(self) -> int:
+        now = _proc_status()
+        grown = max(0, now["VmHWM"] - self.before["VmRSS"])
+        if self.limit == self.unlimited:
+            return self.before["VmRSS"] + grown
+        if now["VmPeak"] > self.before["VmPeak"]:
+            return now["VmPeak"]  # a new high of the address space: exact
+        return min(self.before["VmSize"] + grown, self.before["VmPeak"])
+
+    def capacity(self) -> int:
+        if self.limit != self.unlimited:
+            return self.limit
+        available = _meminfo("MemAvailable")
+        cgroup = _cgroup_room()
+        room = available if cgroup is None else min(available, cgroup)
+        return _proc_status()["VmRSS"] + room
+
+    def label(self) -> str:
+        return "cpu"
+
+
+def _meminfo(name: str) -> int:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith(name + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(name)
+
+
+def _cgroup_room() -> Optional[int]:
+    """Bytes left under a cgroup v2 memory limit (containers, Colab), or None."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
+            text = limit.read().strip()
+            return None if text == "max" else int(text) - int(used.read())
+    except (OSError, ValueError):
+        return None
+
+
+def open_gauge(device: str, measure: bool = True):
+    """The memory gauge for a device spec now, or None where memory cannot be measured."""
+    if not measure:
+        return None
+    index = _cuda_index(device)
+    if index is not None:
+        return CudaGauge(index)
+    if device.startswith("cuda"):
+        return None  # CUDA not started yet: the first run will start it
+    return CpuGauge() if device in ("cpu", "auto") and CpuGauge.available() else None
+
+
+def device_label(device: str) -> str:
+    index = _cuda_index(device)
+    if index is not None:
+        return CudaGauge(index).label()
+    return "cpu" if device == "auto" else device
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued GPU work (timing, and async errors surface in their own trial)."""
+    index = _cuda_index(device)
+    if index is not None:
+        sys.modules["torch"].cuda.synchronize(index)
+
+
+def release_memory(device: str) -> None:
+    """Collect the garbage, give cached blocks back, reset the peak (CUDA only if started)."""
+    gc.collect()
+    index = _cuda_index(device)
+    if index is not None:
+        cuda = sys.modules["torch"].cuda
+        cuda.empty_cache()
+        cuda.reset_peak_memory_stats(index)
+
+
+def _forget_frames(error: BaseException) -> None:
+    """Cut the tracebacks along the chain: they hold the failed trial's tensors."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+
+
+def describe(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
+
+
+_OUTCOMES = {ErrorKind.OUT_OF_MEMORY: OUT_OF_MEMORY, ErrorKind.DEVICE_BROKEN: DEVICE_BROKEN,
+             ErrorKind.OTHER: ERROR}
+
+
+def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: str = "auto",
+              measure: bool = True) -> Tuple[Trial, Optional[BaseException]]:
+    """Run ``step(size)`` ``steps`` times; the error comes back only when the user must see it.
+
+    An out-of-memory error or Ctrl-C is dropped here, outside the ``except`` block, with
+    its frames, so that the failed trial's tensors can be freed.
+    """
+    gauge = open_gauge(device, measure)
+    if gauge is not None:
+        gauge.reset()
+    timings, runs, error = [], 0, None
+    try:
+        for index in range(steps):
+            runs += 1
+            began = time.perf_counter()
+            step(size)
+            synchronize(device)
+            if index > 0 or steps == 1:
+                timings.append(time.perf_counter() - began)
+            if index == 0 and not isinstance(gauge, CudaGauge) and _cuda_index(device) is not None:
+                gauge = open_gauge(device, measure)  # the first run started CUDA
+                gauge.reset()
+    except BaseException as caught:  # Ctrl-C is a trial outcome too
+        error = caught
+    if error is None:
+        return Trial(size, FITS, peak_memory=gauge.peak() if gauge else None,
+                     capacity=gauge.capacity() if gauge else None,
+                     seconds_per_step=statistics.median(timings), runs=runs), None
+    interrupted = isinstance(error, KeyboardInterrupt)
+    kind = None if interrupted else classify(error)
+    trial = Trial(size, INTERRUPTED if interrupted else _OUTCOMES[kind], runs=runs,
+                  capacity=gauge.capacity() if gauge and kind is ErrorKind.OUT_OF_MEMORY else None,
+                  error=describe(error))
+    if interrupted or kind is ErrorKind.OUT_OF_MEMORY:
+        _forget_frames(error)
+        error = None
+    return trial, error

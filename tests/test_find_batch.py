@@ -1,0 +1,355 @@
+"""%%find_batch and colab_gpu.find_batch: the classifier on real messages, the search on
+real memory curves and on a real CPU allocator failure, and the notebook left as it was."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import weakref
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from colab_gpu.batch import find_batch, is_out_of_memory
+from colab_gpu.batch.oom import ErrorKind, classify
+from colab_gpu.batch.result import FITS, OUT_OF_MEMORY, Trial
+from colab_gpu.batch.search import Headroom, Search, SearchError
+from colab_gpu.batch.state import assigned_names
+from conftest import DATA, ROOT
+from milabench_replay import ReplayDevice, problems
+
+# --- the classifier on every recorded message -------------------------------------------
+# What each recorded kind must be. cuDNN's EXECUTION_FAILED is a failed kernel, not a failed
+# allocation: retrying smaller would hide it, so it stops the search as the user's error.
+EXPECTED = {
+    "cudnn_execution_failed": ErrorKind.OTHER,
+}
+MESSAGES = [json.loads(line) for line in (DATA / "oom_messages.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("record", MESSAGES, ids=[f"{i}-{m['kind']}" for i, m in enumerate(MESSAGES)])
+def test_every_recorded_message_is_classified(record):
+    expected = EXPECTED.get(record["kind"], ErrorKind.OUT_OF_MEMORY)
+    if record["kind"].startswith("tf_"):
+        # TensorFlow's errors cannot reach a torch search, but they are memory errors all the same.
+        assert expected is ErrorKind.OUT_OF_MEMORY
+    error = RuntimeError(record["text"])
+    assert classify(error) is expected
+    assert is_out_of_memory(error) is (expected is ErrorKind.OUT_OF_MEMORY)
+
+
+def test_the_recording_covers_every_era():
+    kinds = {m["kind"] for m in MESSAGES}
+    assert len(MESSAGES) >= 17 and any(k.startswith("tf_") for k in kinds)
+    assert {"cuda_runtime_oom_2.x", "cublas_alloc_failed", "cudnn_no_algo_oom_masked"} <= kinds
+
+
+@pytest.mark.parametrize("text", [
+    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if "
+    "you passed in a non-contiguous input.", "FIND was unable to find an engine to execute this computation",
+    "MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.2 GB, max allowed: 18.13 GB).",
+    "XPU out of memory. Tried to allocate 20.00 MiB", "HIP out of memory. Tried to allocate 2.00 GiB",
+    "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+    "allocate 197181440 bytes. Error code 12 (Cannot allocate memory)",
+])
+def test_other_variants_named_by_the_issue_are_oom(text):
+    assert is_out_of_memory(RuntimeError(text))
+
+
+def test_torch_class_and_wrapped_errors():
+    import torch
+
+    assert is_out_of_memory(torch.OutOfMemoryError("anything"))
+    try:
+        try:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+        except RuntimeError as inner:
+            raise ValueError("training failed") from inner
+    except ValueError as outer:
+        assert is_out_of_memory(outer)  # through __cause__
+    try:
+        try:
+            raise RuntimeError("CUDA error: out of memory")
+        except RuntimeError:
+            raise KeyError("while handling")  # implicit __context__
+    except KeyError as outer:
+        assert is_out_of_memory(outer)
+    assert not is_out_of_memory(ValueError("shapes (2,3) and (4,5) not aligned"))
+
+
+@pytest.mark.parametrize("text", ["CUDA error: an illegal memory access was encountered",
+                                  "CUDA error: device-side assert triggered"])
+def test_broken_device_is_not_oom_even_when_wrapped_around_one(text):
+    try:
+        try:
+            raise RuntimeError("CUDA out of memory.")
+        except RuntimeError:
+            raise RuntimeError(text)
+    except RuntimeError as error:
+        assert classify(error) is ErrorKind.DEVICE_BROKEN
+        assert not is_out_of_memory(error)
+
+
+# --- the pure search ---------------------------------------------------------------------
+def blind(largest: int):
+    """A device whose memory cannot be measured: only real failures tell."""
+    sizes = []
+
+    def run(size):
+        sizes.append(size)
+        return Trial(size, FITS if size <= largest else OUT_OF_MEMORY, seconds_per_step=0.01, runs=1)
+
+    return run, sizes
+
+
+@settings(max_examples=200, deadline=None)
+@given(largest=st.integers(1, 50000), start=st.integers(1, 4096), multiple=st.sampled_from([1, 8, 64]))
+def test_the_answer_always_ran_and_is_within_tolerance(largest, start, multiple):
+    run, sizes = blind(largest)
+    result = Search(run, start=start, multiple_of=multiple, maximum=100000).run()
+    assert all(size % multiple == 0 for size in sizes)
+    if largest < multiple:
+        assert result.answer is None and "does not fit" in result.stopped
+        return
+    assert result.answer in sizes and result.answer <= largest
+    assert result.answer >= min(0.95 * largest, largest - multiple + 1) - multiple
+    assert len(set(sizes)) == len(sizes), "no size is run twice"
+
+
+def test_grow_then_bisect_starts_small_and_respects_max():
+    run, sizes = blind(10 ** 9)
+    result = Search(run, maximum=1000).run()
+    assert sizes[0] == 2 and max(sizes) == 1000 and result.answer == 1000
+    assert "--max" in result.stopped
+
+
+def test_flat_memory_refuses_the_fit_and_doubles():
+    """A cell that ignores the variable: memory never grows; no fit, plain doubling to --max."""
+    sizes = []
+
+    def run(size):
+        sizes.append(size)
+        return Trial(size, FITS, peak_memory=3 * 1024 ** 3, capacity=16 * 1024 ** 3, seconds_per_step=0.01, runs=1)
+
+    result = Search(run, maximum=4096).run()
+    assert result.fit is None and any("did not grow" in note for note in result.notes)
+    assert sizes[:4] == [2, 16, 128, 1024] and sizes[4:] == [2048, 4096]
+
+
+def test_throughput_mode_stops_when_doubling_stops_paying():
+    def run(size):  # samples/s saturates at 64
+        return Trial(size, FITS, seconds_per_step=max(size, 64) / 1000, runs=3)
+
+    result = Search(run, mode="throughput").run()
+    assert [t.size for t in result.trials] == [2, 4, 8, 16, 32, 64, 128]
+    assert result.answer == 64 and "gained less" in result.stopped
+
+
+def test_broken_device_stops_and_says_restart():
+    def run(size):
+        return Trial(size, "device broken" if size > 8 else FITS, seconds_per_step=0.01, runs=1,
+                     error="RuntimeError: CUDA error: an illegal memory access was encountered")
+
+    result = Search(run).run()
+    assert result.answer == 8 and "restart the runtime" in result.stopped
+    assert [t.size for t in result.trials] == [2, 4, 8, 16]
+
+
+def test_headroom_spelling():
+    assert Headroom("512MiB").usable(1024 ** 3) == 512 * 1024 ** 2
+    assert Headroom("10%").usable(1000) == 900
+    for bad in ("12x", "-5%", "150%"):
+        with pytest.raises(SearchError, match="--headroom"):
+            Headroom(bad)
+
+
+# --- the memory fit on milabench's real curves ---------------------------------------------
+def test_memory_fit_on_real_milabench_curves():
+    """Most curves end within 4 trials; every answer ran, within capacity, >= 95 % of the truth."""
+    outcomes = []
+    for label, curve, capacity in problems():
+        largest = curve.largest_under(capacity)
+        if largest < 20 or any(b < a for a, b in zip(curve.memory, curve.memory[1:])):
+            continue
+        device = ReplayDevice(curve, capacity)
+        result = Search(device).run()
+        assert result.answer in device.sizes_run and curve(result.answer) <= capacity, label
+        assert result.answer >= 0.95 * largest, (label, largest, device.sizes_run)
+        best_of_four = max(t.size for t in result.trials[:4] if t.fits)
+        outcomes.append((len(result.trials), best_of_four / largest, result.out_of_memory_count))
+    assert len(outcomes) >= 100
+    trials = sorted(t for t, _, _ in outcomes)
+    assert trials[len(trials) // 2] <= 4
+    assert sum(t <= 4 for t in trials) >= 0.8 * len(outcomes)
+    assert sum(r >= 0.9 for _, r, _ in outcomes) >= 0.9 * len(outcomes)
+    assert sum(o for _, _, o in outcomes) <= 0.5 * len(outcomes)
+
+
+# --- real allocator failures on the CPU ----------------------------------------------------
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's")
+def test_real_cpu_out_of_memory_boundary():
+    """A real MLP under a real address-space limit: the answer runs and is >= 90 % of the largest."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "rlimit_mlp.py"), "192", "128", "512", "2"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["answer_runs"]
+    assert found["answer"] >= 0.9 * found["largest"], found
+    assert len(found["trials"]) <= 8 and found["oom"] <= 2, found
+
+
+# --- the Python API ------------------------------------------------------------------------
+def test_find_batch_restores_model_optimizer_and_generators():
+    import torch
+
+    model = torch.nn.Linear(16, 16)
+    optimizer = torch.optim.Adam(model.parameters())
+    weights = model.weight.detach().clone()
+    random.seed(5)
+    torch.manual_seed(5)
+    expected = (random.random(), torch.rand(1).item())
+    random.seed(5)
+    torch.manual_seed(5)
+
+    def step(batch_size):
+        torch.rand(1)
+        random.random()
+        model(torch.randn(batch_size, 16)).sum().backward()
+        optimizer.step()
+        if batch_size > 300:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")
+
+    result = find_batch(step, restore=[model, optimizer], max=1000, progress=False)
+    assert 285 <= result.answer <= 300 and result.out_of_memory_count >= 1
+    assert torch.equal(model.weight, weights) and model.weight.grad is None and not optimizer.state
+    assert (random.random(), torch.rand(1).item()) == expected
+
+
+def test_failed_trial_frames_are_dropped():
+    """The failed trial's tensors are freed once the search goes on (no frames kept alive)."""
+    import torch
+
+    alive = []
+
+    def step(batch_size):
+        big = torch.zeros(batch_size, 64)
+        alive.append(weakref.ref(big))
+        if batch_size > 100:
+            raise RuntimeError("CUDA out of memory.")
+
+    find_batch(step, max=1000, steps=1, progress=False)
+    assert all(ref() is None for ref in alive)
+
+
+def test_the_users_own_error_is_raised_after_restoring():
+    import torch
+
+    model = torch.nn.Linear(4, 4)
+    weights = model.weight.detach().clone()
+
+    def step(batch_size):
+        with torch.no_grad():
+            model.weight.add_(1)
+        if batch_size > 16:
+            raise ZeroDivisionError("a bug in the cell")
+
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        find_batch(step, restore=[model], progress=False)
+    assert torch.equal(model.weight, weights)
+
+
+def test_importing_the_feature_imports_no_heavy_module():
+    code = ("import sys, colab_gpu, colab_gpu.batch, colab_gpu.batch.search, colab_gpu.batch.trial;"
+            "colab_gpu.find_batch; colab_gpu.is_out_of_memory;"
+            "print([m for m in ('torch', 'IPython', 'matplotlib', 'ipywidgets') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_assigned_names():
+    names = assigned_names("x = 1\nfor i in range(3): y += i\nimport numpy as np\ndef f(): z = 2\nwith a as b: pass")
+    assert {"x", "i", "y", "np", "f", "b", "z"} <= names and "a" not in names
+
+
+# --- the magic in a real IPython shell -----------------------------------------------------
+SETUP = """
+import torch, random
+torch.manual_seed(0)
+model = torch.nn.Linear(32, 32)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+w0 = model.weight.detach().clone()
+x = "the user's x"
+"""
+CELL = """%%find_batch --restore model opt --max 4000 --steps 2
+x = torch.randn(batch_size, 32)
+if batch_size > 1500:
+    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+model(x).sum().backward(); opt.step(); opt.zero_grad()
+leftover = x
+"""
+
+
+def test_magic_sets_the_answer_and_leaves_the_notebook_as_it_was(shell, capsys):
+    shell.run_cell(SETUP)
+    shell.user_ns.pop("batch_size", None)
+    shell.run_cell("random.seed(3); before = random.random(); random.seed(3)")
+    result = shell.run_cell(CELL)
+    assert result.error_in_exec is None
+    ns = shell.user_ns
+    assert 1425 <= ns["batch_size"] <= 1500
+    assert ns["x"] == "the user's x" and "leftover" not in ns
+    assert shell.ev("bool(torch.equal(model.weight, w0))")
+    assert shell.ev("random.random()") == ns["before"]
+    out = capsys.readouterr().out
+    assert "trial 1: batch_size=     2" in out and "out of memory" in out
+    assert f"batch_size = {ns['batch_size']} (largest fitting" in out
+
+
+def test_magic_shows_the_users_error_and_restores(shell):
+    shell.run_cell("batch_size = 7; y = 'kept'")
+    result = shell.run_cell("%%find_batch\ny = batch_size\nif batch_size > 20: 1/0")
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    assert shell.user_ns["batch_size"] == 7 and shell.user_ns["y"] == "kept"
+
+
+def test_ctrl_c_keeps_the_best_so_far(shell, capsys):
+    result = shell.run_cell("%%find_batch --var bs\nif bs > 100: raise KeyboardInterrupt")
+    assert result.error_in_exec is None
+    assert shell.user_ns["bs"] == 16
+    assert "interrupted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--headroom 12x", "--headroom '12x'"), ("--mode fast", "invalid choice"),
+    ("--restore nowhere", "no variable named nowhere"), ("--multiple-of 0", "--multiple-of 0"),
+    ("--device tpu", "--device 'tpu'"), ("--steps 0", "--steps 0"),
+])
+def test_magic_bad_options_are_one_line_usage_errors(shell, line, message):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        shell.run_cell_magic("find_batch", line, "pass")
+
+
+def test_result_views():
+    run, _ = blind(300)
+    result = Search(run, variable="bs").run()
+    from IPython.lib.pretty import pretty
+
+    assert repr(result).startswith("<BatchResult bs = ")
+    text = pretty(result)
+    assert text.splitlines()[1].split() == ["size", "outcome", "peak", "memory", "time/step", "samples/s"]
+    assert "out of memory" in text and "largest that ran: 296" in text
+    assert "<table>" in result._repr_html_() and "cgpu-answer" in result._repr_html_()
+
+
+def test_chart_is_a_png_with_memory_and_throughput():
+    from colab_gpu.batch.render import chart_png
+
+    device = ReplayDevice(*next((c, cap) for _, c, cap in problems()))
+    png = chart_png(Search(device).run())
+    assert png.startswith(b"\x89PNG")
