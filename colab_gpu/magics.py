@@ -70,8 +70,7 @@ class GPUMagics(Magics):
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
         self._cleanups: List[Callable[[], None]] = []
-        self._cell_hooks = None  # (pre, post) while --cells is on
-        self._live_cleanup_added = False
+        self._session = None  # the LiveSession, once %gpu_status --live has run
 
     def add_cleanup(self, cleanup: Callable[[], None]) -> None:
         """Something to undo on unload (a hook, a thread); run last-added first."""
@@ -223,13 +222,13 @@ class GPUMagics(Magics):
             self._show(result)
 
     def _live(self, args) -> None:
-        """--live: start (or reuse) the sampler and show it the way this front end updates."""
+        """--live / --stop: check the options, then start (or reuse) and show the monitor."""
         from . import live
 
         if args.stop:
             if args.live or args.json or args.demo or args.cells or args.path or args.interval is not None:
                 raise UsageError("--stop takes no other option: %gpu_status --stop")
-            record = self._stop_live()
+            record = self._live_session().stop()
             if record is None:
                 print("colab_gpu: the live monitor is not running")
             else:
@@ -248,85 +247,27 @@ class GPUMagics(Magics):
         except ValueError as error:  # the source cannot be read: no driver, a bad recording
             hint = "" if args.demo or args.path else "; %gpu_status --live --demo replays a recorded trace"
             raise UsageError(f"cannot start the live monitor: {error}{hint}") from None
-        if not self._live_cleanup_added:
-            self.add_cleanup(self._stop_live)
-            self._live_cleanup_added = True
+        session = self._live_session()
         if not started:
             print(f"colab_gpu: the live monitor is already running ({sampler.label}, every "
                   f"{sampler.interval:g} s); %gpu_status --stop ends it")
         if args.cells:
-            self._start_cell_peaks()
+            session.watch_cells()
         try:
-            self._show_live(sampler)
+            session.show(sampler, self.live_display, self.live_lines)
         except BaseException:
             if started:  # no monitor left running without its display
-                self._stop_live()
+                session.stop()
             raise
 
-    def _show_live(self, sampler) -> None:
-        """Show the running sampler the way this front end really updates."""
-        from . import live
-        from .runtime import COLAB, PLAIN_PYTHON, TERMINAL, detect_platform
+    def _live_session(self):
+        """This shell's live session, created once and stopped on unload."""
+        if self._session is None:
+            from .live.notebook import LiveSession
 
-        platform = detect_platform(self.shell)
-        shown = self.live_display
-        if shown == "auto":
-            shown = {COLAB: "page", TERMINAL: "terminal", PLAIN_PYTHON: "terminal"}.get(platform, "widgets")
-        if shown == "page" and platform == COLAB:
-            from google.colab import output
-
-            output.serve_kernel_port_as_iframe(live.page_server().port, height="440")
-        elif shown == "page":
-            from IPython.display import IFrame, display
-
-            display(IFrame(live.live_url(), width="100%", height=440))
-        elif shown == "terminal":
-            from .live.terminal import watch
-
-            try:
-                watch(sampler, print, self.live_lines)
-            except KeyboardInterrupt:
-                pass
-            record = self._stop_live()
-            if record is not None:
-                self._show(record)
-        else:
-            from IPython.display import display
-
-            from .live.widget import live_widget
-
-            display(live_widget(sampler))
-
-    def _stop_live(self):
-        """Stop the per-cell lines, the sampler and the live page; the run's record."""
-        from . import live
-
-        if self._cell_hooks is not None:
-            pre, post = self._cell_hooks
-            self.shell.events.unregister("pre_run_cell", pre)
-            self.shell.events.unregister("post_run_cell", post)
-            self._cell_hooks = None
-        return live.stop()
-
-    def _start_cell_peaks(self) -> None:
-        if self._cell_hooks is not None:
-            return
-        from . import live
-        from .live.cells import CellPeaks
-
-        peaks = CellPeaks(live.running)
-
-        def pre(*args) -> None:  # IPython >= 8.17 passes an ExecutionInfo; older ones vary
-            peaks.before()
-
-        def post(*args) -> None:
-            line = peaks.after()
-            if line:
-                print(line)
-
-        self.shell.events.register("pre_run_cell", pre)
-        self.shell.events.register("post_run_cell", post)
-        self._cell_hooks = (pre, post)
+            self._session = LiveSession(self.shell, self._show)
+            self.add_cleanup(self._session.stop)
+        return self._session
 
     @magic_arguments()
     @argument("--var", default="batch_size", metavar="NAME",

@@ -408,7 +408,7 @@ def test_colab_shows_the_live_page_through_the_kernel_port(live_config, monkeypa
 
 def cell_hooks(shell):
     return [f for event in ("pre_run_cell", "post_run_cell") for f in shell.events.callbacks[event]
-            if getattr(f, "__qualname__", "").startswith("GPUMagics._start_cell_peaks")]
+            if getattr(f, "__qualname__", "").startswith("LiveSession.watch_cells")]
 
 
 def test_cells_prints_one_line_per_cell_and_stop_removes_the_hooks(live_config, capsys):

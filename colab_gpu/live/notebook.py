@@ -1,0 +1,80 @@
+"""The live monitor inside IPython: the display that really updates in this front end, and
+the per-cell peak lines hooked on IPython's cell events."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from . import live_url, page_server, running, stop
+from .record import RunRecord
+
+
+class LiveSession:
+    """What ``%gpu_status --live`` adds to one shell; ``stop()`` removes all of it."""
+
+    def __init__(self, shell, show: Callable[[object], None]):
+        self.shell = shell
+        self._show = show  # how the magics display a result (honours GPUMagics.output)
+        self._hooks = None  # (pre, post) while --cells is on
+
+    def show(self, sampler, kind: str, lines: int = 0) -> None:
+        """Show the running sampler as ``kind``: "auto", "widgets", "page" or "terminal"."""
+        from ..runtime import COLAB, PLAIN_PYTHON, TERMINAL, detect_platform
+
+        platform = detect_platform(self.shell)
+        if kind == "auto":
+            kind = {COLAB: "page", TERMINAL: "terminal", PLAIN_PYTHON: "terminal"}.get(platform, "widgets")
+        if kind == "page" and platform == COLAB:
+            # Colab renders no widget updates sent from a thread (colabtools#3373); a page
+            # served from the kernel's machine keeps moving, as TensorBoard's does.
+            from google.colab import output
+
+            output.serve_kernel_port_as_iframe(page_server().port, height="440")
+        elif kind == "page":
+            from IPython.display import IFrame, display
+
+            display(IFrame(live_url(), width="100%", height=440))
+        elif kind == "terminal":
+            from .terminal import watch
+
+            try:
+                watch(sampler, print, lines)
+            except KeyboardInterrupt:
+                pass
+            record = self.stop()
+            if record is not None:
+                self._show(record)
+        else:
+            from IPython.display import display
+
+            from .widget import live_widget
+
+            display(live_widget(sampler))
+
+    def watch_cells(self) -> None:
+        """After each cell, print one line with its peak GPU memory and change."""
+        if self._hooks is not None:
+            return
+        from .cells import CellPeaks
+
+        peaks = CellPeaks(running)
+
+        def pre(*args) -> None:  # IPython >= 8.17 passes an ExecutionInfo; older ones vary
+            peaks.before()
+
+        def post(*args) -> None:
+            line = peaks.after()
+            if line:
+                print(line)
+
+        self.shell.events.register("pre_run_cell", pre)
+        self.shell.events.register("post_run_cell", post)
+        self._hooks = (pre, post)
+
+    def stop(self) -> Optional[RunRecord]:
+        """Remove the cell hooks, stop the sampler and the page; the run's record, if any."""
+        if self._hooks is not None:
+            pre, post = self._hooks
+            self.shell.events.unregister("pre_run_cell", pre)
+            self.shell.events.unregister("post_run_cell", post)
+            self._hooks = None
+        return stop()
