@@ -3,7 +3,7 @@
 ``start()`` returns the running sampler or starts one (NVML, a recording, or the bundled
 demo trace); ``stop()`` ends it and returns the :class:`~colab_gpu.live.record.RunRecord` of
 the whole run; ``history()`` gives the samples of the running or last run. Nothing here
-imports IPython; the magic ``%gpu_status --live`` picks the display for the front end.
+imports IPython; ``notebook.LiveSession`` picks the display that updates in the front end.
 """
 from __future__ import annotations
 
