@@ -171,7 +171,6 @@ class GPUMagics(Magics):
         else:
             self._show(result)
 
-
     @magic_arguments()
     @argument("settings", nargs="*",
               help="Settings as key=value (max_split_size_mb=128 expandable_segments=True) or "
