@@ -81,10 +81,44 @@ def test_versions_are_checked_both_ways():
         rejected("expandable_segments:True", (2, 0))
     assert "list form needs torch >= 2.0" in rejected("roundup_power2_divisions:[256:1]", (1, 13))
     assert check("roundup_power2_divisions:4", (1, 13)) == "roundup_power2_divisions:4"
-    # max_split_size_mb was "> 20" until 2.8, ">= 20" since the 2.9 AllocatorConfig
-    assert "must be > 20" in rejected("max_split_size_mb:20", (2, 8))
-    assert check("max_split_size_mb:20", (2, 9)) == "max_split_size_mb:20"
+    # CUDA's own parser said "> 20" up to 2.9; 2.10's AcceleratorAllocatorConfig says ">= 20"
+    for key in ("max_split_size_mb", "max_non_split_rounding_mb"):
+        assert "must be > 20" in rejected(f"{key}:20", (2, 9))
+        assert check(f"{key}:20", (2, 10)) == f"{key}:20"
     assert "needs torch >= 2.10" in rejected("per_process_memory_fraction:0.5", (2, 9))
+    # a divisions entry of 0 ("no rounding") is refused by 2.0-2.3 and accepted from 2.4
+    assert "0 needs torch >= 2.4" in rejected("roundup_power2_divisions:[256:0,>:4]", (2, 3))
+    assert check("roundup_power2_divisions:[256:0,>:4]", (2, 4)) == \
+        "roundup_power2_divisions:[256:0,>:4]"
+
+
+# The first release whose CUDA wheel parses each key (pip download torch==X: the parser's
+# strings in libc10_cuda.so / libc10.so and CUDAAllocatorConfig.h's getKeys()).
+FIRST_RELEASE = [
+    ("backend:native", (2, 0)),
+    ("expandable_segments:True", (2, 1)),
+    ("release_lock_on_cudamalloc:True", (2, 2)),
+    ("pinned_use_cuda_host_register:True", (2, 2)),
+    ("pinned_num_register_threads:8", (2, 2)),
+    ("max_non_split_rounding_mb:64", (2, 6)),
+    ("pinned_use_background_threads:True", (2, 6)),
+    ("graph_capture_record_stream_reuse:True", (2, 9)),
+    ("pinned_reserve_segment_size_mb:64", (2, 10)),
+    ("per_process_memory_fraction:0.5", (2, 10)),
+    ("large_segment_size_mb:40", (2, 11)),
+    ("pinned_free_catch_all:True", (2, 12)),
+    ("throw_on_cudamalloc_oom:True", (2, 12)),
+    ("pinned_max_round_threshold_mb:64", (2, 13)),
+    ("pinned_max_cached_size_mb:64", (2, 13)),
+]
+
+
+@pytest.mark.parametrize("text, first", FIRST_RELEASE)
+def test_each_key_arrives_in_the_release_that_first_parses_it(text, first):
+    before = (1, 13) if first == (2, 0) else (first[0], first[1] - 1)
+    added = f"{first[0]}.{first[1]}"
+    assert f"needs torch >= {added} (added in {added})" in rejected(text, before)
+    assert check(text, first) == text
 
 
 def test_schema_covers_the_issue_keys_with_meaning_and_versions():

@@ -6,16 +6,20 @@ need a process without torch.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from IPython.core.error import UsageError
 
 from colab_gpu.allocator import AllocConfError, alloc_conf, parse, to_torch, validate
+from colab_gpu.allocator.parse import version_of
 from colab_gpu.allocator.schema import KEYS
 from colab_gpu.runtime import TorchState
 from conftest import ROOT
@@ -103,6 +107,20 @@ def torch_env(clean_env, tmp_path):
     clean_env.setenv("COLAB_GPU_CONFIG_DIR", str(tmp_path))
     yield torch
     torch._C._accelerator_setAllocatorSettings("large_segment_size_mb:20")
+
+
+def test_cuda_keys_of_the_installed_torch_match_the_schema():
+    """The CUDA-only keys CUDAAllocatorConfig::getKeys() lists in the installed headers (the
+    CPU wheel ships them) are exactly the schema's CUDA-only keys for that version."""
+    package = Path(importlib.util.find_spec("torch").origin).parent
+    header = (package / "include/c10/cuda/CUDAAllocatorConfig.h").read_text()
+    block = re.search(r"getKeys\(\) \{(.*?)\};", header, re.S).group(1)
+    block = re.sub(r"//[^\n]*", "", block)
+    literals = re.sub(r'"\s*"', "", block)  # "release_lock_on_cud" "amalloc" is one name
+    listed = {name for name in re.findall(r'"(\w+)"', literals) if "hip" not in name}
+    version = version_of((package / "version.py").read_text().split("__version__ = ")[1][1:])
+    expected = {key.name for key in KEYS if not key.general and key.available(version)}
+    assert listed == expected
 
 
 def test_imported_state_writes_env_and_torchs_setter(shell, torch_env):

@@ -14,7 +14,7 @@ import sys
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from .schema import (BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
-                     OLDEST, POWER_OF_TWO, Key, Version)
+                     OLDEST, POWER_OF_TWO, ZERO_DIVISIONS, Key, Version)
 
 Settings = Tuple[Tuple[str, str], ...]  # (key, canonical value) in the order given
 
@@ -243,10 +243,13 @@ def _divisions(key: Key, value: str, version: Version) -> str:
                                     and int(interval) <= _INTERVAL_LIMIT):
             raise AllocConfError(f"{where}: each interval is a power of two in MB (or '>' "
                                  f"for all larger sizes), got {interval!r}")
+        zero_allowed = version >= ZERO_DIVISIONS
         if not _INTEGER.fullmatch(divisions) or int(divisions) > INT_LIMIT or not (
-                int(divisions) == 0 or _is_power_of_two(int(divisions))):
-            raise AllocConfError(f"{where}: the divisions for {interval} must be 0 (no "
-                                 f"rounding) or a power of two, got {divisions!r}")
+                (zero_allowed and int(divisions) == 0) or _is_power_of_two(int(divisions))):
+            accepted = "0 (no rounding) or a power of two" if zero_allowed else \
+                f"a power of two (0 needs torch >= {format_version(ZERO_DIVISIONS)})"
+            raise AllocConfError(f"{where}: the divisions for {interval} must be {accepted}, "
+                                 f"got {divisions!r}")
         entries.append(f"{int(interval) if interval != '>' else '>'}:{int(divisions)}")
     return "[" + ",".join(entries) + "]"
 

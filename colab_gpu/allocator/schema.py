@@ -1,29 +1,35 @@
 """Every caching-allocator key from torch 1.13 to 2.15, as data.
 
-Where each fact comes from (PyTorch's sources; "build" = the installed torch 2.13.0+cpu,
-whose parser was probed directly and whose libc10.so lists the general keys):
+Where each fact comes from: the released CUDA wheels of every minor version from 1.13.1 to
+2.14.1 (``pip download torch==X --no-deps``): their ``include/c10/cuda/CUDAAllocatorConfig.h``
+and ``include/c10/core/AllocatorConfig.h``, the parser's strings in ``lib/libc10_cuda.so`` and
+``lib/libc10.so`` (a key's "Error, expecting ... value" / "Expected a single True/False
+argument for ..." message, or its name in ``getKeys()``), and, from 2.9, ``libc10.so``'s own
+``AcceleratorAllocatorConfig::parseArgs`` run on test strings:
 
-- 1.13: ``c10/cuda/CUDACachingAllocator.cpp`` ``parseArgs`` knows max_split_size_mb (must be
-  > 20), roundup_power2_divisions (a number only), roundup_bypass_threshold_mb and
-  garbage_collection_threshold (in (0, 1)). Values are read with ``stoi``/``stod``.
-- 2.0: the parser moves to ``c10/cuda/CUDAAllocatorConfig.cpp``; ``backend`` (native /
-  cudaMallocAsync, PR #82682) and the ``[256:1,512:2,>:4]`` list form of
-  roundup_power2_divisions (PR #87290) arrive, roundup_bypass_threshold_mb goes.
-- 2.1: expandable_segments (PR #96995). 2.2: release_lock_on_cudamalloc,
-  pinned_use_cuda_host_register and pinned_num_register_threads (power of 2, <= 128; PR
-  #108488). 2.4: max_non_split_rounding_mb. 2.5: pinned_use_background_threads.
-- 2.9: ``c10/core/AllocatorConfig.{h,cpp}`` (AcceleratorAllocatorConfig) takes the general
-  keys; the minimum of max_split_size_mb / max_non_split_rounding_mb becomes ">= 20"
-  (``kLargeBuffer / kMB``); CUDAAllocatorConfig adds graph_capture_record_stream_reuse and
-  pinned_reserve_segment_size_mb (> 0).
-- 2.10: per_process_memory_fraction ([0, 1], CUDAAllocatorConfig.cpp
-  ``parsePerProcessMemoryFraction``). 2.11: large_segment_size_mb (> 10; build: the split
-  minimums become >= large_segment_size_mb). 2.13 (build): pinned_max_round_threshold_mb and
-  pinned_max_cached_size_mb. 2.14: pinned_free_catch_all and throw_on_cudamalloc_oom
-  (CUDAAllocatorConfig.h ``getKeys`` on main after the 2.13 build; not checkable here).
-
-The first version of a key added after 2.4 is the first release whose sources showed it;
-keys the installed 2.13 build knows are checked against it by the differential tests.
+- 1.13: ``c10/cuda/CUDACachingAllocator.cpp`` knows max_split_size_mb ("must be > 20"),
+  roundup_power2_divisions (one power of two), roundup_bypass_threshold_mb and
+  garbage_collection_threshold ("set it 0.0~1.0", both ends refused). Values go through
+  ``stoi``/``stod``.
+- 2.0: ``backend`` (native / cudaMallocAsync) and the ``[256:1,512:2,>:4]`` list form of
+  roundup_power2_divisions arrive; roundup_bypass_threshold_mb is gone. Until 2.3 every
+  divisions entry must be a power of two; 2.4 adds "or 0 to disable roundup".
+- 2.1: expandable_segments. 2.2: release_lock_on_cudamalloc, pinned_use_cuda_host_register
+  and pinned_num_register_threads (power of two, <= ``pinned_max_register_threads()`` = 128).
+- 2.6 (absent from 2.5.1): max_non_split_rounding_mb ("must be > 20") and
+  pinned_use_background_threads.
+- 2.9: graph_capture_record_stream_reuse. ``c10/core/AllocatorConfig`` appears in libc10.so,
+  but CUDA still parses with its own ``CUDAAllocatorConfig`` ("must be > 20", only
+  PYTORCH_CUDA_ALLOC_CONF / PYTORCH_HIP_ALLOC_CONF).
+- 2.10: CUDAAllocatorConfig hands the general keys to AcceleratorAllocatorConfig, whose split
+  minimums are ">= 20" (``kLargeBuffer / kMB``), and reads PYTORCH_ALLOC_CONF last;
+  pinned_reserve_segment_size_mb ("greater than 0") and per_process_memory_fraction ("set it
+  in [0.0, 1.0]") arrive.
+- 2.11: large_segment_size_mb ("must be > 10 MB", ``kMinLargeAlloc / kMB``); the split
+  minimums become >= large_segment_size_mb. 2.12: pinned_free_catch_all and
+  throw_on_cudamalloc_oom. 2.13: pinned_max_round_threshold_mb and pinned_max_cached_size_mb
+  (no bound; the installed 2.13.0+cpu build). 2.14.1 has the same keys as 2.13.
+- 2.15 could not be checked here; it is assumed to keep 2.14's keys.
 """
 from __future__ import annotations
 
@@ -83,7 +89,8 @@ def _v(text: str) -> Version:
 
 
 _ACCELERATORS = "CUDA, ROCm, XPU and other accelerators (from 2.9)"
-_SPLIT_MINIMUM = ((OLDEST, 20, True), (_v("2.9"), 20, False))  # "> 20" until 2.8, then ">= 20"
+_SPLIT_MINIMUM = ((OLDEST, 20, True), (_v("2.10"), 20, False))  # "> 20" until 2.9, then ">= 20"
+ZERO_DIVISIONS: Version = (2, 4)  # a list entry may be 0 (no rounding) from 2.4
 
 KEYS: Tuple[Key, ...] = (
     Key("backend", CHOICE, "which allocator: torch's caching allocator or CUDA's own pool "
@@ -115,16 +122,16 @@ KEYS: Tuple[Key, ...] = (
         "when pinned_use_cuda_host_register is on", "1", _v("2.2"), minimum=((OLDEST, 1, False),),
         maximum=128),
     Key("max_non_split_rounding_mb", INTEGER, "a request may take a cached block up to this "
-        "much larger without splitting it", "20", _v("2.4"), minimum=_SPLIT_MINIMUM,
+        "much larger without splitting it", "20", _v("2.6"), minimum=_SPLIT_MINIMUM,
         maximum=INT_LIMIT, general=True, native_only=True, backends=_ACCELERATORS),
     Key("pinned_use_background_threads", BOOLEAN, "process pinned-memory events on a "
-        "background thread", "False", _v("2.5"), general=True, runtime=False,
+        "background thread", "False", _v("2.6"), general=True, runtime=False,
         runtime_reason="the background thread starts with the first pinned allocation",
         backends=_ACCELERATORS),
     Key("graph_capture_record_stream_reuse", BOOLEAN, "let CUDA-graph capture reuse blocks "
         "freed on other streams", "False", _v("2.9")),
     Key("pinned_reserve_segment_size_mb", INTEGER, "reserve one pinned segment of this size "
-        "up front for small pinned allocations", "0 (off)", _v("2.9"), minimum=((OLDEST, 0, True),),
+        "up front for small pinned allocations", "0 (off)", _v("2.10"), minimum=((OLDEST, 0, True),),
         maximum=INT_LIMIT, runtime=False,
         runtime_reason="the reserve segment is made with the first pinned allocation"),
     Key("per_process_memory_fraction", FRACTION, "cap this process at this fraction of the "
@@ -144,9 +151,9 @@ KEYS: Tuple[Key, ...] = (
         "the OS instead of the cache", "unlimited", _v("2.13"), minimum=((OLDEST, 0, False),),
         maximum=INT_LIMIT, general=True, backends=_ACCELERATORS),
     Key("pinned_free_catch_all", BOOLEAN, "let the pinned allocator free blocks allocated "
-        "outside it", "False", _v("2.14")),
+        "outside it", "False", _v("2.12")),
     Key("throw_on_cudamalloc_oom", BOOLEAN, "raise out-of-memory before calling cudaMalloc "
-        "when the request cannot fit", "False", _v("2.14")),
+        "when the request cannot fit", "False", _v("2.12")),
 )
 
 BY_NAME = {key.name: key for key in KEYS}
