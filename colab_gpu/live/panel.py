@@ -23,7 +23,7 @@ EXTRA_STYLE = """
 .cgpu-live svg text{fill:var(--cgpu-muted);font-size:10px}
 .cgpu-live svg .cgpu-axis{stroke:var(--cgpu-line);fill:none}
 .cgpu-live .cgpu-error{color:var(--cgpu-warn)}
-.cgpu-live td{white-space:nowrap}
+.cgpu-live td{white-space:nowrap}.cgpu-live .cgpu-bar{width:6em}
 .cgpu-card.cgpu-live{max-width:72em}
 </style>
 """

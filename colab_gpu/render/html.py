@@ -13,7 +13,8 @@ from . import NA, allocator_summary, number, ratio, size, torch_summary, words
 
 STYLE = """
 <style>
-.cgpu-card{color:inherit;background:transparent;font-family:var(--jp-ui-font-family,system-ui,sans-serif);
+.cgpu-card{--cgpu-muted:#808080;--cgpu-warn:#c08a00;--cgpu-line:rgba(127,127,127,.5);
+ color:inherit;background:transparent;font-family:var(--jp-ui-font-family,system-ui,sans-serif);
  font-size:13px;border:1px solid rgba(127,127,127,.35);border-radius:6px;padding:8px 12px;max-width:60em}
 .cgpu-card h4{margin:6px 0 2px;font-size:14px;color:inherit}.cgpu-card .cgpu-muted{opacity:.7}
 .cgpu-card table{border-collapse:collapse;margin:2px 0}
