@@ -9,6 +9,7 @@ the outputs its text talks about.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -37,7 +38,12 @@ def executed():
     def run(name: str):
         if name not in cache:
             notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-            cache[name] = execute(notebook, cwd=NOTEBOOKS, timeout=CELL_TIMEOUT)
+            with pytest.MonkeyPatch.context() as patch:
+                # The kernel inherits this process's environment; a student's starts without
+                # torch settings (PYTORCH_CUDA_ALLOC_CONF ...) that other tests may leave here.
+                for variable in [variable for variable in os.environ if variable.startswith("PYTORCH_")]:
+                    patch.delenv(variable)
+                cache[name] = execute(notebook, cwd=NOTEBOOKS, timeout=CELL_TIMEOUT)
         return cache[name]
 
     return run
