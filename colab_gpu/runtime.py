@@ -110,9 +110,20 @@ def torch_state(modules: Mapping[str, object] = sys.modules) -> TorchState:
                       cuda_version=cuda_version, cuda_initialized=initialized)
 
 
+def current_shell(modules: Mapping[str, object] = sys.modules) -> object:
+    """The running IPython shell, if IPython is already imported (never imports it)."""
+    ipython = modules.get("IPython")
+    get_ipython = getattr(ipython, "get_ipython", None)
+    return get_ipython() if get_ipython is not None else None
+
+
 def detect_runtime(shell: object = None, environ: Mapping[str, str] = os.environ) -> Runtime:
-    """Everything about the surroundings that can be read without touching the GPU."""
-    platform = detect_platform(shell, environ)
+    """Everything about the surroundings that can be read without touching the GPU.
+
+    Without ``shell``, the running IPython shell is used, so ``colab_gpu.status()`` called
+    from a notebook cell knows it is in a notebook.
+    """
+    platform = detect_platform(shell if shell is not None else current_shell(), environ)
     tpu = detect_tpu(environ)
     colab_gpu = environ.get("COLAB_GPU")
     if tpu:

@@ -32,6 +32,17 @@ def shell(ipython):
     ipython.run_line_magic("unload_ext", "colab_gpu")
 
 
+@pytest.fixture(autouse=True)
+def restored_environment():
+    """Put os.environ back after every test: %alloc_conf writes PYTORCH_*ALLOC_CONF for real,
+    and a later test or kernel must not inherit it."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture
 def clean_env(monkeypatch):
     """An environment without any platform or GPU variable, as on a plain local machine."""

@@ -33,20 +33,27 @@ def _kernel_manager(folder: pathlib.Path):
     return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
 
 
-def run_cells(cells: Sequence[str], timeout: int = 120):
-    """Execute ``cells`` in order in one fresh kernel; the executed notebook (nbformat v4).
+def execute(notebook, cwd: pathlib.Path = ROOT, timeout: int = 120):
+    """Execute ``notebook`` in place in one fresh kernel whose working directory is ``cwd``.
 
-    A cell that raises fails the run with nbclient's CellExecutionError, which shows the
-    kernel's traceback.
+    ``timeout`` is per cell. A cell that raises fails the run with nbclient's
+    CellExecutionError, which shows the kernel's traceback, unless the cell is tagged
+    ``raises-exception``.
     """
-    import nbformat
     from nbclient import NotebookClient
 
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
     with tempfile.TemporaryDirectory() as folder:
         manager = _kernel_manager(pathlib.Path(folder))
-        NotebookClient(notebook, km=manager, timeout=timeout, resources={"metadata": {"path": str(ROOT)}}).execute()
+        NotebookClient(notebook, km=manager, timeout=timeout, resources={"metadata": {"path": str(cwd)}}).execute()
     return notebook
+
+
+def run_cells(cells: Sequence[str], timeout: int = 120):
+    """Execute ``cells`` in order in one fresh kernel; the executed notebook (nbformat v4)."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    return execute(notebook, timeout=timeout)
 
 
 def bundles(cell) -> List[Dict[str, str]]:

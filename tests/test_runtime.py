@@ -96,3 +96,14 @@ GPUS = [(0, "GPU-aaaa-1111"), (1, "GPU-bbbb-2222"), (2, "GPU-cccc-3333")]
 ])
 def test_cuda_visible_devices_mapping(visible, expected):
     assert torch_indices(visible, GPUS) == expected
+
+
+def test_the_running_shell_is_found_without_being_passed(ipython, clean_env):
+    """colab_gpu.status() called in a cell knows where it runs, like %gpu_status does."""
+    assert detect_runtime().platform == TERMINAL
+
+
+def test_no_shell_and_no_ipython_is_plain_python(clean_env):
+    from colab_gpu.runtime import current_shell
+
+    assert current_shell({}) is None

@@ -1,0 +1,211 @@
+"""The teaching notebooks run top to bottom in a real Jupyter kernel and show what they teach.
+
+Each notebook in notebooks/ is executed once (nbclient, a fresh kernel started in notebooks/,
+as a student's would be), on this machine without a GPU. A cell may fail only where the error
+is the lesson (tag ``raises-exception``), and there it must really show that error; every
+other cell must run without an error or anything on stderr. Then each notebook is checked for
+the outputs its text talks about.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from conftest import ROOT
+from kernel import bundles, execute, stream
+
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("nbclient")
+
+pytestmark = pytest.mark.kernel
+
+NOTEBOOKS = ROOT / "notebooks"
+NAMES = sorted(path.name for path in NOTEBOOKS.glob("*.ipynb"))
+CELL_TIMEOUT = 120  # seconds; each notebook takes well under a minute in all
+RAISES = "raises-exception"
+SIZE = re.compile(r"([\d.]+) (B|KiB|MiB|GiB)")
+UNITS = {"B": 1, "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+
+
+@pytest.fixture(scope="module")
+def executed():
+    """name -> the notebook executed in a fresh kernel, each run once per test session."""
+    cache = {}
+
+    def run(name: str):
+        if name not in cache:
+            notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+            with pytest.MonkeyPatch.context() as patch:
+                # The kernel inherits this process's environment; a student's starts without
+                # torch settings (PYTORCH_CUDA_ALLOC_CONF ...) that other tests may leave here.
+                for variable in [variable for variable in os.environ if variable.startswith("PYTORCH_")]:
+                    patch.delenv(variable)
+                cache[name] = execute(notebook, cwd=NOTEBOOKS, timeout=CELL_TIMEOUT)
+        return cache[name]
+
+    return run
+
+
+def code_cell(notebook, start: str, exact: bool = False):
+    """The one code cell whose source starts with ``start`` (is ``start`` if ``exact``)."""
+    found = [cell for cell in notebook.cells if cell.cell_type == "code"
+             and (cell.source == start if exact else cell.source.startswith(start))]
+    assert len(found) == 1, f"{len(found)} cells start with {start!r}"
+    return found[0]
+
+
+def shown(cell, mime: str = "text/plain") -> str:
+    """What a reader sees of the cell: its printed text and its displayed ``mime`` parts."""
+    return stream(cell) + stream(cell, "stderr") + "".join(bundle.get(mime, "") for bundle in bundles(cell))
+
+
+def largest_size(text: str) -> int:
+    """The largest size written in ``text`` ("128 MiB", "1.07 GiB"), in bytes."""
+    return max((int(float(value) * UNITS[unit]) for value, unit in SIZE.findall(text)), default=0)
+
+
+def test_the_four_notebooks_are_there():
+    assert NAMES == ["01-gpu-status.ipynb", "02-alloc-conf.ipynb", "03-clear-cache.ipynb",
+                     "04-find-batch.ipynb"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_is_stored_clean_and_installable_anywhere(name):
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    nbformat.validate(notebook)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert all(cell.outputs == [] and cell.execution_count is None for cell in code), "outputs stored"
+    # Users install the package without tests/: nothing may come from there.
+    assert not any("tests/" in cell.source for cell in notebook.cells)
+    # How to install on Colab is explained at the top, and never executed (the test must not pip).
+    top = " ".join(cell.source for cell in notebook.cells[:2] if cell.cell_type == "markdown")
+    assert "Colab" in top and "pip install" in top
+    assert not any("pip install" in cell.source for cell in code)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_runs_top_to_bottom_without_unexpected_errors(executed, name):
+    notebook = executed(name)
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        errors = [output for output in cell.outputs if output.output_type == "error"]
+        stderr = stream(cell, "stderr")
+        where = f"{name} cell {index}: {cell.source[:60]!r}"
+        if RAISES in cell.metadata.get("tags", []):
+            # The error is the lesson: it must really be shown (a magic's UsageError is printed).
+            assert errors or stderr.startswith("UsageError: "), f"{where}: the expected error is missing"
+        else:
+            assert not errors, f"{where}: {errors[0].ename}: {errors[0].evalue}"
+            assert stderr == "", f"{where} wrote to stderr: {stderr}"
+
+
+def test_01_gpu_status_shows_this_machine_the_recordings_and_the_live_run(executed):
+    notebook = executed("01-gpu-status.ipynb")
+    mine = code_cell(notebook, "%gpu_status", exact=True)
+    text = shown(mine)
+    assert re.search(r"No NVIDIA GPU found|^GPU \d+ ", text, re.M), text
+    assert "cgpu-card" in shown(mine, "text/html")  # the HTML card a notebook shows
+
+    t4 = code_cell(notebook, "%gpu_status --from $T4")
+    assert "Tesla T4  (cuda:0, compute capability 7.5)" in shown(t4)
+    assert "388 MiB reserved by the driver" in shown(t4)
+    assert "torch.float16" in shown(t4)  # the T4 advice the text explains
+    assert "Tesla T4" in shown(t4, "text/html")
+    assert "Tesla V100S-PCIE-32GB" in shown(code_cell(notebook, "%gpu_status --from $V100_TRACE"))
+
+    data = json.loads(stream(code_cell(notebook, "%gpu_status --json")))
+    assert [advice["message"] for advice in data["advice"]][0] in text  # the same status as the card
+
+    api = stream(code_cell(notebook, "status = colab_gpu.status()"))
+    assert api.startswith("<Status ")
+    recorded = stream(code_cell(notebook, "t4 = colab_gpu.status(path=T4)"))
+    assert "Tesla T4 compute capability (7, 5)" in recorded and "of 15.00 GiB used" in recorded
+
+    live = code_cell(notebook, "%gpu_status --live --demo")
+    assert any("application/vnd.jupyter.widget-view+json" in bundle for bundle in bundles(live))
+    stop = bundles(code_cell(notebook, "%gpu_status --stop"))[0]
+    summary = re.match(r"Live monitor stopped: (\d+) samples", stop["text/plain"])
+    assert summary and int(summary.group(1)) >= 5, stop["text/plain"]
+    assert "data:image/png;base64," in stop["text/html"]  # the chart that stays in the notebook
+    samples = stream(code_cell(notebook, "samples = colab_gpu.history(frame=False)"))
+    assert samples.startswith(f"{summary.group(1)} samples")  # history() holds what was shown
+
+
+def test_02_alloc_conf_checks_refuses_and_applies(executed):
+    notebook = executed("02-alloc-conf.ipynb")
+    assert "torch not imported yet" in shown(code_cell(notebook, "%alloc_conf", exact=True))
+    checked = shown(code_cell(notebook, "%alloc_conf --check expandable"))
+    assert "expandable_segments = True" in checked and "max_split_size_mb = 128" in checked
+    assert "max_split_size_mb with expandable_segments" in checked  # the warning the text explains
+    assert "PYTORCH_CUDA_ALLOC_CONF not set" in checked  # --check applied nothing
+
+    typo = stream(code_cell(notebook, "%alloc_conf --check expandible"), "stderr")
+    assert "did you mean 'expandable_segments'" in typo
+    assert "out of range" in stream(code_cell(notebook, "%alloc_conf garbage_collection_threshold"), "stderr")
+    refused = stream(code_cell(notebook, "import os"))
+    assert refused.startswith("refused: max_split_size_mb=lots")
+    assert "PYTORCH_CUDA_ALLOC_CONF is None" in refused  # a refused setting changed nothing
+
+    assert "--preset fragmentation:  expandable_segments:True" in stream(
+        code_cell(notebook, "from colab_gpu.allocator import PRESETS"))
+    applied = shown(code_cell(notebook, "%alloc_conf --preset fragmentation"))
+    assert "PYTORCH_CUDA_ALLOC_CONF = 'expandable_segments:True'" in applied
+    merged = shown(code_cell(notebook, "%alloc_conf roundup_power2_divisions=4"))
+    assert "'expandable_segments:True,roundup_power2_divisions:4'" in merged
+    assert "backend cannot change now" in stream(code_cell(notebook, "%alloc_conf --preset async"), "stderr")
+    assert "(not in the installed torch)" in stream(code_cell(notebook, "%alloc_conf --keys"))
+    assert "nothing set: torch uses its defaults" in shown(code_cell(notebook, "%alloc_conf --reset"))
+
+
+def test_03_clear_cache_frees_what_the_failed_cell_and_the_history_held(executed):
+    notebook = executed("03-clear-cache.ipynb")
+    failed = code_cell(notebook, "train_step()")
+    assert [output.ename for output in failed.outputs if output.output_type == "error"] == ["RuntimeError"]
+
+    holders = shown(code_cell(notebook, "%clear_cache --vars"))
+    assert "weights" in holders and largest_size(holders) < 128 * 2 ** 20  # the traceback holds it
+
+    report = shown(code_cell(notebook, "%clear_cache", exact=True))
+    first_line = report.splitlines()[0]
+    assert first_line.startswith("clear_cache: freed ")
+    assert largest_size(first_line.split(";")[0]) >= 128 * 2 ** 20  # the failed step's activations
+    assert "weights" in report  # still there: never deleted unless named
+
+    history = stream(code_cell(notebook, "%clear_cache --quiet"))
+    assert largest_size(history.split(";")[0]) >= 16 * 2 ** 20  # the tensor Out[...] held
+
+    assert "deleted weights" in shown(code_cell(notebook, "%clear_cache weights"))
+    assert stream(code_cell(notebook, 'print("weights" in globals())')) == "False\n"
+
+    ranking = shown(code_cell(notebook, "model = torch.nn.Linear"))
+    assert ranking.index("optimizer") < ranking.index("model ")  # Adam's state outweighs the model
+    freed = re.search(r"([\d,]+) bytes freed", stream(code_cell(notebook, "report = colab_gpu.clear_cache")))
+    assert freed and int(freed.group(1).replace(",", "")) >= 64 * 2 ** 20
+
+
+def test_04_find_batch_sets_a_size_that_ran_and_leaves_the_model(executed):
+    notebook = executed("04-find-batch.ipynb")
+    search = code_cell(notebook, "%%find_batch --var batch_size")
+    html = shown(search, "text/html")
+    answer = re.search(r"<h4>batch_size = (\d+) \(largest fitting", html)
+    assert answer, html[:500]
+    assert any("image/png" in bundle for bundle in bundles(search))  # the chart
+    after = stream(code_cell(notebook, 'print("batch_size ='))
+    assert f"batch_size = {answer.group(1)}\n" in after  # the variable holds the answer shown
+    assert 2 <= int(answer.group(1)) <= 4096
+    assert "model unchanged by the search: True" in after
+
+    assert re.search(r"<h4>batch_size = \d+ \(fastest", shown(code_cell(notebook, "%%find_batch --mode throughput"),
+                                                            "text/html"))
+    api = stream(code_cell(notebook, "def evaluate(size)"))
+    found = re.search(r"answer: (\d+) \| trials: \[([\d, ]+)\]", api)
+    assert api.startswith("<BatchResult batch_size = ") and found
+    assert int(found.group(1)) in [int(size) for size in found.group(2).split(", ")]  # a size that ran
+
+    oom = stream(code_cell(notebook, "try:\n    torch.empty(2**60"))
+    assert "out of memory? True" in oom and "wrapped, out of memory? True" in oom
+    assert "a shape error, out of memory? False" in oom
