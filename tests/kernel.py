@@ -10,7 +10,7 @@ import json
 import pathlib
 import sys
 import tempfile
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from conftest import ROOT
 
@@ -33,27 +33,35 @@ def _kernel_manager(folder: pathlib.Path):
     return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
 
 
-def execute(notebook, cwd: pathlib.Path = ROOT, timeout: int = 120):
+def execute(notebook, cwd: pathlib.Path = ROOT, timeout: int = 120, messages: Optional[list] = None):
     """Execute ``notebook`` in place in one fresh kernel whose working directory is ``cwd``.
 
     ``timeout`` is per cell. A cell that raises fails the run with nbclient's
     CellExecutionError, which shows the kernel's traceback, unless the cell is tagged
-    ``raises-exception``.
+    ``raises-exception``. ``messages``, when given, receives every output message the front
+    end got, in order, as (cell index, message type, content): the saved notebook keeps only
+    the last state of an output that ``update_display_data`` replaced.
     """
     from nbclient import NotebookClient
 
+    class Recording(NotebookClient):
+        def process_message(self, msg, cell, cell_index):
+            messages.append((cell_index, msg["msg_type"], msg["content"]))
+            return super().process_message(msg, cell, cell_index)
+
     with tempfile.TemporaryDirectory() as folder:
         manager = _kernel_manager(pathlib.Path(folder))
-        NotebookClient(notebook, km=manager, timeout=timeout, resources={"metadata": {"path": str(cwd)}}).execute()
+        client = NotebookClient if messages is None else Recording
+        client(notebook, km=manager, timeout=timeout, resources={"metadata": {"path": str(cwd)}}).execute()
     return notebook
 
 
-def run_cells(cells: Sequence[str], timeout: int = 120):
+def run_cells(cells: Sequence[str], timeout: int = 120, messages: Optional[list] = None):
     """Execute ``cells`` in order in one fresh kernel; the executed notebook (nbformat v4)."""
     import nbformat
 
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
-    return execute(notebook, timeout=timeout)
+    return execute(notebook, timeout=timeout, messages=messages)
 
 
 def bundles(cell) -> List[Dict[str, str]]:

@@ -167,8 +167,13 @@ def test_headroom_spelling():
 
 # --- the memory fit on milabench's real curves ---------------------------------------------
 def test_memory_fit_on_real_milabench_curves():
-    """Most curves end within 4 trials; every answer ran, within capacity, >= 95 % of the truth."""
-    outcomes = []
+    """132 of the 144 curves end within 4 trials; every answer ran, within capacity, >= 95 % of the truth.
+
+    The other 12 take 5-10: a sharp knee far below the two-point fit (recursiongfn: 16 GiB
+    reached at 144 where the fit says ~490), pna's strong bend over a 100x range, and small
+    answers (26-87) on bending curves, where 5 % is one to four samples.
+    """
+    trials, out_of_memory = [], 0
     for label, curve, capacity in problems():
         largest = curve.largest_under(capacity)
         if largest < 20 or any(b < a for a, b in zip(curve.memory, curve.memory[1:])):
@@ -177,14 +182,11 @@ def test_memory_fit_on_real_milabench_curves():
         result = Search(device).run()
         assert result.answer in device.sizes_run and curve(result.answer) <= capacity, label
         assert result.answer >= 0.95 * largest, (label, largest, device.sizes_run)
-        best_of_four = max(t.size for t in result.trials[:4] if t.fits)
-        outcomes.append((len(result.trials), best_of_four / largest, result.out_of_memory_count))
-    assert len(outcomes) >= 100
-    trials = sorted(t for t, _, _ in outcomes)
-    assert trials[len(trials) // 2] <= 4
-    assert sum(t <= 4 for t in trials) >= 0.8 * len(outcomes)
-    assert sum(r >= 0.9 for _, r, _ in outcomes) >= 0.9 * len(outcomes)
-    assert sum(o for _, _, o in outcomes) <= 0.5 * len(outcomes)
+        trials.append(len(result.trials))
+        out_of_memory += result.out_of_memory_count
+    assert len(trials) == 144
+    assert sum(t <= 4 for t in trials) >= 132 and sorted(trials)[len(trials) // 2] <= 4
+    assert max(trials) <= 10 and out_of_memory <= 22
 
 
 # --- real allocator failures on the CPU ----------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from .render import render_html, trial_line
+from .render import trial_line
 
 
 def in_notebook() -> bool:
@@ -28,24 +28,29 @@ class TerminalProgress:
 
 
 class NotebookProgress:
+    """One output that a display id updates in place: the table so far, then the final report.
+
+    Each update is the result object itself, so the front end gets its HTML table and a
+    plain-text report for text-only views (and the saved notebook).
+    """
+
     def __init__(self):
         self.handle = None
 
     def __call__(self, search) -> None:
-        from IPython.display import HTML, display
-
-        html = HTML(render_html(search.result()))
-        if self.handle is None:
-            self.handle = display(html, display_id=True)
-        else:
-            self.handle.update(html)
+        self._show(search.result())
 
     def finish(self, result) -> None:
         """Replace the progress table by the final report."""
-        if self.handle is not None:
-            from IPython.display import HTML
+        self._show(result)
 
-            self.handle.update(HTML(render_html(result)))
+    def _show(self, result) -> None:
+        if self.handle is None:
+            from IPython.display import display
+
+            self.handle = display(result, display_id=True)
+        else:
+            self.handle.update(result)
 
 
 def reporter():

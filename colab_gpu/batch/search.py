@@ -1,13 +1,14 @@
 """The search itself, pure: it only sees ``run(size) -> Trial``, so any oracle can test it.
 
 Max mode. When peak memory and capacity are measured, fit memory against batch size from
-two small successes and jump to the predicted largest size (aiming a little under it), then
-refit from the two largest successes until the answer is within ``tolerance`` of the
-prediction. A fit is refused while memory has not grown measurably; when it stays flat over
-a 64x range (a cell that ignores the variable) the search falls back for good to doubling,
-as it does where memory cannot be measured. A failed prediction leads to bisection between
-the largest success and the smallest failure. Throughput mode doubles from the start and
-stops when a doubling gains less than 5 % samples/s.
+two small successes and jump most of the way to the predicted largest size (curves bend
+upwards, so a long extrapolation overshoots), then refit from the two largest successes and
+aim just under the new, short-range prediction so that one verifying run lands within
+``tolerance`` of it. A fit is refused while memory has not grown measurably; when it stays
+flat over a 64x range (a cell that ignores the variable) the search falls back for good to
+doubling, as it does where memory cannot be measured. A failed prediction steps just under
+the failure, then bisects between the largest success and the smallest failure. Throughput
+mode doubles from the start and stops when a doubling gains less than 5 % samples/s.
 
 The answer is always a size that ran and fitted: never an interpolated one.
 """
@@ -23,7 +24,10 @@ from .result import (DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, OVE
 MODES = ("max", "throughput")
 DEFAULT_START = 2  # not 1: batch norm refuses a batch of one in training mode
 DEFAULT_MAX = 65536
-AIM = 0.85  # jump to 85 % of the way to the predicted largest size: curves bend upwards
+AIM = 0.8  # a long jump goes 80 % of the way to the predicted largest size: curves bend upwards
+NEAR = 0.98  # a short-range prediction is verified 2 % under it
+SHORT_RANGE = 0.5  # a prediction this far (in fit spans) beyond the largest success is short-range
+UNDER_FAILURE = 0.9  # after the first failure of a fitted jump, try this share of it
 LONGEST_JUMP = 64  # extrapolate at most this far from the largest success in one trial
 FLAT_RANGE = 512  # memory flat (< FLAT_BYTES) over this size ratio: the cell ignores the variable
 FLAT_BYTES = 256 * 1024  # 256 bytes a sample over that range: less than any real input row
@@ -67,6 +71,37 @@ class Headroom:
 def noise_floor(capacity: int) -> int:
     """Peak-memory growth below this is allocator rounding, not the batch."""
     return max(8 * 1024 ** 2, capacity // 200)
+
+
+def aim_after_success(lo: int, predicted: int, fit_span: int, tolerance: float) -> float:
+    """Where to go from the largest success ``lo`` when the fit predicts ``predicted``.
+
+    A long extrapolation (from two small sizes) goes AIM of the way. A short one (within
+    SHORT_RANGE fit spans of ``lo``) goes NEAR the prediction, so one run verifies it. When
+    ``lo`` is already within (1 - tolerance)^2 of the prediction, probe ``lo / (1 - tolerance)``:
+    a failure there proves ``lo`` within tolerance, and a success is most likely within
+    tolerance of the refitted prediction.
+    """
+    if lo >= (1 - tolerance) ** 2 * predicted:
+        return min(lo / (1 - tolerance), predicted)
+    candidate = lo + AIM * (predicted - lo)
+    if predicted - lo <= SHORT_RANGE * fit_span:
+        candidate = max(candidate, NEAR * predicted)
+    return candidate
+
+
+def step_after_failure(lo: int, hi: int, fitted: bool, first_failure: bool) -> float:
+    """The next size between the largest success ``lo`` and the smallest failure ``hi``.
+
+    The first failure of a fitted jump means the curve bent upwards a little more than the
+    fit: try just under it (rounded up, so a near miss is still caught). Later failures, or
+    no fit, bisect (geometrically over wide ranges).
+    """
+    if not fitted:
+        return _middle(lo, hi)
+    if first_failure:
+        return max((lo + hi) / 2, math.ceil(UNDER_FAILURE * hi))
+    return (lo + hi) / 2
 
 
 def _middle(lo: int, hi: int) -> float:
@@ -208,12 +243,9 @@ class Search:
             return None
         if failed_last and hi is not None:
             first_failure = sum(t.outcome in (OUT_OF_MEMORY, OVER_HEADROOM) for t in self.trials) == 1
-            if fit is None:
-                candidate = _middle(lo, hi)
-            else:  # the curve bent upwards: step just under the failure, then bisect
-                candidate = max((lo + hi) / 2, 0.9 * hi) if first_failure else (lo + hi) / 2
+            candidate = step_after_failure(lo, hi, fit is not None, first_failure)
         elif predicted is not None:
-            candidate = lo + AIM * (predicted - lo)
+            candidate = aim_after_success(lo, predicted, lo - fit.sizes[0], self.tolerance)
             if hi is None and candidate > LONGEST_JUMP * lo:
                 candidate = math.sqrt(lo * candidate)  # refine the fit halfway (geometrically)
         elif hi is not None:

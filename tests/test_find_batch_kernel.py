@@ -1,0 +1,60 @@
+"""%%find_batch in a real Jupyter kernel (ipykernel through nbclient), a real torch model on the CPU.
+
+What the notebook front end receives: one progress table, shown once and then updated in
+place through its display id after every trial, which ends as the final report (HTML and
+plain text); the chart as a PNG; and the answer in the kernel's variable.
+"""
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+
+from kernel import bundles, run_cells, stream
+
+pytest.importorskip("nbclient")
+
+pytestmark = pytest.mark.kernel
+
+SETUP = """%load_ext colab_gpu
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+SEARCH = """%%find_batch --var batch_size --max 256
+x = torch.randn(batch_size, 64)
+loss = model(x).logsumexp(dim=1).mean()
+loss.backward(); opt.step(); opt.zero_grad()
+"""
+CHECK = "print('batch_size', batch_size)"
+
+
+def test_the_table_updates_in_place_and_ends_as_the_report_with_a_chart():
+    messages = []
+    notebook = run_cells([SETUP, SEARCH, CHECK], timeout=60, messages=messages)
+    shown = [(kind, content) for cell, kind, content in messages
+             if cell == 1 and kind in ("display_data", "update_display_data", "execute_result", "stream")]
+    kinds = [kind for kind, _ in shown]
+    # The table first, then its updates, then the chart: nothing printed, nothing returned.
+    assert kinds[0] == "display_data" and kinds[-1] == "display_data", kinds
+    updates = kinds[1:-1]
+    assert updates and set(updates) == {"update_display_data"}, kinds
+    table_id = shown[0][1]["transient"]["display_id"]
+    assert all(content["transient"]["display_id"] == table_id for _, content in shown[1:-1])
+    assert "display_id" not in shown[-1][1].get("transient", {})  # the chart is its own output
+
+    # The saved notebook: exactly one table output (the final report) and the chart.
+    table, chart = bundles(notebook.cells[1])
+    report = table["text/plain"]
+    answer = int(re.search(r"batch_size = (\d+) \(largest fitting", report).group(1))
+    assert "<table>" in table["text/html"] and f"batch_size = {answer}" in table["text/html"]
+    trial_rows = report.count(" fits ")
+    assert trial_rows >= 3 and len(updates) == trial_rows  # one update per trial after the first, one final
+    assert "reached --max 256" in report
+    assert base64.b64decode(chart["image/png"]).startswith(b"\x89PNG")
+    assert stream(notebook.cells[1]) == ""
+
+    # The kernel's variable holds the answer: the largest size tried, since everything fits.
+    assert answer == 256 and stream(notebook.cells[2]).strip() == f"batch_size {answer}"
