@@ -14,7 +14,7 @@ import sys
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from .schema import (BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
-                     OLDEST, POWER_OF_TWO, ZERO_DIVISIONS, Key, Version)
+                     OLDEST, POWER_OF_TWO, RESERVE, ZERO_DIVISIONS, Key, Version)
 
 Settings = Tuple[Tuple[str, str], ...]  # (key, canonical value) in the order given
 
@@ -205,6 +205,12 @@ def canonical_value(key: Key, value: str, version: Version) -> str:
         return value
     if key.kind == DIVISIONS:
         return _divisions(key, value, version)
+    if key.kind == RESERVE:
+        number, gib = value[:-1] if value.endswith("G") else value, value.endswith("G")
+        if not _DECIMAL.fullmatch(number) or float(number) <= 0 or (not gib and float(number) > 1):
+            raise AllocConfError(f"{where}: takes a fraction of the GPU's memory in (0, 1] like "
+                                 f"0.5, or a number of GiB like 40G")
+        return value
     if key.kind == FRACTION:
         if not _DECIMAL.fullmatch(value):
             raise AllocConfError(f"{where}: takes a decimal number like 0.5, "

@@ -29,7 +29,11 @@ argument for ..." message, or its name in ``getKeys()``), and, from 2.9, ``libc1
   minimums become >= large_segment_size_mb. 2.12: pinned_free_catch_all and
   throw_on_cudamalloc_oom. 2.13: pinned_max_round_threshold_mb and pinned_max_cached_size_mb
   (no bound; the installed 2.13.0+cpu build). 2.14.1 has the same keys as 2.13.
-- 2.15 could not be checked here; it is assumed to keep 2.14's keys.
+- 2.15.0 (its cu132 wheel): ``getKeys()`` adds expandable_segments_reserve, whose value is
+  "a fraction of a device's total memory (e.g. 0.5) or an absolute number of GiB (config
+  suffix 'G', e.g. 40G)" (``ExpandableSegmentReserveSpec``), and
+  expandable_segments_reserve_by_class, a per-stream-class table whose syntax the header does
+  not show: it is not in this schema yet, so %alloc_conf calls it unknown.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ BOOLEAN = "boolean"
 CHOICE = "choice"
 POWER_OF_TWO = "power of two"
 DIVISIONS = "divisions"
+RESERVE = "reserve"  # a fraction of the device's memory (0.5) or a number of GiB (40G)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +159,10 @@ KEYS: Tuple[Key, ...] = (
         "outside it", "False", _v("2.12")),
     Key("throw_on_cudamalloc_oom", BOOLEAN, "raise out-of-memory before calling cudaMalloc "
         "when the request cannot fit", "False", _v("2.12")),
+    Key("expandable_segments_reserve", RESERVE, "virtual address space each expandable "
+        "segment reserves: a fraction of the GPU's memory (0.5) or GiB (40G)", "9/8 of the GPU",
+        _v("2.15"), runtime=False,
+        runtime_reason="segments already made keep their reserve; set it before CUDA starts"),
 )
 
 BY_NAME = {key.name: key for key in KEYS}
