@@ -115,15 +115,15 @@ FIRST_RELEASE = [
 
 
 @pytest.mark.parametrize("value, accepted", [
-    ("0.5", True), ("1", True), ("40G", True), ("1.5G", True),
-    ("0", False), ("1.5", False), ("40GB", False), ("-1G", False), ("G", False), ("half", False),
+    ("0.5", True), ("1.125", True), ("40G", True), ("1.5G", True),
+    ("0", False), ("0G", False), ("40GB", False), ("-1G", False), ("G", False), ("half", False),
 ])
 def test_expandable_segments_reserve_takes_a_fraction_or_gib(value, accepted):
     text = f"expandable_segments_reserve:{value}"
     if accepted:
         assert check(text, (2, 15)) == text
     else:
-        assert "a fraction of the GPU's memory in (0, 1]" in rejected(text, (2, 15))
+        assert "a positive fraction of the GPU's memory" in rejected(text, (2, 15))
 
 
 @pytest.mark.parametrize("text, first", FIRST_RELEASE)

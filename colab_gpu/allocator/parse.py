@@ -207,9 +207,10 @@ def canonical_value(key: Key, value: str, version: Version) -> str:
         return _divisions(key, value, version)
     if key.kind == RESERVE:
         number, gib = value[:-1] if value.endswith("G") else value, value.endswith("G")
-        if not _DECIMAL.fullmatch(number) or float(number) <= 0 or (not gib and float(number) > 1):
-            raise AllocConfError(f"{where}: takes a fraction of the GPU's memory in (0, 1] like "
-                                 f"0.5, or a number of GiB like 40G")
+        # torch 2.15 ignores (with a warning) what it cannot read: refuse it here instead
+        if not _DECIMAL.fullmatch(number) or float(number) <= 0:
+            raise AllocConfError(f"{where}: takes a positive fraction of the GPU's memory like "
+                                 f"0.5 (the default reserve is 1.125), or a number of GiB like 40G")
         return value
     if key.kind == FRACTION:
         if not _DECIMAL.fullmatch(value):

@@ -31,7 +31,8 @@ argument for ..." message, or its name in ``getKeys()``), and, from 2.9, ``libc1
   (no bound; the installed 2.13.0+cpu build). 2.14.1 has the same keys as 2.13.
 - 2.15.0 (its cu132 wheel): ``getKeys()`` adds expandable_segments_reserve, whose value is
   "a fraction of a device's total memory (e.g. 0.5) or an absolute number of GiB (config
-  suffix 'G', e.g. 40G)" (``ExpandableSegmentReserveSpec``), and
+  suffix 'G', e.g. 40G)" (``ExpandableSegmentReserveSpec``; "a positive, finite fraction",
+  default 1.125, invalid values ignored with a warning), and
   expandable_segments_reserve_by_class, a per-stream-class table whose syntax the header does
   not show: it is not in this schema yet, so %alloc_conf calls it unknown.
 """
@@ -160,7 +161,7 @@ KEYS: Tuple[Key, ...] = (
     Key("throw_on_cudamalloc_oom", BOOLEAN, "raise out-of-memory before calling cudaMalloc "
         "when the request cannot fit", "False", _v("2.12")),
     Key("expandable_segments_reserve", RESERVE, "virtual address space each expandable "
-        "segment reserves: a fraction of the GPU's memory (0.5) or GiB (40G)", "9/8 of the GPU",
+        "segment reserves: a fraction of the GPU's memory (0.5) or GiB (40G)", "1.125",
         _v("2.15"), runtime=False,
         runtime_reason="segments already made keep their reserve; set it before CUDA starts"),
 )
