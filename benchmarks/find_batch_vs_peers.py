@@ -31,14 +31,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 WIDTH, HIDDEN, STEPS = 1024, 4096, 3
 
 
-def _vm_size() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmSize")
-
-
 def _problem(room_mib: int):
     """The model, its step, and the address-space limit set (inside a worker)."""
     import resource
@@ -58,7 +50,9 @@ def _problem(room_mib: int):
         optimizer.zero_grad()
 
     step(2)
-    limit = _vm_size() + room_mib * 1024 ** 2
+    from colab_gpu.batch.trial import proc_status
+
+    limit = proc_status()["VmSize"] + room_mib * 1024 ** 2
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     return torch, model, optimizer, step, log
 

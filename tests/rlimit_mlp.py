@@ -13,14 +13,7 @@ import time
 import torch
 
 from colab_gpu.batch import find_batch, is_out_of_memory
-
-
-def vm_size() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmSize")
+from colab_gpu.batch.trial import proc_status
 
 
 def main(room_mib: int, width: int, hidden: int, steps: int) -> None:
@@ -35,7 +28,7 @@ def main(room_mib: int, width: int, hidden: int, steps: int) -> None:
         optimizer.zero_grad()
 
     step(2)  # threads and allocator pools exist before the limit is measured against
-    limit = vm_size() + room_mib * 1024 ** 2
+    limit = proc_status()["VmSize"] + room_mib * 1024 ** 2
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     began = time.perf_counter()
     result = find_batch(step, restore=[model, optimizer], steps=steps, progress=False)

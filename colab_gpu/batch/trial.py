@@ -59,7 +59,8 @@ class CudaGauge:
         return f"cuda:{self.index} ({self.torch.cuda.get_device_name(self.index)})"
 
 
-def _proc_status() -> dict:
+def proc_status() -> dict:
+    """This process's /proc/self/status sizes (VmSize, VmPeak, VmRSS, VmHWM ...) in bytes."""
     values = {}
     with open("/proc/self/status") as status:
         for line in status:
@@ -83,7 +84,7 @@ class CpuGauge:
 
         self.unlimited = resource.RLIM_INFINITY
         self.limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-        self.before = _proc_status()
+        self.before = proc_status()
 
     @staticmethod
     def available() -> bool:
@@ -92,10 +93,10 @@ class CpuGauge:
     def reset(self) -> None:
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # resets VmHWM, the peak resident set
-        self.before = _proc_status()
+        self.before = proc_status()
 
     def peak(self) -> int:
-        now = _proc_status()
+        now = proc_status()
         grown = max(0, now["VmHWM"] - self.before["VmRSS"])
         if self.limit == self.unlimited:
             return self.before["VmRSS"] + grown
@@ -109,7 +110,7 @@ class CpuGauge:
         available = _meminfo("MemAvailable")
         cgroup = _cgroup_room()
         room = available if cgroup is None else min(available, cgroup)
-        return _proc_status()["VmRSS"] + room
+        return proc_status()["VmRSS"] + room
 
     def label(self) -> str:
         return "cpu"
