@@ -1,10 +1,9 @@
 """Each advice rule: it fires where it should and stays quiet where it should not."""
 import dataclasses
 
-import pytest
 
 from colab_gpu.advice import RULES, advise
-from colab_gpu.devices import GPU, GiB, MiB, GPUProcess, Snapshot
+from colab_gpu.devices import GPU, GiB, MiB, Snapshot
 from colab_gpu.runtime import Runtime, TorchState
 from colab_gpu.gpu_status import MemoryBreakdown, Status, TorchMemory
 

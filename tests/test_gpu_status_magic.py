@@ -2,7 +2,6 @@
 import json
 import sys
 
-import pytest
 from IPython.core.error import UsageError
 
 import colab_gpu

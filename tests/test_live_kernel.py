@@ -6,7 +6,6 @@ notebook's saved output.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 

@@ -206,7 +206,7 @@ def canonical_value(key: Key, value: str, version: Version) -> str:
     if key.kind == DIVISIONS:
         return _divisions(key, value, version)
     if key.kind == RESERVE:
-        number, gib = value[:-1] if value.endswith("G") else value, value.endswith("G")
+        number = value[:-1] if value.endswith("G") else value  # GiB, or a fraction
         # torch 2.15 ignores (with a warning) what it cannot read: refuse it here instead
         if not _DECIMAL.fullmatch(number) or float(number) <= 0:
             raise AllocConfError(f"{where}: takes a positive fraction of the GPU's memory like "

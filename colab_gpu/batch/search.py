@@ -18,7 +18,7 @@ import math
 import re
 from typing import Callable, List, Optional
 
-from .result import (DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, OVER_HEADROOM,
+from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, OUT_OF_MEMORY, OVER_HEADROOM,
                      BatchResult, MemoryFit, Trial)
 
 MODES = ("max", "throughput")

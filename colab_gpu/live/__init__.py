@@ -12,7 +12,7 @@ import threading
 from typing import Any, Optional, Tuple
 
 from .record import ROW_FIELDS, RunRecord, rows
-from .sampler import Sample, Sampler, SourceError
+from .sampler import Sampler, SourceError
 
 DEMO_TRACE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
                           "v100s-pcie-32gb_miris.csv")
@@ -99,7 +99,7 @@ def record_of(sampler: Sampler) -> RunRecord:
 
 def history(frame: Optional[bool] = None):
     """The samples of the running or last live run: a pandas DataFrame (one row per GPU and
-    time) when pandas is installed, else a tuple of :class:`Sample`. ``frame=False`` always
+    time) when pandas is installed, else a tuple of :class:`~colab_gpu.live.sampler.Sample`. ``frame=False`` always
     returns the samples; ``frame=True`` requires pandas."""
     sampler = _sampler
     samples = sampler.samples() if sampler is not None else ()
