@@ -111,6 +111,7 @@ FIRST_RELEASE = [
     ("pinned_max_round_threshold_mb:64", (2, 13)),
     ("pinned_max_cached_size_mb:64", (2, 13)),
     ("expandable_segments_reserve:0.5", (2, 15)),
+    ("expandable_segments_reserve_by_class:[serving:0.25,ads_sparse:8G]", (2, 15)),
 ]
 
 
@@ -124,6 +125,86 @@ def test_expandable_segments_reserve_takes_a_fraction_or_gib(value, accepted):
         assert check(text, (2, 15)) == text
     else:
         assert "a positive fraction of the GPU's memory" in rejected(text, (2, 15))
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("[serving:0.25,ads_sparse:8G]", None),  # torch 2.15's own test string
+    ("[capture:0.25, workspace:40G]", None),
+    ("[tiny:0.05]", None),
+    ("0.5", "takes a list of stream classes and their reserves"),
+    ("[serving:0]", "the reserve of 'serving': takes a positive fraction"),
+    ("[serving:8GB]", "the reserve of 'serving': takes a positive fraction"),
+    ("[serving:0.5,serving:8G]", "the class 'serving' is given twice"),
+    ("[]", "expected an entry in expandable_segments_reserve_by_class's list but found ']'"),
+    ("[serving]", "expected ':' after 'serving'"),
+    ("[serving:0.5", "the string ends too early"),
+])
+def test_reserve_by_class_takes_a_reserve_per_stream_class(value, problem):
+    """torch 2.15 skips a bad entry with a warning and keeps the last of a repeated class:
+    both would leave a reserve other than the one written, so both are refused here."""
+    text = f"expandable_segments_reserve_by_class:{value}"
+    if problem is None:
+        assert check(text, (2, 15)) == text.replace(" ", "")
+    else:
+        assert problem in rejected(text, (2, 15))
+
+
+def test_rocm_spellings_of_keys_are_the_same_keys(env):
+    """Every wheel since 2.2 accepts release_lock_on_hipmalloc and pinned_use_hip_host_register
+    (libc10_cuda.so has both spellings): they merge with, unset and clash with the CUDA names."""
+    assert check("release_lock_on_hipmalloc:True,pinned_use_hip_host_register:True") == \
+        "release_lock_on_cudamalloc:True,pinned_use_cuda_host_register:True"
+    assert "given twice" in rejected("release_lock_on_hipmalloc:True,release_lock_on_cudamalloc:False")
+    assert "needs torch >= 2.2" in rejected("release_lock_on_hipmalloc:True", (2, 1))
+    assert "did you mean 'release_lock_on_hipmalloc'" in rejected("release_lock_on_hipmaloc:True")
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "release_lock_on_hipmalloc:True,expandable_segments:True"
+    alloc_conf(["release_lock_on_cudamalloc=False"], environ=env, modules={})
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "release_lock_on_cudamalloc:False,expandable_segments:True"
+    alloc_conf(unset=["release_lock_on_hipmalloc"], environ=env, modules={})
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_hipmallocasync_is_refused_outside_rocm_builds(env):
+    """No CUDA wheel has the string hipMallocAsync; only ROCm builds parse it."""
+    message = rejected("backend:hipMallocAsync")
+    assert "only ROCm builds of torch accept hipMallocAsync" in message
+    assert "takes one of native, cudaMallocAsync" in message
+    assert to_torch(validate(parse("backend:hipMallocAsync"), (2, 8), rocm=True)) == \
+        "backend:hipMallocAsync"
+
+
+@pytest.fixture
+def rocm_wheel(tmp_path, monkeypatch):
+    """An installed ROCm build of torch as the package metadata shows it before `import torch`
+    (what ``pip install torch --index-url .../rocm6.4`` leaves in site-packages)."""
+    info = tmp_path / "site" / "torch-2.8.0+rocm6.4.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.8.0+rocm6.4\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    import importlib.metadata
+
+    assert importlib.metadata.version("torch") == "2.8.0+rocm6.4"
+
+
+def test_rocm_build_reads_and_writes_pytorch_hip_alloc_conf(env, rocm_wheel):
+    """ROCm torch reads PYTORCH_HIP_ALLOC_CONF when PYTORCH_CUDA_ALLOC_CONF is unset: the
+    setting there is the base, and all three variables end up with the same string."""
+    env["PYTORCH_HIP_ALLOC_CONF"] = "expandable_segments:True"
+    result = alloc_conf(["backend=hipMallocAsync"], environ=env, modules={})
+    expected = "expandable_segments:True,backend:hipMallocAsync"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == env["PYTORCH_HIP_ALLOC_CONF"] == \
+        env["PYTORCH_ALLOC_CONF"] == expected
+    assert result.torch_version == "2.8.0+rocm6.4"
+    assert "backend hipMallocAsync ignores expandable_segments" in result.warnings
+    alloc_conf(reset=True, environ=env, modules={})
+    assert not {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"} & set(env)
+
+
+def test_cuda_and_cpu_builds_leave_pytorch_hip_alloc_conf_alone(env):
+    env["PYTORCH_HIP_ALLOC_CONF"] = "expandable_segments:True"
+    alloc_conf(["max_split_size_mb=128"], environ=env, modules={})
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    assert env["PYTORCH_HIP_ALLOC_CONF"] == "expandable_segments:True"
 
 
 @pytest.mark.parametrize("text, first", FIRST_RELEASE)

@@ -22,6 +22,8 @@ from .parse import (AllocConfError, Settings, check_key_name, format_version, me
 from .schema import BY_NAME, NEWEST, OLDEST, PRESETS
 
 ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch 2.10+ reads them in this order
+# ROCm builds read PYTORCH_HIP_ALLOC_CONF when PYTORCH_CUDA_ALLOC_CONF is unset (2.8+)
+ROCM_ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 SAVED_NAME = "alloc_conf.txt"
 
 
@@ -87,6 +89,14 @@ def installed_torch_version(modules=sys.modules) -> Optional[str]:
         return None
 
 
+def is_rocm_build(version_text: Optional[str], modules=sys.modules) -> bool:
+    """torch.version.hip once torch is imported; before that, the wheel's tag (2.8.0+rocm6.4)."""
+    torch = modules.get("torch")
+    if torch is not None:
+        return bool(getattr(getattr(torch, "version", None), "hip", None))
+    return "rocm" in (version_text or "")
+
+
 def config_dir(environ: MutableMapping[str, str] = os.environ) -> pathlib.Path:
     """Where the saved setting lives: $COLAB_GPU_CONFIG_DIR, else ~/.config/colab_gpu."""
     if environ.get("COLAB_GPU_CONFIG_DIR"):
@@ -103,8 +113,10 @@ def saved_setting(environ: MutableMapping[str, str] = os.environ) -> Tuple[Optio
         return None, path
 
 
-def _env_snapshot(environ: MutableMapping[str, str]) -> Dict[str, Optional[str]]:
-    return {name: environ.get(name) for name in ENV_NAMES}
+def _env_snapshot(environ: MutableMapping[str, str], names: Sequence[str] = ENV_NAMES
+                  ) -> Dict[str, Optional[str]]:
+    """The variables torch reads, in its order; every later write goes to all of them."""
+    return {name: environ.get(name) for name in names}
 
 
 def _restore(environ: MutableMapping[str, str], snapshot: Dict[str, Optional[str]]) -> None:
@@ -115,9 +127,10 @@ def _restore(environ: MutableMapping[str, str], snapshot: Dict[str, Optional[str
             environ[name] = value
 
 
-def current_settings(environ: MutableMapping[str, str]) -> Tuple[str, Settings]:
-    """The configuration torch will read: PYTORCH_CUDA_ALLOC_CONF first, then PYTORCH_ALLOC_CONF."""
-    for name in ENV_NAMES:
+def current_settings(environ: MutableMapping[str, str], names: Sequence[str] = ENV_NAMES
+                     ) -> Tuple[str, Settings]:
+    """The configuration torch will read: the first of ``names`` that is set."""
+    for name in names:
         text = environ.get(name)
         if text is not None:
             try:
@@ -172,11 +185,12 @@ def _warnings(settings: Settings, version: Optional[Tuple[int, int]], env_before
     if "max_split_size_mb" in values and values.get("expandable_segments") == "True":
         found.append("max_split_size_mb with expandable_segments: expandable segments already "
                      "fight fragmentation and max_split_size_mb can slow allocation; keep one")
-    if values.get("backend") == "cudaMallocAsync":
+    backend = values.get("backend", "native")
+    if backend != "native":
         ignored = [name for name in values if BY_NAME[name].native_only]
         if ignored:
-            found.append(f"backend cudaMallocAsync ignores {', '.join(ignored)}")
-        found.append("backend cudaMallocAsync: torch's memory snapshots and history are not "
+            found.append(f"backend {backend} ignores {', '.join(ignored)}")
+        found.append(f"backend {backend}: torch's memory snapshots and history are not "
                      "meaningful with it")
     if values.get("expandable_segments") == "True" and platform.startswith("win"):
         found.append("expandable_segments is not supported on Windows: torch ignores it")
@@ -210,11 +224,13 @@ def alloc_conf(settings: Sequence[str] = (), *, unset: Sequence[str] = (), reset
     state = state or torch_state(modules)
     version_text = installed_torch_version(modules)
     version = version_of(version_text)
-    env_before = _env_snapshot(environ)
+    rocm = is_rocm_build(version_text, modules)
+    names = ROCM_ENV_NAMES if rocm else ENV_NAMES
+    env_before = _env_snapshot(environ, names)
     common = dict(torch=state, torch_version=version_text, env_before=env_before)
 
     if check is not None:
-        checked = validate(parse(check), version)
+        checked = validate(parse(check), version, rocm)
         return AllocConfResult(action="check", settings=checked, env_after=env_before,
                                warnings=_warnings(checked, version, env_before), **common)
 
@@ -226,11 +242,11 @@ def alloc_conf(settings: Sequence[str] = (), *, unset: Sequence[str] = (), reset
         text, why = PRESETS[preset]
         changes = parse(text) + changes
         explanation = (preset, why)
+    unset = [check_key_name(name).name for name in unset]  # ROCm's spellings name the same key
     for name in unset:
-        check_key_name(name)
         if name in dict(changes):
             raise AllocConfError(f"{name} is both set and unset in one call; pick one")
-    base = () if reset else current_settings(environ)[1]
+    base = () if reset else current_settings(environ, names)[1]
     if not (changes or unset or reset or save or forget):
         saved, path = saved_setting(environ)
         return AllocConfResult(action="show", settings=base, env_after=env_before,
@@ -238,7 +254,7 @@ def alloc_conf(settings: Sequence[str] = (), *, unset: Sequence[str] = (), reset
                                in_effect=_in_effect(state, modules), saved=saved,
                                saved_path=str(path), **common)
 
-    new_settings = validate(merge(base, changes, unset), version)
+    new_settings = validate(merge(base, changes, unset), version, rocm)
     deferred = _deferred(base, new_settings, state, allow=save)
     result = _apply(new_settings, deferred, state, environ, modules, env_before)
     saved, path = _save_or_forget(to_torch(new_settings), save, forget, environ)
@@ -279,7 +295,7 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
     previous = setter.get() if setter is not None and setter.get is not None else None
     via = []
     try:
-        for name in ENV_NAMES:
+        for name in env_before:
             if text:
                 environ[name] = text
             else:
@@ -297,7 +313,7 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
         raise AllocConfError(f"torch refused {runtime_text!r}: {str(error).splitlines()[0]}; "
                              f"nothing was changed") from None
     return AllocConfResult(action="set", torch=state, torch_version=None, settings=settings,
-                           env_before=env_before, env_after=_env_snapshot(environ),
+                           env_before=env_before, env_after=_env_snapshot(environ, tuple(env_before)),
                            applied_via=tuple(via), deferred=tuple(deferred),
                            in_effect=setter.get() if setter is not None and setter.get else None)
 

@@ -13,8 +13,8 @@ import re
 import sys
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from .schema import (BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
-                     OLDEST, POWER_OF_TWO, RESERVE, ZERO_DIVISIONS, Key, Version)
+from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
+                     OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ZERO_DIVISIONS, Key, Version)
 
 Settings = Tuple[Tuple[str, str], ...]  # (key, canonical value) in the order given
 
@@ -96,7 +96,11 @@ class _Reader:
 
 
 def parse(text: str) -> Settings:
-    """Parse one string in either form into (key, raw value) pairs; syntax only."""
+    """Parse one string in either form into (key, raw value) pairs; syntax only.
+
+    ROCm's spellings of a key (``release_lock_on_hipmalloc``) come back as the key's own name,
+    which every build accepts too, so that both spellings merge and count as one key.
+    """
     reader = _Reader(text)
     form = "=" if "=" in reader.tokens else ":"
     settings: List[Tuple[str, str]] = []
@@ -110,7 +114,7 @@ def parse(text: str) -> Settings:
             raise reader.error("use either key=value or torch's key:value form, not both")
         reader.take()
         value = _value(reader, key)
-        settings.append((key, value))
+        settings.append((ALIASES.get(key, key), value))
         had_space = reader.skip_space()
         following = reader.peek()
         if following is None:
@@ -130,15 +134,16 @@ def parse(text: str) -> Settings:
 
 
 def _value(reader: _Reader, key: str) -> str:
+    """One value: a word, or a list ``[name:value,...]`` (divisions, or reserves per class)."""
     if reader.peek() != "[":
         return reader.word(f"a value for {key}")
     reader.take()
     entries = []
     while True:
-        interval = reader.word(f"an interval in {key}'s list")
+        name = reader.word(f"an entry in {key}'s list")
         if reader.take() != ":":
-            raise reader.error(f"expected ':' after {interval!r} in {key}'s list")
-        entries.append(f"{interval}:{reader.word(f'a number of divisions for {interval}')}")
+            raise reader.error(f"expected ':' after {name!r} in {key}'s list")
+        entries.append(f"{name}:{reader.word(f'a value for {name} in {key}')}")
         closing = reader.take()
         if closing == "]":
             return "[" + ",".join(entries) + "]"
@@ -155,15 +160,17 @@ def parse_many(texts: Iterable[str]) -> Settings:
 
 
 def unknown_key_message(name: str) -> str:
-    close = difflib.get_close_matches(name.lower(), list(BY_NAME), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name.lower(), list(BY_NAME) + list(ALIASES), n=1,
+                                      cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown allocator key {name!r} ({hint}%alloc_conf --keys lists every key)"
 
 
 def check_key_name(name: str) -> Key:
-    if name not in BY_NAME:
+    key = BY_NAME.get(ALIASES.get(name, name))
+    if key is None:
         raise AllocConfError(unknown_key_message(name))
-    return BY_NAME[name]
+    return key
 
 
 def _range_text(key: Key, version: Version) -> str:
@@ -189,8 +196,11 @@ def _is_power_of_two(number: int) -> bool:
     return number > 0 and number & (number - 1) == 0
 
 
-def canonical_value(key: Key, value: str, version: Version) -> str:
-    """The value as torch should read it, or AllocConfError saying what is accepted."""
+def canonical_value(key: Key, value: str, version: Version, rocm: bool = False) -> str:
+    """The value as torch should read it, or AllocConfError saying what is accepted.
+
+    ``rocm``: the installed torch is a ROCm build, which accepts ``key.rocm_choices`` too.
+    """
     where = f"{key.name}={value}"
     if key.kind == BOOLEAN:
         if value not in ("True", "False"):
@@ -198,20 +208,22 @@ def canonical_value(key: Key, value: str, version: Version) -> str:
             raise AllocConfError(f"{where}: takes True or False, capitalized as in Python{fix}")
         return value
     if key.kind == CHOICE:
-        if value not in key.choices:
-            close = difflib.get_close_matches(value, key.choices, n=1, cutoff=0.5)
+        choices = key.choices + (key.rocm_choices if rocm else ())
+        if value in key.rocm_choices and not rocm:
+            raise AllocConfError(f"{where}: only ROCm builds of torch accept {value} and the "
+                                 f"installed torch is not one; takes one of "
+                                 f"{', '.join(key.choices)}")
+        if value not in choices:
+            close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise AllocConfError(f"{where}: takes one of {', '.join(key.choices)}{hint}")
+            raise AllocConfError(f"{where}: takes one of {', '.join(choices)}{hint}")
         return value
     if key.kind == DIVISIONS:
         return _divisions(key, value, version)
     if key.kind == RESERVE:
-        number = value[:-1] if value.endswith("G") else value  # GiB, or a fraction
-        # torch 2.15 ignores (with a warning) what it cannot read: refuse it here instead
-        if not _DECIMAL.fullmatch(number) or float(number) <= 0:
-            raise AllocConfError(f"{where}: takes a positive fraction of the GPU's memory like "
-                                 f"0.5 (the default reserve is 1.125), or a number of GiB like 40G")
-        return value
+        return _reserve(where, value)
+    if key.kind == RESERVE_TABLE:
+        return _reserve_table(where, value)
     if key.kind == FRACTION:
         if not _DECIMAL.fullmatch(value):
             raise AllocConfError(f"{where}: takes a decimal number like 0.5, "
@@ -230,6 +242,31 @@ def canonical_value(key: Key, value: str, version: Version) -> str:
     if not _in_range(key, version, number):
         raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version)}")
     return str(number)
+
+
+def _reserve(where: str, value: str) -> str:
+    """A fraction of the GPU's memory or a number of GiB; torch 2.15 ignores (with a warning)
+    what it cannot read, so refuse it here instead."""
+    number = value[:-1] if value.endswith("G") else value
+    if not _DECIMAL.fullmatch(number) or float(number) <= 0:
+        raise AllocConfError(f"{where}: takes a positive fraction of the GPU's memory like "
+                             f"0.5 (the default reserve is 1.125), or a number of GiB like 40G")
+    return value
+
+
+def _reserve_table(where: str, value: str) -> str:
+    """``[class:reserve,...]``; torch keeps the last of a repeated class, so refuse repeats."""
+    if not value.startswith("["):
+        raise AllocConfError(f"{where}: takes a list of stream classes and their reserves, "
+                             f"like [serving:0.25,workspace:8G]")
+    seen = set()
+    for entry in value[1:-1].split(","):
+        name, _, reserve = entry.partition(":")
+        if name in seen:
+            raise AllocConfError(f"{where}: the class {name!r} is given twice")
+        seen.add(name)
+        _reserve(f"{where}: the reserve of {name!r}", reserve)
+    return value
 
 
 def _divisions(key: Key, value: str, version: Version) -> str:
@@ -261,10 +298,11 @@ def _divisions(key: Key, value: str, version: Version) -> str:
     return "[" + ",".join(entries) + "]"
 
 
-def validate(settings: Settings, version: Optional[Version]) -> Settings:
+def validate(settings: Settings, version: Optional[Version], rocm: bool = False) -> Settings:
     """Check every key and value against ``version`` (newest known if None); canonical values.
 
-    All problems are collected, so one error names everything that is wrong.
+    ``rocm``: the installed torch is a ROCm build. All problems are collected, so one error
+    names everything that is wrong.
     """
     version = _clamp(version)
     problems: List[str] = []
@@ -283,7 +321,7 @@ def validate(settings: Settings, version: Optional[Version]) -> Settings:
             problems.append(availability_message(key, version))
             continue
         try:
-            result.append((name, canonical_value(key, value, version)))
+            result.append((name, canonical_value(key, value, version, rocm)))
         except AllocConfError as error:
             problems.append(str(error))
     problems += _cross_key_problems(dict(result))

@@ -73,6 +73,10 @@ def render_keys(version) -> str:
     for key in KEYS:
         span = f"{format_version(key.added)}" + (f"-{format_version(key.removed)}" if key.removed else "+")
         mark = "" if version is None or key.available(version) else "  (not in the installed torch)"
-        lines.append(f"{key.name:34} {key.kind:13} default {key.default:16} torch {span}{mark}\n"
+        lines.append(f"{key.name:36} {key.kind:13} default {key.default:16} torch {span}{mark}\n"
                      f"    {key.meaning}")
+        if key.aliases:
+            lines.append(f"    also spelled {', '.join(key.aliases)} (ROCm's name)")
+        if key.rocm_choices:
+            lines.append(f"    ROCm builds also take {', '.join(key.rocm_choices)}")
     return "\n".join(lines)

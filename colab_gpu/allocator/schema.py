@@ -33,8 +33,16 @@ argument for ..." message, or its name in ``getKeys()``), and, from 2.9, ``libc1
   "a fraction of a device's total memory (e.g. 0.5) or an absolute number of GiB (config
   suffix 'G', e.g. 40G)" (``ExpandableSegmentReserveSpec``; "a positive, finite fraction",
   default 1.125, invalid values ignored with a warning), and
-  expandable_segments_reserve_by_class, a per-stream-class table whose syntax the header does
-  not show: it is not in this schema yet, so %alloc_conf calls it unknown.
+  expandable_segments_reserve_by_class, ``[class:reserve,...]`` with the same values per
+  stream class (``parseExpandableSegmentsReserveByClass`` in c10/cuda/CUDAAllocatorConfig.cpp;
+  a stream's class is set from C++ with ``setExpandableSegmentReserveClassForStream``). Both are
+  read under a lock whenever a segment is made, so a run-time change reaches later segments.
+- ROCm: since 2.2 every CUDA wheel's parser also accepts release_lock_on_hipmalloc and
+  pinned_use_hip_host_register (the strings are in libc10_cuda.so; the source splits the
+  CUDA spelling so that hipify leaves it alone). ``backend:hipMallocAsync`` is accepted only by
+  ROCm builds (the string is in no CUDA wheel; ``PYTORCH_TOKEN2`` in CUDAAllocatorConfig.cpp),
+  which also read PYTORCH_HIP_ALLOC_CONF when PYTORCH_CUDA_ALLOC_CONF is unset (from 2.8,
+  ``CUDAAllocatorConfig::instance()``).
 """
 from __future__ import annotations
 
@@ -54,6 +62,7 @@ CHOICE = "choice"
 POWER_OF_TWO = "power of two"
 DIVISIONS = "divisions"
 RESERVE = "reserve"  # a fraction of the device's memory (0.5) or a number of GiB (40G)
+RESERVE_TABLE = "reserve table"  # [class:reserve,...]: a RESERVE for each stream class
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +80,8 @@ class Key:
     maximum: Optional[float] = None
     high_open: bool = False
     choices: Tuple[str, ...] = ()
+    rocm_choices: Tuple[str, ...] = ()  # further choices only ROCm builds accept
+    aliases: Tuple[str, ...] = ()  # other spellings torch accepts for the same key (ROCm's)
     runtime: bool = True  # a run-time settings call after CUDA starts changes it
     runtime_reason: str = ""
     general: bool = False  # parsed by every build (AcceleratorAllocatorConfig), the CPU one too
@@ -101,7 +112,7 @@ ZERO_DIVISIONS: Version = (2, 4)  # a list entry may be 0 (no rounding) from 2.4
 KEYS: Tuple[Key, ...] = (
     Key("backend", CHOICE, "which allocator: torch's caching allocator or CUDA's own pool "
         "(cudaMallocAsync)", "native", _v("2.0"), choices=("native", "cudaMallocAsync"),
-        runtime=False, runtime_reason="backend is chosen when torch is imported"),
+        rocm_choices=("hipMallocAsync",), runtime=False, runtime_reason="backend is chosen when torch is imported"),
     Key("max_split_size_mb", INTEGER, "cached blocks larger than this are never split, "
         "so big free blocks stay whole (fights fragmentation, may slow allocation)",
         "unlimited", OLDEST, minimum=_SPLIT_MINIMUM,
@@ -120,10 +131,11 @@ KEYS: Tuple[Key, ...] = (
         "fixed blocks: the best cure for fragmentation (affects segments created later)",
         "False", _v("2.1"), general=True, native_only=True, backends=_ACCELERATORS),
     Key("release_lock_on_cudamalloc", BOOLEAN, "release the allocator's lock around "
-        "cudaMalloc, so other threads can allocate meanwhile", "False", _v("2.2")),
+        "cudaMalloc, so other threads can allocate meanwhile", "False", _v("2.2"),
+        aliases=("release_lock_on_hipmalloc",)),
     Key("pinned_use_cuda_host_register", BOOLEAN, "pin host memory with malloc + "
         "cudaHostRegister instead of cudaHostAlloc (less time under lock)", "False",
-        _v("2.2")),
+        _v("2.2"), aliases=("pinned_use_hip_host_register",)),
     Key("pinned_num_register_threads", POWER_OF_TWO, "threads that register pinned memory "
         "when pinned_use_cuda_host_register is on", "1", _v("2.2"), minimum=((OLDEST, 1, False),),
         maximum=128),
@@ -161,12 +173,16 @@ KEYS: Tuple[Key, ...] = (
     Key("throw_on_cudamalloc_oom", BOOLEAN, "raise out-of-memory before calling cudaMalloc "
         "when the request cannot fit", "False", _v("2.12")),
     Key("expandable_segments_reserve", RESERVE, "virtual address space each expandable "
-        "segment reserves: a fraction of the GPU's memory (0.5) or GiB (40G)", "1.125",
-        _v("2.15"), runtime=False,
-        runtime_reason="segments already made keep their reserve; set it before CUDA starts"),
+        "segment reserves: a fraction of the GPU's memory (0.5) or GiB (40G); affects "
+        "segments made later", "1.125", _v("2.15"), native_only=True),
+    Key("expandable_segments_reserve_by_class", RESERVE_TABLE, "the reserve for streams "
+        "of a named class, [class:0.25,other:8G]; a stream's class is set from C++ "
+        "(setExpandableSegmentReserveClassForStream), others use expandable_segments_reserve",
+        "[] (none)", _v("2.15"), native_only=True),
 )
 
 BY_NAME = {key.name: key for key in KEYS}
+ALIASES = {alias: key.name for key in KEYS for alias in key.aliases}
 
 # Presets: settings plus the reason, so a student learns why and not only what.
 PRESETS = {
