@@ -23,6 +23,7 @@ from .schema import BY_NAME, NEWEST, OLDEST, PRESETS
 
 ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch 2.10+ reads them in this order
 # ROCm builds read PYTORCH_HIP_ALLOC_CONF when PYTORCH_CUDA_ALLOC_CONF is unset (2.8+)
+HIP_ENV_SINCE = (2, 8)
 ROCM_ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 SAVED_NAME = "alloc_conf.txt"
 
@@ -225,7 +226,7 @@ def alloc_conf(settings: Sequence[str] = (), *, unset: Sequence[str] = (), reset
     version_text = installed_torch_version(modules)
     version = version_of(version_text)
     rocm = is_rocm_build(version_text, modules)
-    names = ROCM_ENV_NAMES if rocm else ENV_NAMES
+    names = ROCM_ENV_NAMES if rocm and (version or NEWEST) >= HIP_ENV_SINCE else ENV_NAMES
     env_before = _env_snapshot(environ, names)
     common = dict(torch=state, torch_version=version_text, env_before=env_before)
 
