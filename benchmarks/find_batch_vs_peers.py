@@ -32,42 +32,13 @@ WIDTH, HIDDEN, STEPS = 1024, 4096, 3
 
 
 def _problem(room_mib: int):
-    """The model, its step, and the address-space limit set (inside a worker)."""
-    import resource
+    """The model, its step (counting samples into the log), the limit set (inside a worker)."""
+    from tests.rlimit_mlp import mlp_under_limit
 
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, WIDTH))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     log = {"sizes": [], "oom": 0, "samples": 0}
-
-    def step(batch_size: int, x=None) -> None:
-        x = torch.randn(batch_size, WIDTH) if x is None else x
-        log["samples"] += batch_size
-        model(x).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    step(2)
-    from colab_gpu.batch.trial import proc_status
-
-    limit = proc_status()["VmSize"] + room_mib * 1024 ** 2
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    return torch, model, optimizer, step, log
-
-
-def _runs(step, size: int) -> bool:
-    from colab_gpu import is_out_of_memory
-
-    try:
-        for _ in range(STEPS):
-            step(size)
-        return True
-    except RuntimeError as error:
-        if not is_out_of_memory(error):
-            raise
-    return False
+    model, optimizer, step = mlp_under_limit(room_mib, WIDTH, HIDDEN,
+                                             on_batch=lambda size: log.update(samples=log["samples"] + size))
+    return model, optimizer, step, log
 
 
 def _trial_counter(step, log):
@@ -86,16 +57,13 @@ def _trial_counter(step, log):
 
 
 def worker(tool: str, room_mib: int) -> dict:
-    torch, model, optimizer, step, log = _problem(room_mib)
+    model, optimizer, step, log = _problem(room_mib)
     began = time.perf_counter()
     if tool == "truth":
-        low, high = 2, 4
-        while _runs(step, high):
-            low, high = high, high * 2
-        while high - low > max(1, low // 400):
-            middle = (low + high) // 2
-            low, high = (middle, high) if _runs(step, middle) else (low, middle)
-        return {"found": low, "seconds": time.perf_counter() - began}
+        from tests.rlimit_mlp import largest_that_runs
+
+        found = largest_that_runs(step, STEPS, 2, 400)  # the warm-up step ran size 2
+        return {"found": found, "seconds": time.perf_counter() - began}
     if tool.startswith("colab_gpu"):
         from colab_gpu import find_batch
 
@@ -117,13 +85,14 @@ def worker(tool: str, room_mib: int) -> dict:
 
         found = train()
     else:
-        found = _lightning(torch, model, optimizer, counted, tool)
+        found = _lightning(model, optimizer, counted, tool)
     return {"found": found, "trials": len(log["sizes"]), "oom": log["oom"], "samples": log["samples"],
             "seconds": time.perf_counter() - began, "sizes": log["sizes"]}
 
 
-def _lightning(torch, model, optimizer, counted, tool: str):
+def _lightning(model, optimizer, counted, tool: str):
     import lightning as L
+    import torch
     from lightning.pytorch.tuner import Tuner
 
     class Rows(torch.utils.data.Dataset):
