@@ -244,6 +244,11 @@ def canonical_value(key: Key, value: str, version: Version, rocm: bool = False) 
     return str(number)
 
 
+def _list_entries(value: str) -> List[Tuple[str, str]]:
+    """(name, value) pairs of a list value as ``_value`` wrote it: ``[name:value,...]``."""
+    return [tuple(entry.split(":", 1)) for entry in value[1:-1].split(",")]
+
+
 def _reserve(where: str, value: str) -> str:
     """A fraction of the GPU's memory or a number of GiB; torch 2.15 ignores (with a warning)
     what it cannot read, so refuse it here instead."""
@@ -260,8 +265,7 @@ def _reserve_table(where: str, value: str) -> str:
         raise AllocConfError(f"{where}: takes a list of stream classes and their reserves, "
                              f"like [serving:0.25,workspace:8G]")
     seen = set()
-    for entry in value[1:-1].split(","):
-        name, _, reserve = entry.partition(":")
+    for name, reserve in _list_entries(value):
         if name in seen:
             raise AllocConfError(f"{where}: the class {name!r} is given twice")
         seen.add(name)
@@ -281,8 +285,7 @@ def _divisions(key: Key, value: str, version: Version) -> str:
         raise AllocConfError(f"{where}: the list form needs torch >= 2.0 (installed "
                              f"{format_version(version)}); give one power of two instead")
     entries = []
-    for entry in value[1:-1].split(","):
-        interval, _, divisions = entry.partition(":")
+    for interval, divisions in _list_entries(value):
         if interval != ">" and not (_INTEGER.fullmatch(interval) and _is_power_of_two(int(interval))
                                     and int(interval) <= _INTERVAL_LIMIT):
             raise AllocConfError(f"{where}: each interval is a power of two in MB (or '>' "
