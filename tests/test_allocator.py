@@ -164,7 +164,7 @@ def test_rocm_spellings_of_keys_are_the_same_keys(env):
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
-def test_hipmallocasync_is_refused_outside_rocm_builds(env):
+def test_hipmallocasync_is_refused_outside_rocm_builds():
     """No CUDA wheel has the string hipMallocAsync; only ROCm builds parse it."""
     message = rejected("backend:hipMallocAsync")
     assert "only ROCm builds of torch accept hipMallocAsync" in message
