@@ -507,10 +507,15 @@ def delete_variables(shell: Any, names: Iterable[str]) -> List[str]:
 
 
 def empty_cuda_cache(torch) -> List[str]:
-    """synchronize() each device CUDA already runs on, then empty_cache() and ipc_collect().
+    """synchronize() each device CUDA already runs on, free cuBLAS's workspaces, then
+    empty_cache() and ipc_collect().
 
     Only devices with a context are synchronized: touching another would create one (CUDA 12's
-    cudaSetDevice does). ``empty_cache()`` releases the unused cached blocks of every device.
+    cudaSetDevice does). cuBLAS keeps a workspace per handle and stream (32 MiB on a Hopper
+    GPU) as allocated blocks of the caching allocator, which empty_cache() leaves alone; torch
+    frees them with the private ``_cuda_clearCublasWorkspaces()`` (its own leak checks do) and
+    makes them again at the next matrix product. ``empty_cache()`` then releases the unused
+    cached blocks of every device.
     """
     has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
     synchronized = []
@@ -520,6 +525,9 @@ def empty_cuda_cache(torch) -> List[str]:
         if used:
             torch.cuda.synchronize(device)
             synchronized.append(f"cuda:{device}")
+    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_workspaces is not None:
+        clear_workspaces()
     torch.cuda.empty_cache()
     torch.cuda.ipc_collect()
     return synchronized
@@ -578,7 +586,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     In order: drop the last exception's references, clear the output-history entries that hold
     tensors or modules (all of them with ``history=True``), delete the variables ``names`` (and
     nothing else), ``gc.collect()``, then, only if CUDA is already initialized, synchronize,
-    ``empty_cache()`` and ``ipc_collect()``. Memory is read after each step. Raises
+    free cuBLAS's workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after each step. Raises
     :class:`ClearCacheError` for a bad name before anything is done.
     """
     shell = _current_shell(shell)
@@ -599,7 +607,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     cuda = torch is not None and _cuda_initialized(torch)
     if cuda:
         step("CUDA cache", lambda: _listed("synchronized ", empty_cuda_cache(torch), "")
-             + "; empty_cache(), ipc_collect()")
+             + "; cuBLAS workspaces, empty_cache(), ipc_collect()")
     return ClearReport(before=readings, steps=tuple(steps),
                        holders=memory_holders(shell, source), deleted=tuple(names),
                        cuda_initialized=cuda)

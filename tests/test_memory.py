@@ -244,6 +244,10 @@ def test_empty_cuda_cache_never_touches_a_device_without_a_context():
     assert empty_cuda_cache(fake) == ["cuda:0"]
     assert fake.calls == [("synchronize", 0), ("empty_cache",), ("ipc_collect",)]
     fake = FakeCuda()
+    fake._C._cuda_clearCublasWorkspaces = lambda: fake.calls.append(("clear cuBLAS workspaces",))
+    empty_cuda_cache(fake)
+    assert fake.calls[1] == ("clear cuBLAS workspaces",), "before empty_cache, which can then free them"
+    fake = FakeCuda()
     fake._C._cuda_hasPrimaryContext = lambda device: device == 1
     assert empty_cuda_cache(fake) == ["cuda:1"]
 

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Callable, Optional, Tuple
 
+from ..memory import empty_cuda_cache
 from .oom import ErrorKind, classify
 from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial
 
@@ -161,13 +162,14 @@ def synchronize(device: str) -> None:
 
 
 def release_memory(device: str) -> None:
-    """Collect the garbage, give cached blocks back, reset the peak (CUDA only if started)."""
+    """Collect the garbage, give cached blocks and cuBLAS's workspaces back, reset the peak
+    (CUDA only if started): memory returns to where it was before the trial."""
     gc.collect()
     index = _cuda_index(device)
     if index is not None:
-        cuda = sys.modules["torch"].cuda
-        cuda.empty_cache()
-        cuda.reset_peak_memory_stats(index)
+        torch = sys.modules["torch"]
+        empty_cuda_cache(torch)
+        torch.cuda.reset_peak_memory_stats(index)
 
 
 def _forget_frames(error: BaseException) -> None:
