@@ -5,10 +5,12 @@ two small successes and jump most of the way to the predicted largest size (curv
 upwards, so a long extrapolation overshoots), then refit from the two largest successes and
 aim just under the new, short-range prediction so that one verifying run lands within
 ``tolerance`` of it. A fit is refused while memory has not grown measurably; when it stays
-flat over a 64x range (a cell that ignores the variable) the search falls back for good to
-doubling, as it does where memory cannot be measured. A failed prediction steps just under
-the failure, then bisects between the largest success and the smallest failure. Throughput
-mode doubles from the start and stops when a doubling gains less than 5 % samples/s.
+flat over a FLAT_RANGE (512x) range (a cell that ignores the variable) the search falls back
+for good to doubling, as it does where memory cannot be measured. A failed prediction steps
+just under the failure, then bisects between the largest success and the smallest failure.
+A --start above what fits halves to a first success, then measures a size SECOND times
+smaller, so that the fit, not blind bisection, places the rest. Throughput mode doubles from
+the start and stops when a doubling gains less than 5 % samples/s.
 
 The answer is always a size that ran and fitted: never an interpolated one.
 """
@@ -261,12 +263,23 @@ class Search:
         return candidate
 
     def _largest(self) -> None:
+        self._measure_below()
         failed_last = False
         while True:
             size = self._next_size(failed_last)
             if size is None:
                 return
             failed_last = not self.attempt(size).fits
+
+    def _measure_below(self) -> None:
+        """Started above what fits: the first success is the only measured size, and bisecting
+        blind towards the failure above costs an out-of-memory error a step. A size SECOND
+        times smaller is cheap and always fits; with it the memory fit places the rest."""
+        measured = [t for t in self._successes() if t.peak_memory is not None]
+        below = self._align(self.lo / SECOND)
+        if self.hi is not None and len(measured) == 1 and self.capacity is not None \
+                and below < self.lo:
+            self.attempt(below)
 
     def _fastest(self) -> None:
         best = self._successes()[-1]
