@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run every GPU check in one go, each under its own time limit, and keep what each printed.
+#
+#     bash gpu_checks/run_all.sh [OUTPUT_DIR [CHECK ...]]
+#
+# CHECK names some of them (gpu_status find_batch alloc_conf clear_cache live_monitor) to rerun.
+# One log per check lands in OUTPUT_DIR (default gpu_checks/out), with the GPU's own
+# `nvidia-smi -q -x` record beside them (a new replay file for colab_gpu/data, should the GPU
+# be one we have none of). Exit status: 0 when every check passed, 1 when one failed or ran
+# out of time, 2 when this machine has no GPU (nothing was checked).
+set -u
+cd "$(dirname "$0")/.."
+out="${1:-gpu_checks/out}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python="${PYTHON:-python3}"
+
+nvidia-smi -q -x >"$out/nvidia-smi-q-x.xml" 2>/dev/null || rm -f "$out/nvidia-smi-q-x.xml"
+"$python" -c "import torch, IPython; print('torch', torch.__version__, 'CUDA', torch.version.cuda, \
+'IPython', IPython.__version__)"
+
+# name and seconds; find_batch, the longest, goes second so a slow machine still runs it
+checks=(gpu_status:90 find_batch:270 alloc_conf:120 clear_cache:120 live_monitor:150)
+shift $(($# > 0))
+status=0
+for check in "${checks[@]}"; do
+    name="${check%%:*}" seconds="${check##*:}"
+    if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
+    echo "=== $name (at most $seconds s)"
+    started=$SECONDS
+    timeout --kill-after=10 "$seconds" "$python" "gpu_checks/$name.py" 2>&1 | tee "$out/$name.log"
+    code=${PIPESTATUS[0]}
+    echo "=== $name: exit $code in $((SECONDS - started)) s" | tee -a "$out/$name.log"
+    if [ "$code" = 2 ]; then exit 2; fi
+    if [ "$code" != 0 ]; then status=1; fi
+done
+exit $status
