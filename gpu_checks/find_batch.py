@@ -3,7 +3,9 @@
 Emulates a 15 GiB Tesla T4 with torch.cuda.set_per_process_memory_fraction, finds the
 largest batch for a real model built in code (a ResNet-style CNN, AdamW, AMP; no
 downloads), runs 50 training steps at the found size without OOM, and shows that memory is
-back at its baseline after the search.
+back at its baseline after the search. Also: a search started 4x above the answer (real CUDA
+out-of-memory errors, recovered from), and %%find_batch --mode throughput in a real IPython
+shell (the answer set, the cell's names and the CUDA generator put back).
     python gpu_checks/find_batch.py
 """
 from __future__ import annotations
@@ -88,6 +90,25 @@ def main() -> int:
           f"from start={4 * result.answer}: {len(from_above.trials)} trials, {ooms} out of memory, "
           f"answer {from_above.answer} (first search: {result.answer})")
     back_at(baseline, "after a search with out-of-memory errors")
+
+    # The cell magic in a real IPython shell, throughput mode: the answer is set, the cell's own
+    # names and the CUDA generator are put back, and memory is back at its baseline.
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "colab_gpu")
+    shell.user_ns.update(torch=torch, step=step, model=model, optimizer=optimizer, scaler=scaler,
+                         images="the user's own images")
+    generator = torch.cuda.get_rng_state()
+    shell.run_cell("%%find_batch --mode throughput --restore model optimizer scaler --multiple-of 8\n"
+                   "images = torch.randn(batch_size, 3, 128, 128, device='cuda')\n"
+                   "step(batch_size)\n", store_history=False)
+    chosen = shell.user_ns.get("batch_size")
+    check(isinstance(chosen, int) and 0 < chosen <= result.answer and chosen % 8 == 0,
+          f"%%find_batch --mode throughput set batch_size={chosen} (largest that fits: {result.answer})")
+    check(shell.user_ns["images"] == "the user's own images", "the cell's name `images` is the user's again")
+    check(torch.equal(torch.cuda.get_rng_state(), generator), "the CUDA random generator is restored")
+    back_at(baseline, "after %%find_batch")
 
     for index in range(50):
         step(result.answer)
