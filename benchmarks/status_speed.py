@@ -50,7 +50,8 @@ def median_seconds(run, repeats: int) -> float:
 
 
 def probe_import(imports: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    path = [str(ROOT), os.environ.get("PYTHONPATH", "")]  # ours first, the caller's kept
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, path)))
     output = subprocess.run([sys.executable, "-c", IMPORT_PROBE.format(imports=imports, heavy=HEAVY)],
                             env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(output)

@@ -67,24 +67,27 @@ class RecordedNvml:
 
     def nvmlDeviceGetHandleByIndex(self, index):
         self._check("nvmlDeviceGetHandleByIndex")
+        return types.SimpleNamespace(index=index)  # opaque and lasting, as NVML's handles are
+
+    def _gpu(self, name, handle):
+        """The handle's GPU at the current time step; a lost GPU fails every call on it."""
+        self._check(name)
         if self.lose_gpu_after and self.reads > self.lose_gpu_after:
             raise NVMLError_GpuIsLost("GPU is lost")
-        return self._frame.gpus[index]
+        return self._frame.gpus[handle.index]
 
-    def nvmlDeviceGetName(self, gpu):
-        self._check("nvmlDeviceGetName")
-        return gpu.name
+    def nvmlDeviceGetName(self, handle):
+        return self._gpu("nvmlDeviceGetName", handle).name
 
-    def nvmlDeviceGetMemoryInfo(self, gpu, version=None):
-        self._check("nvmlDeviceGetMemoryInfo")
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        gpu = self._gpu("nvmlDeviceGetMemoryInfo", handle)
         total, used = _known(gpu.memory_total, gpu.memory_used)
         return types.SimpleNamespace(total=total, used=used, free=total - used)
 
-    def nvmlDeviceGetUtilizationRates(self, gpu):
-        self._check("nvmlDeviceGetUtilizationRates")
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        gpu = self._gpu("nvmlDeviceGetUtilizationRates", handle)
         busy, bus = _known(gpu.utilization_gpu, gpu.utilization_memory or 0)
         return types.SimpleNamespace(gpu=busy, memory=bus)
 
-    def nvmlDeviceGetTemperature(self, gpu, sensor):
-        self._check("nvmlDeviceGetTemperature")
-        return _known(gpu.temperature)[0]
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return _known(self._gpu("nvmlDeviceGetTemperature", handle).temperature)[0]

@@ -135,6 +135,26 @@ def test_processes_not_readable_are_n_a():
     assert gpu.memory_used == 1032 * 2**20
 
 
+def test_fixed_fields_are_read_once_while_nvml_is_up():
+    """A live chart snapshots every second: what cannot change is not asked again, and a new
+    NVML session (after close) asks again."""
+    nvml = RecordedNvml.from_recording(A100)
+    source = NvmlSource(nvml=nvml)
+    first = source.snapshot()
+    after_first = list(nvml.calls)
+    second = source.snapshot()
+    assert first.gpus == second.gpus == recorded_gpus(A100)
+    assert second.driver_version == first.driver_version is not None
+    for fixed in ("nvmlDeviceGetHandleByIndex", "nvmlDeviceGetName", "nvmlDeviceGetUUID",
+                  "nvmlDeviceGetPciInfo", "nvmlDeviceGetMaxClockInfo", "nvmlSystemGetDriverVersion"):
+        assert after_first.count(fixed) >= 1 and nvml.calls.count(fixed) == after_first.count(fixed), fixed
+    for changing in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetClockInfo"):
+        assert nvml.calls.count(changing) == 2 * after_first.count(changing) >= 2, changing
+    source.close()
+    source.snapshot()
+    assert nvml.calls.count("nvmlDeviceGetUUID") == 2 * after_first.count("nvmlDeviceGetUUID")
+
+
 def test_driver_without_memory_info_v2_falls_back_to_v1():
     nvml = RecordedNvml.from_recording(T4, memory_v2=False)
     (gpu,) = NvmlSource(nvml=nvml).snapshot().gpus
