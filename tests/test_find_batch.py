@@ -249,6 +249,37 @@ def test_find_batch_restores_model_optimizer_and_generators():
     assert (random.random(), torch.rand(1).item()) == expected
 
 
+def test_a_trial_that_fails_between_unscale_and_step_leaves_the_grad_scaler_ready():
+    """AdamW's first step allocates its state after scaler.unscale_(): an out-of-memory error
+    there must not leave the scaler believing the user's next gradients are already unscaled."""
+    import torch
+
+    def training(seed=0):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        return model, optimizer, torch.amp.GradScaler("cpu")
+
+    model, optimizer, scaler = training()
+
+    def step(size, fail_above=4):
+        scaler.scale(model(torch.ones(size, 4)).sum()).backward()
+        scaler.unscale_(optimizer)
+        if size > fail_above:
+            torch.empty(2 ** 62, dtype=torch.uint8)  # the CPU allocator's real failure
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+    result = find_batch(step, restore=[model, optimizer, scaler], device="cpu", progress=False)
+    assert result.answer == 4 and result.out_of_memory_count >= 1
+    step(4)  # the user's next training step
+    reference, reference_optimizer, reference_scaler = training()
+    reference_scaler.scale(reference(torch.ones(4, 4)).sum()).backward()
+    reference_scaler.step(reference_optimizer)
+    assert torch.equal(model.weight, reference.weight) and torch.equal(model.bias, reference.bias)
+
+
 def test_failed_trial_frames_are_dropped():
     """The failed trial's tensors are freed once the search goes on (no frames kept alive)."""
     import torch

@@ -59,6 +59,11 @@ class _ObjectState:
                                f"load_state_dict(); give models, optimizers, schedulers or tensors")
         parameters = getattr(obj, "parameters", None)
         self.grads = ([(p, _to_cpu(p.grad)) for p in parameters()] if callable(parameters) else [])
+        # A GradScaler keeps each optimizer's unscale_()/step() stage outside its state_dict. A
+        # trial that ran out of memory between the two leaves it half-way, and the next
+        # scaler.step() would skip unscaling. Between iterations it is empty: so it is again.
+        stages = getattr(obj, "_per_optimizer_states", None)
+        self.stages = stages if isinstance(stages, dict) and not stages else None
 
     def restore(self) -> None:
         if self.is_tensor:
@@ -68,6 +73,8 @@ class _ObjectState:
             self.obj.load_state_dict(self.saved)
         for parameter, grad in self.grads:
             parameter.grad = None if grad is None else grad.to(parameter.device)
+        if self.stages is not None:
+            self.obj._per_optimizer_states.clear()
 
 
 class _Generators:
