@@ -8,13 +8,15 @@ accelerate's find_executable_batch_size, side by side in one run.
    largest size is found by bisection with real runs in another one. glibc's mmap threshold
    is fixed (MALLOC_MMAP_THRESHOLD_) in every subprocess: with the default dynamic one,
    freed blocks stay in the heap and the boundary moves by about 10 % from one attempt to
-   the next, so "the largest size that runs" would not be well defined.
+   the next, so "the largest size that runs" would not be well defined. colab_gpu runs from
+   its default start and from 65536, accelerate's start.
 2. The memory-fit path on milabench's measured memory curves (tests/milabench_replay.py):
    colab_gpu and accelerate on a device that fails exactly where the real curve crosses
-   capacity (Lightning needs a real Trainer and data loader, so it is left out there).
+   capacity (Lightning needs a real Trainer and data loader, so it is left out there), each
+   from its default start and from 4x the true answer (accelerate only shrinks: its own use).
 
 Needs: pip install torch==2.13.0 lightning accelerate (a separate venv; see the report).
-Run: python benchmarks/find_batch_vs_peers.py [--room MIB] [--skip-lightning-defaults]
+Run: python benchmarks/find_batch_vs_peers.py [--room MIB] [--skip-cpu]
 """
 from __future__ import annotations
 
@@ -67,8 +69,9 @@ def worker(tool: str, room_mib: int) -> dict:
     if tool.startswith("colab_gpu"):
         from colab_gpu import find_batch
 
+        start = int(tool.split(":")[1]) if ":" in tool else None
         result = find_batch(step, restore=[model, optimizer], steps=STEPS, progress=False,
-                            measure_memory=tool == "colab_gpu")
+                            start=start, measure_memory=tool != "colab_gpu (no memory fit)")
         return {"found": result.answer, "trials": len(result.trials), "oom": result.out_of_memory_count,
                 "samples": result.samples_computed, "seconds": time.perf_counter() - began}
     counted = _trial_counter(step, log)
@@ -162,32 +165,34 @@ def milabench_problems() -> None:
     from tests.milabench_replay import ReplayDevice, problems
 
     print("\n== memory fit on milabench's measured curves (device fails where the curve crosses capacity)")
-    rows = {"colab_gpu": [], "accelerate:128": []}
+    rows = {"colab_gpu": [], "accelerate:128": [], "colab_gpu from 4x": [], "accelerate from 4x": []}
     for label, curve, capacity in problems():
         largest = curve.largest_under(capacity)
         if largest < 20 or any(b < a for a, b in zip(curve.memory, curve.memory[1:])):
             continue  # tiny answers are exact-or-nothing; non-monotone curves have no single answer
-        device = ReplayDevice(curve, capacity)
-        result = Search(device).run()
-        rows["colab_gpu"].append((len(result.trials), result.out_of_memory_count, result.answer / largest))
-        replay = ReplayDevice(curve, capacity)
+        for name, start in (("colab_gpu", None), ("colab_gpu from 4x", 4 * largest)):
+            device = ReplayDevice(curve, capacity)
+            result = Search(device, start=start).run()
+            rows[name].append((len(result.trials), result.out_of_memory_count, result.answer / largest))
+        for name, start in (("accelerate:128", 128), ("accelerate from 4x", 4 * largest)):
+            replay = ReplayDevice(curve, capacity)
 
-        @find_executable_batch_size(starting_batch_size=128)
-        def shrink(batch_size):
-            if not replay(batch_size).fits:
-                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            return batch_size
+            @find_executable_batch_size(starting_batch_size=start)
+            def shrink(batch_size):
+                if not replay(batch_size).fits:
+                    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                return batch_size
 
-        found = shrink()
-        rows["accelerate:128"].append((len(replay.sizes_run), len(replay.sizes_run) - 1, found / largest))
+            found = shrink()
+            rows[name].append((len(replay.sizes_run), len(replay.sizes_run) - 1, found / largest))
     print(f"{len(rows['colab_gpu'])} problems (curve x capacity in 16/24/40/80 GiB, true largest >= 20)")
-    print(f"{'tool':<16}{'median trials':>14}{'<= 4 trials':>12}{'mean OOMs':>10}"
+    print(f"{'tool':<20}{'median trials':>14}{'<= 4 trials':>12}{'mean OOMs':>10}"
           f"{'median %':>10}{'worst %':>9}{'>= 95%':>8}{'>= 95% in <= 4 trials':>23}")
     for tool, data in rows.items():
         trials = [t for t, _, _ in data]
         ratios = [r for _, _, r in data]
         both = sum(t <= 4 and r >= 0.95 for t, _, r in data)
-        print(f"{tool:<16}{statistics.median(trials):>14}{sum(t <= 4 for t in trials):>12}"
+        print(f"{tool:<20}{statistics.median(trials):>14}{sum(t <= 4 for t in trials):>12}"
               f"{statistics.mean(o for _, o, _ in data):>10.2f}{100 * statistics.median(ratios):>9.1f}%"
               f"{100 * min(ratios):>8.1f}%{sum(r >= 0.95 for r in ratios):>8}{both:>23}")
 
@@ -204,8 +209,9 @@ def main() -> None:
         print(json.dumps(worker(args.worker, args.room)))
         return
     if not args.skip_cpu:
-        cpu_problem(args.room, ["colab_gpu", "colab_gpu (no memory fit)", "lightning:defaults",
-                                "lightning:max_val=65536", "accelerate:65536", "accelerate:128"])
+        cpu_problem(args.room, ["colab_gpu", "colab_gpu (no memory fit)", "colab_gpu:65536",
+                                "lightning:defaults", "lightning:max_val=65536", "accelerate:65536",
+                                "accelerate:128"])
     milabench_problems()
 
 
