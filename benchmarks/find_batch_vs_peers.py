@@ -13,7 +13,7 @@ accelerate's find_executable_batch_size, side by side in one run.
 2. The memory-fit path on milabench's measured memory curves (tests/milabench_replay.py):
    colab_gpu and accelerate on a device that fails exactly where the real curve crosses
    capacity (Lightning needs a real Trainer and data loader, so it is left out there), each
-   from its default start and from 4x the true answer (accelerate only shrinks: its own use).
+   from its default start and from 3x the true answer (accelerate only shrinks: its own use).
 
 Needs: pip install torch==2.13.0 lightning accelerate (a separate venv; see the report).
 Run: python benchmarks/find_batch_vs_peers.py [--room MIB] [--skip-cpu]
@@ -165,16 +165,16 @@ def milabench_problems() -> None:
     from tests.milabench_replay import ReplayDevice, problems
 
     print("\n== memory fit on milabench's measured curves (device fails where the curve crosses capacity)")
-    rows = {"colab_gpu": [], "accelerate:128": [], "colab_gpu from 4x": [], "accelerate from 4x": []}
+    rows = {"colab_gpu": [], "accelerate:128": [], "colab_gpu from 3x": [], "accelerate from 3x": []}
     for label, curve, capacity in problems():
         largest = curve.largest_under(capacity)
         if largest < 20 or any(b < a for a, b in zip(curve.memory, curve.memory[1:])):
             continue  # tiny answers are exact-or-nothing; non-monotone curves have no single answer
-        for name, start in (("colab_gpu", None), ("colab_gpu from 4x", 4 * largest)):
+        for name, start in (("colab_gpu", None), ("colab_gpu from 3x", 3 * largest)):
             device = ReplayDevice(curve, capacity)
             result = Search(device, start=start).run()
             rows[name].append((len(result.trials), result.out_of_memory_count, result.answer / largest))
-        for name, start in (("accelerate:128", 128), ("accelerate from 4x", 4 * largest)):
+        for name, start in (("accelerate:128", 128), ("accelerate from 3x", 3 * largest)):
             replay = ReplayDevice(curve, capacity)
 
             @find_executable_batch_size(starting_batch_size=start)

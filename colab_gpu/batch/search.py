@@ -8,7 +8,7 @@ aim just under the new, short-range prediction so that one verifying run lands w
 flat over a FLAT_RANGE (512x) range (a cell that ignores the variable) the search falls back
 for good to doubling, as it does where memory cannot be measured. A failed prediction steps
 just under the failure, then bisects between the largest success and the smallest failure.
-A --start above what fits halves to a first success, then measures a size SECOND times
+A --start above what fits halves to a first success, then measures a size BELOW times
 smaller, so that the fit, not blind bisection, places the rest. Throughput mode doubles from
 the start and stops when a doubling gains less than 5 % samples/s.
 
@@ -34,6 +34,7 @@ LONGEST_JUMP = 64  # extrapolate at most this far from the largest success in on
 FLAT_RANGE = 512  # memory flat (< FLAT_BYTES) over this size ratio: the cell ignores the variable
 FLAT_BYTES = 256 * 1024  # 256 bytes a sample over that range: less than any real input row
 SECOND = 8  # the second size, far enough from the first for memory to grow measurably
+BELOW = 4  # from above: the size measured under the first success (near enough for a local fit)
 THROUGHPUT_GAIN = 1.05  # a doubling must pay at least 5 % samples/s to go on
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
@@ -273,10 +274,10 @@ class Search:
 
     def _measure_below(self) -> None:
         """Started above what fits: the first success is the only measured size, and bisecting
-        blind towards the failure above costs an out-of-memory error a step. A size SECOND
+        blind towards the failure above costs an out-of-memory error a step. A size BELOW
         times smaller is cheap and always fits; with it the memory fit places the rest."""
         measured = [t for t in self._successes() if t.peak_memory is not None]
-        below = self._align(self.lo / SECOND)
+        below = self._align(self.lo / BELOW)
         if self.hi is not None and len(measured) == 1 and self.capacity is not None \
                 and below < self.lo:
             self.attempt(below)
