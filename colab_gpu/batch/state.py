@@ -63,7 +63,7 @@ class _ObjectState:
         # trial that ran out of memory between the two leaves it half-way, and the next
         # scaler.step() would skip unscaling. Between iterations it is empty: so it is again.
         stages = getattr(obj, "_per_optimizer_states", None)
-        self.stages = stages if isinstance(stages, dict) and not stages else None
+        self.empty_stages = isinstance(stages, dict) and not stages  # update() replaces the dict
 
     def restore(self) -> None:
         if self.is_tensor:
@@ -73,7 +73,7 @@ class _ObjectState:
             self.obj.load_state_dict(self.saved)
         for parameter, grad in self.grads:
             parameter.grad = None if grad is None else grad.to(parameter.device)
-        if self.stages is not None:
+        if self.empty_stages:
             self.obj._per_optimizer_states.clear()
 
 
