@@ -162,14 +162,11 @@ def milabench_problems() -> None:
     from accelerate.utils import find_executable_batch_size
 
     from colab_gpu.batch.search import Search
-    from tests.milabench_replay import ReplayDevice, problems
+    from tests.milabench_replay import ReplayDevice, fit_problems
 
     print("\n== memory fit on milabench's measured curves (device fails where the curve crosses capacity)")
     rows = {"colab_gpu": [], "accelerate:128": [], "colab_gpu from 3x": [], "accelerate from 3x": []}
-    for label, curve, capacity in problems():
-        largest = curve.largest_under(capacity)
-        if largest < 20 or any(b < a for a, b in zip(curve.memory, curve.memory[1:])):
-            continue  # tiny answers are exact-or-nothing; non-monotone curves have no single answer
+    for label, curve, capacity, largest in fit_problems():
         for name, start in (("colab_gpu", None), ("colab_gpu from 3x", 3 * largest)):
             device = ReplayDevice(curve, capacity)
             result = Search(device, start=start).run()

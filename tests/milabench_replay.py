@@ -92,3 +92,13 @@ def problems(capacities_gib=(16, 24, 40, 80)):
                 capacity = gib * 1024 ** 3
                 if points[0][1] < capacity < points[-1][1] and curve.largest_under(capacity) >= 4:
                     yield f"{path.stem}/{name}@{gib}GiB", curve, capacity
+
+
+def fit_problems():
+    """(label, curve, capacity, true largest) for the problems a memory fit is judged on: answers
+    of at least 20 (tiny ones are exact-or-nothing) on curves that never fall (a falling curve
+    has no single answer)."""
+    for label, curve, capacity in problems():
+        largest = curve.largest_under(capacity)
+        if largest >= 20 and all(b >= a for a, b in zip(curve.memory, curve.memory[1:])):
+            yield label, curve, capacity, largest

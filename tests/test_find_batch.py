@@ -18,7 +18,7 @@ from colab_gpu.batch.result import FITS, OUT_OF_MEMORY, Trial
 from colab_gpu.batch.search import Headroom, Search, SearchError
 from colab_gpu.batch.state import assigned_names
 from conftest import DATA, ROOT
-from milabench_replay import ReplayDevice, problems
+from milabench_replay import ReplayDevice, fit_problems, problems
 
 # --- the classifier on every recorded message -------------------------------------------
 # What each recorded kind must be. cuDNN's EXECUTION_FAILED is a failed kernel, not a failed
@@ -166,6 +166,19 @@ def test_headroom_spelling():
 
 
 # --- the memory fit on milabench's real curves ---------------------------------------------
+def search_every_real_curve(start_of=lambda largest: None):
+    """Search every fit problem; each answer must have run, fitted and be >= 95 % of the
+    truth. (trials, out-of-memory errors) per curve."""
+    counts = []
+    for label, curve, capacity, largest in fit_problems():
+        device = ReplayDevice(curve, capacity)
+        result = Search(device, start=start_of(largest)).run()
+        assert result.answer in device.sizes_run and curve(result.answer) <= capacity, label
+        assert result.answer >= 0.95 * largest, (label, largest, device.sizes_run)
+        counts.append((len(result.trials), result.out_of_memory_count))
+    return counts
+
+
 def test_memory_fit_on_real_milabench_curves():
     """132 of the 144 curves end within 4 trials; every answer ran, within capacity, >= 95 % of the truth.
 
@@ -173,17 +186,9 @@ def test_memory_fit_on_real_milabench_curves():
     reached at 144 where the fit says ~490), pna's strong bend over a 100x range, and small
     answers (26-87) on bending curves, where 5 % is one to four samples.
     """
-    trials, out_of_memory = [], 0
-    for label, curve, capacity in problems():
-        largest = curve.largest_under(capacity)
-        if largest < 20 or any(b < a for a, b in zip(curve.memory, curve.memory[1:])):
-            continue
-        device = ReplayDevice(curve, capacity)
-        result = Search(device).run()
-        assert result.answer in device.sizes_run and curve(result.answer) <= capacity, label
-        assert result.answer >= 0.95 * largest, (label, largest, device.sizes_run)
-        trials.append(len(result.trials))
-        out_of_memory += result.out_of_memory_count
+    counts = search_every_real_curve()
+    trials = [trial_count for trial_count, _ in counts]
+    out_of_memory = sum(errors for _, errors in counts)
     assert len(trials) == 144
     assert sum(t <= 4 for t in trials) >= 132 and sorted(trials)[len(trials) // 2] <= 4
     assert max(trials) <= 10 and out_of_memory <= 22
@@ -194,17 +199,9 @@ def test_starting_above_what_fits_measures_below_instead_of_bisecting_blind():
     4x smaller, and the fit places the rest. Bisecting blind from the first success took a
     median of 6 trials and 3.0 out-of-memory errors here, and fell short of 95 % on 5 curves
     (and 8 trials, 7 of them out of memory, from 4x on a real H200)."""
-    trials, out_of_memory = [], []
-    for label, curve, capacity in problems():
-        largest = curve.largest_under(capacity)
-        if largest < 20 or any(b < a for a, b in zip(curve.memory, curve.memory[1:])):
-            continue
-        device = ReplayDevice(curve, capacity)
-        result = Search(device, start=3 * largest).run()
-        assert result.answer in device.sizes_run and curve(result.answer) <= capacity, label
-        assert result.answer >= 0.95 * largest, (label, largest, device.sizes_run)
-        trials.append(len(result.trials))
-        out_of_memory.append(result.out_of_memory_count)
+    counts = search_every_real_curve(start_of=lambda largest: 3 * largest)
+    trials = [trial_count for trial_count, _ in counts]
+    out_of_memory = [errors for _, errors in counts]
     assert sorted(trials)[len(trials) // 2] <= 5 and sum(t <= 5 for t in trials) >= 125
     assert sum(out_of_memory) <= 2.1 * len(out_of_memory)
 
