@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 from .devices import DeviceSource
 from .gpu_status import MemoryBreakdown, breakdown, torch_memory
-from .runtime import torch_indices
+from .runtime import current_shell, torch_indices
 
 # IPython's own names in the user namespace: the output and input history and its helpers.
 _OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
@@ -277,14 +277,6 @@ def _namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     return shell.user_ns, getattr(shell, "user_ns_hidden", {})
 
 
-def _current_shell(shell: Any) -> Any:
-    """The running IPython shell if IPython is already imported, else ``shell`` (maybe None)."""
-    if shell is not None:
-        return shell
-    ipython = sys.modules.get("IPython")
-    return ipython.get_ipython() if ipython is not None else None
-
-
 def _gpu_view(snapshot, torch):
     """NVML's GPUs, NVML index -> torch index, and torch's allocator view once CUDA runs."""
     gpus = snapshot.gpus if snapshot is not None and snapshot.ok else ()
@@ -318,7 +310,7 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     variable and once in the total. Also reads, through NVML, the GPU memory held outside
     torch. Never initializes CUDA and never keeps a reference to a tensor.
     """
-    shell = _current_shell(shell)
+    shell = shell if shell is not None else current_shell()
     snapshot = _snapshot(source)
     torch = _torch()
     problem = snapshot.problem if snapshot is not None else None
@@ -589,7 +581,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     free cuBLAS's workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after each step. Raises
     :class:`ClearCacheError` for a bad name before anything is done.
     """
-    shell = _current_shell(shell)
+    shell = shell if shell is not None else current_shell()
     namespace, _ = _namespaces(shell)
     check_names(names, namespace)
     torch = _torch()

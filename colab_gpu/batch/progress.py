@@ -5,18 +5,12 @@ table is updated in the foreground through a display id, which works on IPython 
 """
 from __future__ import annotations
 
-import sys
-
+from ..runtime import current_shell
 from .render import trial_line
 
 
 def in_notebook() -> bool:
-    if "IPython" not in sys.modules:
-        return False
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    return getattr(current_shell(), "kernel", None) is not None
 
 
 class TerminalProgress:
