@@ -158,6 +158,10 @@ class Search:
     def _successes(self) -> List[Trial]:
         return sorted((t for t in self.trials if t.fits), key=lambda t: t.size)
 
+    def _measured(self) -> List[Trial]:
+        """The successes whose peak memory was measured, smallest first: what a fit uses."""
+        return [t for t in self._successes() if t.peak_memory is not None]
+
     @property
     def lo(self) -> Optional[int]:
         successes = self._successes()
@@ -190,7 +194,7 @@ class Search:
 
     def fit(self) -> Optional[MemoryFit]:
         """Memory against size from the two largest measured successes, or None."""
-        measured = [t for t in self._successes() if t.peak_memory is not None]
+        measured = self._measured()
         if self.refused or len(measured) < 2 or self.capacity is None:
             return None
         small, large = measured[-2], measured[-1]
@@ -276,9 +280,8 @@ class Search:
         """Started above what fits: the first success is the only measured size, and bisecting
         blind towards the failure above costs an out-of-memory error a step. A size BELOW
         times smaller is cheap and always fits; with it the memory fit places the rest."""
-        measured = [t for t in self._successes() if t.peak_memory is not None]
         below = self._align(self.lo / BELOW)
-        if self.hi is not None and len(measured) == 1 and self.capacity is not None \
+        if self.hi is not None and len(self._measured()) == 1 and self.capacity is not None \
                 and below < self.lo:
             self.attempt(below)
 
