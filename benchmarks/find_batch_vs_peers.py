@@ -181,16 +181,17 @@ def print_fit_table(capacities_gib, about: str, tools) -> None:
     from tests.milabench_replay import ReplayDevice, fit_problems
 
     rows = {tool: [] for tool in tools}
-    for label, curve, capacity, largest in fit_problems(capacities_gib):
-        for name in tools:
-            start = 3 * largest if name.endswith("from 3x") else None
+    for _, curve, capacity, largest in fit_problems(capacities_gib):
+        for name in tools:  # "tool", "tool:START" or "tool from 3x" (the true answer)
+            start = 3 * largest if name.endswith("from 3x") else (
+                int(name.split(":")[1]) if ":" in name else None)
             replay = ReplayDevice(curve, capacity)
             if name.startswith("colab_gpu"):
                 result = Search(replay, start=start).run()
                 rows[name].append((len(result.trials), result.out_of_memory_count, result.answer / largest))
                 continue
 
-            @find_executable_batch_size(starting_batch_size=start or 128)
+            @find_executable_batch_size(starting_batch_size=start)
             def shrink(batch_size):
                 if not replay(batch_size).fits:
                     raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -187,11 +187,10 @@ def test_memory_fit_on_real_milabench_curves():
     configuration and sits 2.4 GiB above the line through its neighbours), and small answers
     (26-87) on bending curves, where 5 % is one to four samples.
     """
-    outcomes = search_every_real_curve()
-    trials = [trial_count for trial_count, _, _ in outcomes]
-    assert len(trials) == 144 and min(ratio for _, _, ratio in outcomes) >= 0.95
+    trials, out_of_memory, ratios = zip(*search_every_real_curve())
+    assert len(trials) == 144 and min(ratios) >= 0.95
     assert sum(t <= 4 for t in trials) >= 132 and sorted(trials)[len(trials) // 2] <= 4
-    assert max(trials) <= 10 and sum(errors for _, errors, _ in outcomes) <= 22
+    assert max(trials) <= 10 and sum(out_of_memory) <= 22
 
 
 def test_memory_fit_holds_at_capacities_it_was_not_tuned_on():
@@ -199,12 +198,11 @@ def test_memory_fit_holds_at_capacities_it_was_not_tuned_on():
     of the truth (the worst 80 %). Each stopped on a local fit just before its curve turns flatter;
     for 5 of them the flat part is a last reading capped by the recording card's own memory
     (H100 80 GB, L40S 48 GB), not the model's."""
-    outcomes = search_every_real_curve(capacities_gib=HELD_OUT_GIB)
-    trials = [trial_count for trial_count, _, _ in outcomes]
+    trials, _, ratios = zip(*search_every_real_curve(capacities_gib=HELD_OUT_GIB))
     assert len(trials) == 1129 and sorted(trials)[len(trials) // 2] <= 4
     assert sum(t <= 4 for t in trials) >= 0.9 * len(trials)
-    assert sum(ratio >= 0.95 for _, _, ratio in outcomes) >= 0.985 * len(trials)
-    assert min(ratio for _, _, ratio in outcomes) >= 0.8
+    assert sum(ratio >= 0.95 for ratio in ratios) >= 0.985 * len(trials)
+    assert min(ratios) >= 0.8
 
 
 def test_starting_above_what_fits_measures_below_instead_of_bisecting_blind():
@@ -212,10 +210,8 @@ def test_starting_above_what_fits_measures_below_instead_of_bisecting_blind():
     4x smaller, and the fit places the rest. Bisecting blind from the first success took a
     median of 6 trials and 3.0 out-of-memory errors here, and fell short of 95 % on 5 curves
     (and 8 trials, 7 of them out of memory, from 4x on a real H200)."""
-    outcomes = search_every_real_curve(start_of=lambda largest: 3 * largest)
-    trials = [trial_count for trial_count, _, _ in outcomes]
-    out_of_memory = [errors for _, errors, _ in outcomes]
-    assert min(ratio for _, _, ratio in outcomes) >= 0.95
+    trials, out_of_memory, ratios = zip(*search_every_real_curve(start_of=lambda largest: 3 * largest))
+    assert min(ratios) >= 0.95
     assert sorted(trials)[len(trials) // 2] <= 5 and sum(t <= 5 for t in trials) >= 125
     assert sum(out_of_memory) <= 2.1 * len(out_of_memory)
 
