@@ -7,7 +7,8 @@ aim just under the new, short-range prediction so that one verifying run lands w
 ``tolerance`` of it. A fit is refused while memory has not grown measurably; when it stays
 flat over a FLAT_RANGE (512x) range (a cell that ignores the variable) the search falls back
 for good to doubling, as it does where memory cannot be measured. A failed prediction steps
-just under the failure, then bisects between the largest success and the smallest failure.
+just under the failure, then bisects between the largest success and the smallest failure;
+a fit that still predicts a size at or above a failure is wrong up there and is not followed.
 A --start above what fits halves to a first success, then measures a size BELOW times
 smaller, so that the fit, not blind bisection, places the rest. Throughput mode doubles from
 the start and stops when a doubling gains less than 5 % samples/s.
@@ -240,6 +241,8 @@ class Search:
         fit = self.fit()
         usable = self.usable
         predicted = fit.largest_under(usable) if fit is not None else None
+        if predicted is not None and hi is not None and predicted >= hi:
+            predicted = None  # a failure proved the fit wrong up there: bisect, not retry under it
         upper = min(x for x in (hi, predicted, self.maximum + 1) if x is not None)
         if hi is None and predicted is not None and predicted <= lo:
             self.stopped = f"the memory fit says {self.variable}={lo} is as large as fits"
