@@ -59,6 +59,11 @@ def _trial_counter(step, log):
     return counted
 
 
+def start_in(tool: str) -> int | None:
+    """The start a tool's name gives ("accelerate:128" -> 128), or None for the tool's default."""
+    return int(tool.split(":")[1]) if ":" in tool else None
+
+
 def worker(tool: str, room_mib: int) -> dict:
     model, optimizer, step, log = _problem(room_mib)
     began = time.perf_counter()
@@ -70,18 +75,15 @@ def worker(tool: str, room_mib: int) -> dict:
     if tool.startswith("colab_gpu"):
         from colab_gpu import find_batch
 
-        start = int(tool.split(":")[1]) if ":" in tool else None
         result = find_batch(step, restore=[model, optimizer], steps=STEPS, progress=False,
-                            start=start, measure_memory=tool != "colab_gpu (no memory fit)")
+                            start=start_in(tool), measure_memory=tool != "colab_gpu (no memory fit)")
         return {"found": result.answer, "trials": len(result.trials), "oom": result.out_of_memory_count,
                 "samples": result.samples_computed, "seconds": time.perf_counter() - began}
     counted = _trial_counter(step, log)
     if tool.startswith("accelerate"):
         from accelerate.utils import find_executable_batch_size
 
-        start = int(tool.split(":")[1])
-
-        @find_executable_batch_size(starting_batch_size=start)
+        @find_executable_batch_size(starting_batch_size=start_in(tool))
         def train(batch_size):
             for _ in range(STEPS):
                 counted(batch_size)
@@ -183,8 +185,7 @@ def print_fit_table(capacities_gib, about: str, tools) -> None:
     rows = {tool: [] for tool in tools}
     for _, curve, capacity, largest in fit_problems(capacities_gib):
         for name in tools:  # "tool", "tool:START" or "tool from 3x" (the true answer)
-            start = 3 * largest if name.endswith("from 3x") else (
-                int(name.split(":")[1]) if ":" in name else None)
+            start = 3 * largest if name.endswith("from 3x") else start_in(name)
             replay = ReplayDevice(curve, capacity)
             if name.startswith("colab_gpu"):
                 result = Search(replay, start=start).run()
