@@ -52,6 +52,7 @@ def test_both_forms_give_torchs_string():
     ("max_split_size_mb:19", "must be >= 20"),
     ("max_split_size_mb:128abc", "takes a whole number"),
     ("max_split_size_mb:-5", "takes a whole number"),
+    ("max_split_size_mb:abc", "takes a whole number, >= 20 and <= 2147483647"),
     ("garbage_collection_threshold:1.5", "must be > 0 and < 1"),
     ("garbage_collection_threshold:0", "must be > 0 and < 1"),
     ("garbage_collection_threshold:1e-1", "takes a decimal number"),

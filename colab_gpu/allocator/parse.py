@@ -173,13 +173,18 @@ def check_key_name(name: str) -> Key:
     return key
 
 
+def _number(value: float) -> str:
+    """2147483647, not 2.14748e+09: a bound the user may have to type back exactly."""
+    return str(int(value)) if value == int(value) and abs(value) >= 1 else f"{value:g}"
+
+
 def _range_text(key: Key, version: Version) -> str:
     low = key.lowest(version)
     parts = []
     if low is not None:
-        parts.append(f"{'>' if low[1] else '>='} {low[0]:g}")
+        parts.append(f"{'>' if low[1] else '>='} {_number(low[0])}")
     if key.maximum is not None:
-        parts.append(f"{'<' if key.high_open else '<='} {key.maximum:g}")
+        parts.append(f"{'<' if key.high_open else '<='} {_number(key.maximum)}")
     return " and ".join(parts)
 
 
@@ -238,7 +243,7 @@ def canonical_value(key: Key, value: str, version: Version, rocm: bool = False) 
     number = int(value)
     if key.kind == POWER_OF_TWO and not _is_power_of_two(number):
         raise AllocConfError(f"{where}: must be a power of two (1, 2, 4, ... "
-                             f"{key.maximum:g})")
+                             f"{_number(key.maximum)})")
     if not _in_range(key, version, number):
         raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version)}")
     return str(number)
