@@ -6,13 +6,29 @@ settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
 from typing import Callable, List
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Enum, Float, Int
+
+
+def _parse(magic: Callable, line: str):
+    """The magic's options, with shell quoting understood: ``--headroom "10%"`` means 10%.
+
+    IPython's own parse_argstring keeps the quotes in the values. Backslashes are not
+    escapes here, so Windows paths (``--from C:\\logs\\gpu.csv``) pass through whole.
+    """
+    lexer = shlex.shlex(line, posix=True)
+    lexer.whitespace_split, lexer.escape, lexer.commenters = True, "", ""
+    try:
+        argv = list(lexer)
+    except ValueError as error:  # an unclosed quote
+        raise UsageError(f"{error.args[0][0].lower()}{error.args[0][1:]} in {line!r}") from None
+    return magic.parser.parse_args(argv)
 
 
 def _friendly_errors(method: Callable) -> Callable:
@@ -120,7 +136,7 @@ class GPUMagics(Magics):
         """
         from .gpu_status import status
 
-        args = parse_argstring(self.gpu_status, line)
+        args = _parse(self.gpu_status, line)
         if args.live or args.stop:
             return self._live(args)
         if args.interval is not None or args.demo or args.cells:
@@ -157,7 +173,7 @@ class GPUMagics(Magics):
         """
         from .memory import ClearCacheError, clear_cache, memory_holders
 
-        args = parse_argstring(self.clear_cache, line)
+        args = _parse(self.clear_cache, line)
         if args.vars and (args.names or args.history):
             raise UsageError("--vars only shows who holds memory; it takes no NAME or --history")
         if args.vars:
@@ -204,7 +220,7 @@ class GPUMagics(Magics):
         """
         from .allocator import AllocConfError, alloc_conf, installed_torch_version, version_of
 
-        args = parse_argstring(self.alloc_conf, line)
+        args = _parse(self.alloc_conf, line)
         if args.keys:
             from .allocator.render import render_keys
 
@@ -301,7 +317,7 @@ class GPUMagics(Magics):
         from .batch.render import chart_png
         from .batch.state import Snapshot, assigned_names
 
-        args = parse_argstring(self.find_batch, line)
+        args = _parse(self.find_batch, line)
         namespace = self.shell.user_ns
         missing = [name for name in args.restore if name not in namespace]
         if missing:

@@ -72,6 +72,18 @@ def test_unknown_option_is_a_one_line_usage_error(shell, capsys):
     assert "unrecognized arguments: --bogus" in text
 
 
+def test_quoted_values_mean_what_a_shell_would(shell, capsys):
+    """Quotes are shell quoting, as users type them, not part of the value."""
+    shell.run_line_magic("alloc_conf", "--check 'max_split_size_mb:128' --json")
+    assert json.loads(capsys.readouterr().out)["settings"] == {"max_split_size_mb": "128"}
+    shell.user_ns["doomed"] = 1
+    shell.run_line_magic("clear_cache", '"doomed" --quiet')
+    assert "doomed" not in shell.user_ns
+    result = shell.run_cell('%alloc_conf --check "max_split_size_mb:128')
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "no closing quotation" in str(result.error_in_exec)
+
+
 def test_output_is_configurable_with_config(shell, capsys):
     shell.run_cell("%config GPUMagics.output = 'text'")
     try:
