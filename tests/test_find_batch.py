@@ -81,6 +81,19 @@ def test_torch_class_and_wrapped_errors():
     assert not is_out_of_memory(ValueError("shapes (2,3) and (4,5) not aligned"))
 
 
+def test_a_python_memory_error_is_out_of_memory_and_a_message_may_be_given():
+    """NumPy's MemoryError is the CPU runtime's out-of-memory: the search must try smaller."""
+    import numpy
+
+    with pytest.raises(MemoryError) as caught:
+        numpy.ones(2 ** 45, dtype=numpy.uint8)  # 32 TiB: refused by malloc, not a ValueError
+    assert is_out_of_memory(caught.value)
+    assert is_out_of_memory("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert not is_out_of_memory("shapes (2,3) and (4,5) not aligned")
+    with pytest.raises(TypeError, match="an exception or its message, not 3"):
+        is_out_of_memory(3)
+
+
 @pytest.mark.parametrize("text", ["CUDA error: an illegal memory access was encountered",
                                   "CUDA error: device-side assert triggered"])
 def test_broken_device_is_not_oom_even_when_wrapped_around_one(text):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import sys
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 # Lower-case fragments of every known out-of-memory wording (PyTorch CUDA / HIP / XPU / MPS /
 # CPU, the CUDA runtime, cuBLAS, cuDNN; TensorFlow's too, since a message is a message).
@@ -79,19 +79,26 @@ def classify(error: Optional[BaseException]) -> Optional[ErrorKind]:
         text = str(link).lower()
         if any(fragment in text for fragment in BROKEN_FRAGMENTS):
             return ErrorKind.DEVICE_BROKEN
-        if (classes and isinstance(link, classes)) or any(fragment in text for fragment in OOM_FRAGMENTS):
+        if isinstance(link, MemoryError) or (classes and isinstance(link, classes)) \
+                or any(fragment in text for fragment in OOM_FRAGMENTS):
             kinds.add(ErrorKind.OUT_OF_MEMORY)
     return kinds.pop() if kinds else ErrorKind.OTHER
 
 
-def is_out_of_memory(error: BaseException) -> bool:
+def is_out_of_memory(error: Union[BaseException, str]) -> bool:
     """True when ``error`` (or one it was raised from) says the device ran out of memory.
 
     Recognises ``torch.OutOfMemoryError`` / ``torch.cuda.OutOfMemoryError`` and the
     messages of every variant: CUDA / HIP / XPU / MPS "out of memory", "CUDA error: out of
     memory", CUBLAS_STATUS_ALLOC_FAILED, CUDNN_STATUS_ALLOC_FAILED / NOT_SUPPORTED, cuDNN
     "unable to find an engine" / "valid cuDNN algorithm", and the CPU allocator's
-    "DefaultCPUAllocator: can't allocate memory". Errors that break the device (illegal
-    memory access, device-side assert) are not out-of-memory errors.
+    "DefaultCPUAllocator: can't allocate memory", and Python's own ``MemoryError`` (NumPy's
+    "Unable to allocate ..."). Errors that break the device (illegal memory access,
+    device-side assert) are not out-of-memory errors. A message (a string) may be given
+    instead of an error.
     """
+    if isinstance(error, str):
+        error = RuntimeError(error)
+    if not isinstance(error, BaseException):
+        raise TypeError(f"is_out_of_memory() takes an exception or its message, not {error!r}")
     return classify(error) is ErrorKind.OUT_OF_MEMORY
