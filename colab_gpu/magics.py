@@ -6,6 +6,7 @@ settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%
 from __future__ import annotations
 
 import functools
+import keyword
 import shlex
 import sys
 from typing import Callable, List
@@ -36,6 +37,7 @@ def _friendly_errors(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
+        __tracebackhide__ = True  # IPython hides this frame in a traceback of the user's error
         try:
             return method(self, *args, **kwargs)
         except UsageError:
@@ -285,7 +287,7 @@ class GPUMagics(Magics):
             self.add_cleanup(self._session.stop)
         return self._session
 
-    @magic_arguments()
+    @magic_arguments("%find_batch")  # usage reads %%find_batch: it is a cell magic
     @argument("--var", default="batch_size", metavar="NAME",
               help="The variable the cell reads its batch size from (default batch_size); set to the answer.")
     @argument("--start", type=int, help="First size tried (default 2, or --multiple-of).")
@@ -315,17 +317,27 @@ class GPUMagics(Magics):
         from .batch import RestoreError, SearchError, search_batch
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
         from .batch.render import chart_png
-        from .batch.state import Snapshot, assigned_names
+        from .batch.state import Snapshot, assigned_names, mentioned_names
 
+        __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = _parse(self.find_batch, line)
+        if not args.var.isidentifier() or keyword.iskeyword(args.var):
+            raise UsageError(f"--var {args.var!r}: give a Python variable name, like batch_size or bs")
         namespace = self.shell.user_ns
         missing = [name for name in args.restore if name not in namespace]
         if missing:
             raise UsageError(f"--restore: no variable named {', '.join(missing)} in the notebook")
         source = self.shell.transform_cell(cell)
-        code = compile(source, "<%%find_batch cell>", "exec")
+        # Registered with IPython like a cell, and one line down for the %%find_batch line:
+        # a traceback of the user's error shows their line, numbered as in the cell.
+        filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", self.shell.execution_count)
+        code = compile("\n" + source, filename, "exec")
+        if args.var not in mentioned_names(source):
+            print(f"colab_gpu: the cell never mentions {args.var}; unless a function it calls reads "
+                  f"it, every size is the same work (--var names the variable)", file=sys.stderr)
 
         def step(size: int) -> None:
+            __tracebackhide__ = True
             namespace[args.var] = size
             exec(code, namespace)
 
@@ -345,7 +357,6 @@ class GPUMagics(Magics):
         if notebook:
             from IPython.display import Image, display
 
-            progress.finish(result)
             chart = chart_png(result)
             if chart is not None:
                 display(Image(data=chart, format="png"))

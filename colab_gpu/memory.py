@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 from .devices import DeviceSource
 from .gpu_status import MemoryBreakdown, breakdown, torch_memory
+from .render import count
 from .runtime import current_shell, torch_indices
 
 # IPython's own names in the user namespace: the output and input history and its helpers.
@@ -611,7 +612,7 @@ def _listed(prefix: str, items: List[str], empty: str) -> str:
 
 def _history_done(numbers: List[int], everything: bool) -> str:
     if everything:
-        return f"cleared the whole output history ({len(numbers)} entries)"
+        return f"cleared the whole output history ({count(len(numbers), 'entry')})"
     if not numbers:
         return "no output holds a tensor or a module"
     return "cleared " + ", ".join(f"Out[{n}]" for n in numbers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import weakref
@@ -185,6 +186,22 @@ def test_broken_device_stops_and_says_restart():
     assert [t.size for t in result.trials] == [2, 4, 8, 16]
 
 
+def test_headroom_larger_than_the_device_says_so_after_one_trial():
+    device = ReplayDevice(Curve([(1, GiB), (100, 2 * GiB)]), 4 * GiB)
+    result = Search(device, headroom="1000GiB").run()
+    assert device.sizes_run == [2] and result.answer is None
+    assert result.summary() == ("no batch_size found: --headroom 1000GiB keeps all of the "
+                                "device's 4.00 GiB free: no size can fit")
+
+
+def test_the_progress_says_running_and_counts_in_english():
+    seen = []
+    run, _ = blind(100)
+    Search(run, variable="bs", on_trial=lambda search: seen.append(search.result().summary())).run()
+    assert seen[0] == "searching bs: 2 fits so far (1 trial, 0 out of memory)"
+    assert seen[1] == "searching bs: 4 fits so far (2 trials, 0 out of memory)"
+
+
 def test_headroom_spelling():
     assert Headroom("512MiB").usable(1024 ** 3) == 512 * 1024 ** 2
     assert Headroom("10%").usable(1000) == 900
@@ -317,6 +334,15 @@ def test_a_trial_that_fails_between_unscale_and_step_leaves_the_grad_scaler_read
     assert torch.equal(model.weight, reference.weight) and torch.equal(model.bias, reference.bias)
 
 
+def test_a_torch_device_or_an_index_names_the_device():
+    import torch
+
+    result = find_batch(lambda size: None, device=torch.device("cpu"), max=8, progress=False)
+    assert result.answer == 8 and result.device == "cpu"
+    with pytest.raises(SearchError, match="--device cuda:0: this machine has no CUDA device"):
+        find_batch(lambda size: None, device=0, progress=False)
+
+
 def test_failed_trial_frames_are_dropped():
     """The failed trial's tensors are freed once the search goes on (no frames kept alive)."""
     import torch
@@ -394,7 +420,7 @@ def test_magic_sets_the_answer_and_leaves_the_notebook_as_it_was(shell, capsys):
     assert shell.ev("bool(torch.equal(model.weight, w0))")
     assert shell.ev("random.random()") == ns["before"]
     out = capsys.readouterr().out
-    assert "trial 1: batch_size=     2" in out and "out of memory" in out
+    assert "trial  1: batch_size=     2  fits           peak" in out and "out of memory" in out
     assert f"batch_size = {ns['batch_size']} (largest fitting" in out
 
 
@@ -405,6 +431,15 @@ def test_magic_shows_the_users_error_and_restores(shell):
     assert shell.user_ns["batch_size"] == 7 and shell.user_ns["y"] == "kept"
 
 
+def test_the_users_error_shows_their_line_not_the_magics_insides(shell, capsys):
+    result = shell.run_cell('%%find_batch --max 64\nx = batch_size\nraise ValueError("my bug")\n')
+    assert isinstance(result.error_in_exec, ValueError)
+    shown = capsys.readouterr().out
+    assert '----> 3 raise ValueError("my bug")' in shown  # numbered as in the cell
+    assert "search_batch" not in shown and "run_trial" not in shown and "exec(code" not in shown
+    assert "trial  1: batch_size=     2  error          (ValueError: my bug)" in shown
+
+
 def test_ctrl_c_keeps_the_best_so_far(shell, capsys):
     result = shell.run_cell("%%find_batch --var bs\nif bs > 100: raise KeyboardInterrupt")
     assert result.error_in_exec is None
@@ -412,10 +447,58 @@ def test_ctrl_c_keeps_the_best_so_far(shell, capsys):
     assert "interrupted" in capsys.readouterr().out
 
 
+class PressesCtrlCWhileRestored:
+    """A --restore object during whose second restore the user presses Ctrl-C: a real SIGINT
+    to this process, arriving between trials rather than inside the cell."""
+
+    def __init__(self):
+        self.restores, self.value = 0, 0
+
+    def state_dict(self):
+        return {"value": 0}
+
+    def load_state_dict(self, saved):
+        self.restores += 1
+        if self.restores == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        self.value = saved["value"]
+
+
+def test_ctrl_c_between_trials_finishes_restoring_then_stops(shell, capsys):
+    shell.user_ns["state"] = state = PressesCtrlCWhileRestored()
+    result = shell.run_cell("%%find_batch --var bs --restore state\nstate.value = bs")
+    assert result.error_in_exec is None
+    assert state.restores == 2 and state.value == 0  # restored, and no third trial
+    assert shell.user_ns["bs"] == 16
+    assert "interrupted (Ctrl-C)" in capsys.readouterr().out
+
+
+def test_names_bound_out_of_sight_of_the_source_are_removed(shell):
+    shell.user_ns.pop("hidden", None)
+    shell.user_ns.pop("timed", None)
+    shell.run_cell('%%find_batch --max 8\nexec("hidden = batch_size")\n%time timed = batch_size')
+    assert "hidden" not in shell.user_ns and "timed" not in shell.user_ns
+
+
+def test_a_cell_that_never_mentions_the_variable_is_pointed_out(shell, capsys):
+    shell.run_cell("%%find_batch --max 8\npass")
+    assert "the cell never mentions batch_size" in capsys.readouterr().err
+    shell.run_cell("%%find_batch --max 8\nx = [0] * batch_size")
+    assert "never mentions" not in capsys.readouterr().err
+
+
+def test_help_shows_a_cell_magic(shell):
+    assert "%%find_batch [--var NAME]" in shell.find_cell_magic("find_batch").__doc__
+
+
 @pytest.mark.parametrize("line, message", [
     ("--headroom 12x", "--headroom '12x'"), ("--mode fast", "invalid choice"),
     ("--restore nowhere", "no variable named nowhere"), ("--multiple-of 0", "--multiple-of 0"),
     ("--device tpu", "--device 'tpu'"), ("--steps 0", "--steps 0"),
+    ("--device cudaX", "--device 'cudaX'"), ("--device cuda", "this machine has no CUDA device"),
+    ("--device cuda:1", "--device cuda:1: this machine has no CUDA device"),
+    ("--var 1abc", "--var '1abc': give a Python variable name"), ("--var class", "--var 'class'"),
+    ("--headroom 0.1", "a number without a unit is bytes; for a share"),
 ])
 def test_magic_bad_options_are_one_line_usage_errors(shell, line, message):
     from IPython.core.error import UsageError

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from kernel import bundles, run_cells, stream
+from kernel import bundles, execute as kernel_execute, run_cells, stream
 
 pytest.importorskip("nbclient")
 
@@ -58,3 +58,47 @@ def test_the_table_updates_in_place_and_ends_as_the_report_with_a_chart():
 
     # The kernel's variable holds the answer: the largest size tried, since everything fits.
     assert answer == 256 and stream(notebook.cells[2]).strip() == f"batch_size {answer}"
+    # While it ran, the table said so; it never claimed to have stopped.
+    first = shown[0][1]["data"]["text/plain"]
+    assert first.startswith("searching batch_size: 2 fits so far (1 trial, 0 out of memory)"), first
+    assert "stopped" not in first
+
+
+RESTORED_UNDER_CTRL_C = """import os, signal
+class Ctrl_C_while_restored:
+    restores = 0
+    def state_dict(self): return {}
+    def load_state_dict(self, saved):
+        self.restores += 1
+        if self.restores == 2:  # between trials: what ipykernel's interrupt sends
+            os.kill(os.getpid(), signal.SIGINT)
+state = Ctrl_C_while_restored()
+"""
+FAILING = """%%find_batch --max 64
+x = torch.randn(batch_size, 64)
+raise ValueError("my bug")
+"""
+
+
+def test_ctrl_c_between_trials_and_the_users_error_end_as_reports():
+    import nbformat
+
+    cells = [SETUP, RESTORED_UNDER_CTRL_C, "%%find_batch --restore state\nx = torch.randn(batch_size, 64)",
+             CHECK, FAILING]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    notebook.cells[-1].metadata["tags"] = ["raises-exception"]
+    run = kernel_execute(notebook, timeout=60)
+
+    interrupted = bundles(run.cells[2])[0]["text/plain"]
+    assert interrupted.startswith("batch_size = 16 (largest fitting on cpu, 2 trials"), interrupted
+    assert "stopped: interrupted (Ctrl-C)" in interrupted
+    assert not [output for output in run.cells[2].outputs if output.output_type == "error"]
+    assert stream(run.cells[3]).strip() == "batch_size 16"
+
+    failed = run.cells[4]
+    assert bundles(failed)[0]["text/plain"].startswith(
+        "no batch_size found: batch_size=2 raised ValueError: my bug")
+    error, = [output for output in failed.outputs if output.output_type == "error"]
+    traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))
+    assert error.ename == "ValueError" and 'raise ValueError("my bug")' in traceback
+    assert "search_batch" not in traceback and "run_trial" not in traceback

@@ -7,48 +7,85 @@ import time.
 """
 from __future__ import annotations
 
+import os
+import re
+import sys
 from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 from .oom import is_out_of_memory
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError
 from .state import RestoreError, Snapshot
-from .trial import device_label, release_memory, run_trial
+from .trial import CtrlC, device_label, release_memory, run_trial
 
 __all__ = ["find_batch", "is_out_of_memory", "BatchResult", "Trial", "SearchError", "RestoreError"]
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def _cuda_devices() -> int:
+    """CUDA devices torch can use, counted through NVML so that the check never starts CUDA
+    (torch.cuda.device_count() would, before ``%alloc_conf`` has had its say)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.device_count()
+    from ..devices import default_source
+    from ..runtime import torch_indices
+
+    gpus = default_source().snapshot().gpus
+    return len(torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), [(gpu.index, gpu.uuid) for gpu in gpus]))
+
+
+def checked_device(device: Union[str, int, Any, None]) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (an int or a torch.device is taken too), or
+    SearchError: a CUDA device that is not there would be reported as the one searched on."""
+    spec = f"cuda:{device}" if isinstance(device, int) and not isinstance(device, bool) \
+        else str(device or "auto")
+    if not _DEVICE.fullmatch(spec):
+        raise SearchError(f"--device {spec!r}: use auto, cpu, cuda or cuda:N")
+    torch = sys.modules.get("torch")
+    if spec.startswith("cuda") and not getattr(getattr(torch, "version", None), "hip", None):
+        index, available = int(spec.partition(":")[2] or 0), _cuda_devices()
+        if index >= available:
+            seen = (f"{available} CUDA device{'s' if available > 1 else ''} (cuda:0 to "
+                    f"cuda:{available - 1})" if available else "no CUDA device")
+            raise SearchError(f"--device {spec}: this machine has {seen}; use --device auto or cpu")
+    return spec
 
 
 def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
                  steps: int = 3, headroom="0", multiple_of: int = 1, device: str = "auto",
-                 measure_memory: bool = True, tolerance: float = 0.05,
-                 progress: Optional[Callable[[Search], None]] = None) -> BatchResult:
+                 measure_memory: bool = True, tolerance: float = 0.05, progress=None) -> BatchResult:
     """Search with ``step(size)``, restoring ``snapshot`` and freeing memory after every trial.
 
-    The user's own error (not an out-of-memory, not a broken device) is raised again once
-    everything is restored, with its traceback.
+    ``progress(search)`` is called after every trial and ``progress.finish(result)`` at the
+    end. The user's own error (not an out-of-memory, not a broken device) is raised again
+    once everything is restored and the progress finished, with its traceback.
     """
+    __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
     if steps < 1:
         raise SearchError(f"--steps {steps}: give a whole number >= 1")
-    device = device or "auto"
-    if device != "auto" and device != "cpu" and not device.startswith("cuda"):
-        raise SearchError(f"--device {device!r}: use auto, cpu, cuda or cuda:N")
+    device = checked_device(device)
     errors = []
+    with CtrlC() as ctrl_c:
+        def run(size: int) -> Trial:
+            if ctrl_c.pressed:  # held since the last trial ended: stop before the next one
+                raise KeyboardInterrupt
+            trial, error = run_trial(step, size, steps, device, measure_memory, ctrl_c)
+            snapshot.restore()
+            if trial.outcome != DEVICE_BROKEN:
+                release_memory(device)
+            search.device = device_label(device)
+            if error is not None:
+                errors.append(error)
+            return trial
 
-    def run(size: int) -> Trial:
-        trial, error = run_trial(step, size, steps, device, measure_memory)
-        snapshot.restore()
-        if trial.outcome != DEVICE_BROKEN:
-            release_memory(device)
-        if error is not None:
-            errors.append(error)
-        return trial
-
-    search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
-                    multiple_of=multiple_of, headroom=headroom, tolerance=tolerance,
-                    on_trial=progress or (lambda search: None))
-    result = search.run()
-    result = BatchResult(**{**result.__dict__, "device": device_label(device)})
+        search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
+                        multiple_of=multiple_of, headroom=headroom, tolerance=tolerance,
+                        device=device_label(device), on_trial=progress or (lambda search: None))
+        result = search.run()
+    if progress is not None:
+        progress.finish(result)
     if errors and result.trials[-1].outcome != DEVICE_BROKEN:
         raise errors[-1]
     return result
@@ -72,10 +109,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
         f"{type(obj).__name__}#{index}": obj for index, obj in enumerate(restore)}
     from .progress import reporter
 
-    report = reporter() if progress else None
-    result = search_batch(fn, Snapshot(objects=objects), variable=variable, mode=mode, start=start,
-                          maximum=max, steps=steps, headroom=headroom, multiple_of=multiple_of,
-                          device=device, measure_memory=measure_memory, progress=report)
-    if report is not None:
-        report.finish(result)
-    return result
+    return search_batch(fn, Snapshot(objects=objects), variable=variable, mode=mode, start=start,
+                        maximum=max, steps=steps, headroom=headroom, multiple_of=multiple_of,
+                        device=device, measure_memory=measure_memory,
+                        progress=reporter() if progress else None)

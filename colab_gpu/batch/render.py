@@ -4,18 +4,21 @@ from __future__ import annotations
 from html import escape
 from typing import Optional
 
-from ..render import size as format_size
+from ..render import count, size as format_size
 from ..render.html import STYLE
-from .result import trial_row
+from .result import RUNNING, trial_row
 
 HEADER = ("size", "outcome", "peak memory", "time/step", "samples/s")
 
 
 def trial_line(trial, variable: str, number: int) -> str:
     """One progress line for a terminal."""
-    row = trial_row(trial)
-    return (f"trial {number}: {variable}={row[0]:>6}  {row[1]:<13}  peak {row[2]:>9}  "
-            f"{row[3]:>10}/step  {row[4]:>8} samples/s" + (f"  ({trial.error})" if trial.error else ""))
+    size, outcome, peak, step, speed = trial_row(trial)
+    if trial.fits:
+        measured = f"peak {peak:>9}  {step + '/step':>13}  {speed:>9} samples/s"
+    else:
+        measured = f"({trial.error})" if trial.error else ""
+    return f"trial {number:>2}: {variable}={size:>6}  {outcome:<13}  {measured}".rstrip()
 
 
 def _table_text(result) -> str:
@@ -25,15 +28,17 @@ def _table_text(result) -> str:
 
 
 def _facts(result):
-    yield f"device: {result.device}"
+    if result.device:
+        yield f"device: {result.device}"
     if result.capacity is not None:
         usable = "" if result.usable == result.capacity else f", usable with headroom {format_size(result.usable)}"
         yield f"capacity: {format_size(result.capacity)}{usable}"
     if result.fit is not None:
         yield (f"memory fit: {format_size(result.fit.intercept)} + {format_size(result.fit.slope)} per sample "
                f"(from {result.variable}={result.fit.sizes[0]} and {result.fit.sizes[1]})")
-    yield (f"{len(result.trials)} trials, {result.out_of_memory_count} out of memory, "
-           f"{result.samples_computed} samples computed; stopped: {result.stopped}")
+    ended = "still running" if result.stopped == RUNNING else f"stopped: {result.stopped}"
+    yield (f"{count(len(result.trials), 'trial')}, {result.out_of_memory_count} out of memory, "
+           f"{count(result.samples_computed, 'sample')} computed; {ended}")
     if result.largest_fitting is not None:
         yield f"largest that ran: {result.largest_fitting}"
     if result.fastest is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from ..render import NA, number, size as format_size
+from ..render import NA, count, number, size as format_size
 
 FITS = "fits"
 OUT_OF_MEMORY = "out of memory"
@@ -12,6 +12,7 @@ OVER_HEADROOM = "over headroom"  # ran, but its peak left less free memory than 
 DEVICE_BROKEN = "device broken"
 ERROR = "error"
 INTERRUPTED = "interrupted"
+RUNNING = "still running"  # ``stopped`` while the search goes on (the progress table)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,12 +97,16 @@ class BatchResult:
         return [trial_row(trial) for trial in self.trials]
 
     def summary(self) -> str:
+        tally = f"{count(len(self.trials), 'trial')}, {self.out_of_memory_count} out of memory"
+        if self.stopped == RUNNING:
+            best = (f"{self.largest_fitting} fits so far" if self.largest_fitting is not None
+                    else "nothing has fitted yet")
+            return f"searching {self.variable}: {best} ({tally})"
         if self.answer is None:
             return f"no {self.variable} found: {self.stopped}"
         what = "fastest" if self.mode == "throughput" else "largest fitting"
         where = f" on {self.device}" if self.device else ""
-        return (f"{self.variable} = {self.answer} ({what}{where}, {len(self.trials)} trials, "
-                f"{self.out_of_memory_count} out of memory)")
+        return f"{self.variable} = {self.answer} ({what}{where}, {tally})"
 
     def __repr__(self) -> str:
         return f"<BatchResult {self.summary()}>"

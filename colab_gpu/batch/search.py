@@ -21,7 +21,8 @@ import math
 import re
 from typing import Callable, List, Optional
 
-from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, OUT_OF_MEMORY, OVER_HEADROOM,
+from ..render import size as format_size
+from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, OUT_OF_MEMORY, OVER_HEADROOM, RUNNING,
                      BatchResult, MemoryFit, Trial)
 
 MODES = ("max", "throughput")
@@ -41,6 +42,9 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
 
 
+INTERRUPTED_NOTE = "interrupted (Ctrl-C); the best size so far is the answer"
+
+
 class SearchError(ValueError):
     """An option the search cannot work with; the message says what is accepted."""
 
@@ -55,6 +59,9 @@ class Headroom:
             raise SearchError(f"--headroom {self.spec!r}: give bytes like 512MiB or 2GB, or a "
                               f"percentage of device memory like 10%")
         value, unit = float(match.group(1)), match.group(2) or ""
+        if unit in ("", "b") and value != int(value):
+            raise SearchError(f"--headroom {self.spec!r}: a number without a unit is bytes; for a "
+                              f"share of device memory write a percentage like 10%")
         if unit == "%" and value >= 100:
             raise SearchError(f"--headroom {self.spec!r}: a percentage must be below 100%")
         self.fraction = value / 100 if unit == "%" else None
@@ -176,11 +183,17 @@ class Search:
     def attempt(self, size: int) -> Trial:
         trial = self._run(size)
         usable = self.headroom.usable(trial.capacity)
-        if trial.fits and not self.headroom.is_zero and trial.peak_memory and usable \
+        if trial.fits and not self.headroom.is_zero and trial.peak_memory and usable is not None \
                 and trial.peak_memory > usable:
             trial = Trial(**{**trial.__dict__, "outcome": OVER_HEADROOM})
         self.trials.append(trial)
+        nothing_fits = usable is not None and usable <= 0
+        if nothing_fits:
+            self.stopped = (f"--headroom {self.headroom.spec} keeps all of the device's "
+                            f"{format_size(trial.capacity)} free: no size can fit")
         self.on_trial(self)
+        if nothing_fits:
+            raise _Stop
         if trial.outcome == DEVICE_BROKEN:
             self.stopped = (f"{self.variable}={size} broke the device ({trial.error}); restart the "
                             f"runtime: nothing on this device works until the process restarts")
@@ -189,7 +202,7 @@ class Search:
             self.stopped = f"{self.variable}={size} raised {trial.error}"
             raise _Stop
         if trial.outcome == INTERRUPTED:
-            self.stopped = "interrupted (Ctrl-C); the best size so far is the answer"
+            self.stopped = INTERRUPTED_NOTE
             raise _Stop
         return trial
 
@@ -213,6 +226,7 @@ class Search:
 
     # --- the two modes -----------------------------------------------------------------
     def run(self) -> BatchResult:
+        self.stopped = RUNNING
         try:
             if self._first_success() is not None:
                 if self.mode == "max":
@@ -221,6 +235,8 @@ class Search:
                     self._fastest()
         except _Stop:
             pass
+        except KeyboardInterrupt:  # ``run(size)`` may raise it between trials
+            self.stopped = INTERRUPTED_NOTE
         return self.result()
 
     def _first_success(self) -> Optional[int]:

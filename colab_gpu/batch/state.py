@@ -11,9 +11,6 @@ import random
 import sys
 from typing import Any, Dict, Iterable, List, MutableMapping, Optional, Set
 
-_MISSING = object()
-
-
 class RestoreError(ValueError):
     """An object given to --restore whose state cannot be saved."""
 
@@ -29,6 +26,11 @@ def assigned_names(source: str) -> Set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
     return names
+
+
+def mentioned_names(source: str) -> Set[str]:
+    """Every name a cell's code reads or binds."""
+    return {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
 
 
 def _to_cpu(value):
@@ -106,17 +108,19 @@ class Snapshot:
     def __init__(self, namespace: Optional[MutableMapping[str, Any]] = None,
                  names: Iterable[str] = (), objects: Optional[Dict[str, Any]] = None):
         self.namespace = namespace
-        self.names: Dict[str, Any] = ({name: namespace.get(name, _MISSING) for name in names}
-                                      if namespace is not None else {})
+        # Names the trial adds are deleted, wherever they came from (an assignment, exec,
+        # %time x = ..., a function's global); the ``names`` that existed are put back.
+        self.existing = set(namespace) if namespace is not None else set()
+        self.names: Dict[str, Any] = {name: namespace[name] for name in names if name in self.existing}
         self.objects: List[_ObjectState] = [_ObjectState(name, obj) for name, obj in (objects or {}).items()]
         self.generators = _Generators()
 
     def restore(self) -> None:
+        if self.namespace is not None:
+            for name in set(self.namespace) - self.existing:
+                del self.namespace[name]
         for name, value in self.names.items():
-            if value is _MISSING:
-                self.namespace.pop(name, None)  # created by a trial, not by the user
-            else:
-                self.namespace[name] = value
+            self.namespace[name] = value
         for state in self.objects:
             state.restore()
         self.generators.restore()

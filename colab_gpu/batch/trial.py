@@ -8,10 +8,13 @@ torch's allocator on CUDA; on Linux CPUs, the process's peak resident memory (re
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import signal
 import statistics
 import sys
+import threading
 import time
 from typing import Callable, Optional, Tuple
 
@@ -186,17 +189,56 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
 
 
+class CtrlC:
+    """Ctrl-C interrupts the user's step at once; anywhere else in the search it is held.
+
+    Between steps the search restores state and frees memory: a KeyboardInterrupt there
+    would escape half-way through a restore, or vanish into a finalizer (ipykernel's own
+    hooks swallow it). Held, it stops the search before the next trial, everything restored.
+    Signals reach only the main thread, so elsewhere there is nothing to hold.
+    """
+
+    def __init__(self):
+        self.pressed = False
+        self._in_step = False
+        self._previous = None
+
+    def __enter__(self) -> "CtrlC":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self._in_step:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    @contextlib.contextmanager
+    def deliverable(self):
+        """While the user's code runs, Ctrl-C raises KeyboardInterrupt as usual."""
+        self._in_step = True
+        try:
+            yield
+        finally:
+            self._in_step = False
+
+
 _OUTCOMES = {ErrorKind.OUT_OF_MEMORY: OUT_OF_MEMORY, ErrorKind.DEVICE_BROKEN: DEVICE_BROKEN,
              ErrorKind.OTHER: ERROR}
 
 
 def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: str = "auto",
-              measure: bool = True) -> Tuple[Trial, Optional[BaseException]]:
+              measure: bool = True, ctrl_c: Optional[CtrlC] = None) -> Tuple[Trial, Optional[BaseException]]:
     """Run ``step(size)`` ``steps`` times; the error comes back only when the user must see it.
 
     An out-of-memory error or Ctrl-C is dropped here, outside the ``except`` block, with
     its frames, so that the failed trial's tensors can be freed.
     """
+    __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
     gauge = open_gauge(device, measure)
     if gauge is not None:
         gauge.reset()
@@ -205,7 +247,8 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
         for index in range(steps):
             runs += 1
             began = time.perf_counter()
-            step(size)
+            with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
+                step(size)
             synchronize(device)
             if index > 0 or steps == 1:
                 timings.append(time.perf_counter() - began)

@@ -22,6 +22,11 @@ def size(value: Optional[float]) -> str:
     return f"{value / 1024 ** 3:.2f} GiB"
 
 
+def count(amount: int, noun: str) -> str:
+    """"1 trial", "2 trials": the plural an English reader expects."""
+    return f"{amount} {noun}" + ("" if amount == 1 else "s")
+
+
 def number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
     if value is None:
         return NA
