@@ -6,7 +6,6 @@ settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%
 from __future__ import annotations
 
 import functools
-import keyword
 import shlex
 import sys
 from typing import Callable, List
@@ -321,8 +320,6 @@ class GPUMagics(Magics):
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = _parse(self.find_batch, line)
-        if not args.var.isidentifier() or keyword.iskeyword(args.var):
-            raise UsageError(f"--var {args.var!r}: give a Python variable name, like batch_size or bs")
         namespace = self.shell.user_ns
         missing = [name for name in args.restore if name not in namespace]
         if missing:
@@ -332,7 +329,7 @@ class GPUMagics(Magics):
         # a traceback of the user's error shows their line, numbered as in the cell.
         filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", self.shell.execution_count)
         code = compile("\n" + source, filename, "exec")
-        if args.var not in mentioned_names(source):
+        if args.var.isidentifier() and args.var not in mentioned_names(source):  # else: a UsageError below
             print(f"colab_gpu: the cell never mentions {args.var}; unless a function it calls reads "
                   f"it, every size is the same work (--var names the variable)", file=sys.stderr)
 

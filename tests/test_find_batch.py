@@ -334,6 +334,25 @@ def test_a_trial_that_fails_between_unscale_and_step_leaves_the_grad_scaler_read
     assert torch.equal(model.weight, reference.weight) and torch.equal(model.bias, reference.bias)
 
 
+def test_wrong_types_in_the_api_say_which_argument():
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    weights = model.weight.detach().clone()
+
+    def step(size):
+        with torch.no_grad():
+            model.weight.add_(size)
+
+    assert find_batch(step, restore=model, max=8, progress=False).answer == 8  # one object, not a list
+    assert torch.equal(model.weight, weights)
+    for arguments, message in (({"max": "8"}, "--max '8': give a whole number"),
+                               ({"steps": "3"}, "--steps '3'"), ({"max": 8.5}, "--max 8.5"),
+                               ({"variable": None}, "--var None: give a Python variable name")):
+        with pytest.raises(SearchError, match=message):
+            find_batch(step, progress=False, **arguments)
+
+
 def test_a_torch_device_or_an_index_names_the_device():
     import torch
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, Iterable, Optional, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from .oom import is_out_of_memory
 from .result import DEVICE_BROKEN, BatchResult, Trial
-from .search import Search, SearchError
+from .search import Search, SearchError, whole_number
 from .state import RestoreError, Snapshot
 from .trial import CtrlC, device_label, release_memory, run_trial
 
@@ -63,8 +63,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
     once everything is restored and the progress finished, with its traceback.
     """
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
-    if steps < 1:
-        raise SearchError(f"--steps {steps}: give a whole number >= 1")
+    whole_number("--steps", steps)
     device = checked_device(device)
     errors = []
     with CtrlC() as ctrl_c:
@@ -94,7 +93,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
 def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: str = "max",
                start: Optional[int] = None, max: Optional[int] = None, steps: int = 3,
                headroom: Union[str, int] = "0", multiple_of: int = 1,
-               restore: Union[Iterable[Any], Dict[str, Any]] = (), device: str = "auto",
+               restore: Union[Any, Sequence[Any], Dict[str, Any]] = (), device: str = "auto",
                measure_memory: bool = True, progress: bool = True) -> BatchResult:
     """Find the largest batch size that fits (``mode="max"``) or the fastest (``"throughput"``).
 
@@ -105,6 +104,8 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     too. Ctrl-C stops the search and returns the best size so far. The answer is always a
     size that ran and fitted.
     """
+    if not isinstance(restore, (dict, list, tuple)):
+        restore = [restore]  # one model (or tensor: iterable, but one object)
     objects = restore if isinstance(restore, dict) else {
         f"{type(obj).__name__}#{index}": obj for index, obj in enumerate(restore)}
     from .progress import reporter

@@ -17,6 +17,7 @@ The answer is always a size that ran and fitted: never an interpolated one.
 """
 from __future__ import annotations
 
+import keyword
 import math
 import re
 from typing import Callable, List, Optional
@@ -79,6 +80,13 @@ class Headroom:
         return not (self.fraction or self.bytes)
 
 
+def whole_number(option: str, value) -> int:
+    """``value`` if it is a whole number >= 1, else SearchError naming the option."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SearchError(f"{option} {value!r}: give a whole number >= 1")
+    return value
+
+
 def noise_floor(capacity: int) -> int:
     """Peak-memory growth below this is allocator rounding, not the batch."""
     return max(8 * 1024 ** 2, capacity // 200)
@@ -133,13 +141,14 @@ class Search:
                  on_trial: Callable[["Search"], None] = lambda search: None):
         if mode not in MODES:
             raise SearchError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
-        if multiple_of < 1:
-            raise SearchError(f"--multiple-of {multiple_of}: give a whole number >= 1")
+        if not isinstance(variable, str) or not variable.isidentifier() or keyword.iskeyword(variable):
+            raise SearchError(f"--var {variable!r}: give a Python variable name, like batch_size or bs")
+        for option, value in (("--multiple-of", multiple_of), ("--start", start), ("--max", maximum)):
+            if value is not None:
+                whole_number(option, value)
         self.step = multiple_of
         self.start = self._align(start if start is not None else max(DEFAULT_START, multiple_of))
         self.maximum = maximum if maximum is not None else max(DEFAULT_MAX, self.start)
-        if start is not None and start < 1:
-            raise SearchError(f"--start {start}: give a whole number >= 1")
         if self.maximum < self.start:
             raise SearchError(f"--max {self.maximum} is below --start {self.start}")
         self._run, self.variable, self.mode, self.device = run, variable, mode, device
