@@ -325,6 +325,17 @@ def test_save_is_visible_applied_on_load_and_forgettable(env):
     assert apply_saved(environ=fresh, modules={}, state=NOT_IMPORTED) is None
 
 
+def test_saved_reset_after_import_keeps_the_loaded_backend_in_the_environment(env):
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync,expandable_segments:True"
+    imported = TorchState(imported=True, version="2.13.0")
+    with pytest.raises(AllocConfError, match="backend cannot change now"):
+        alloc_conf(reset=True, environ=env, modules={}, state=imported)
+    result = alloc_conf(reset=True, save=True, environ=env, modules={}, state=imported)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == env["PYTORCH_ALLOC_CONF"] == "backend:cudaMallocAsync"
+    assert to_torch(result.settings) == "backend:cudaMallocAsync"
+    assert open(result.saved_path).read() == "\n"
+
+
 def test_result_renders_as_text_html_and_json(env):
     result = alloc_conf(["max_split_size_mb=128"], environ=env, modules={})
     assert repr(result) == "<AllocConfResult set: max_split_size_mb:128; 0 warnings>"

@@ -137,6 +137,26 @@ def test_backend_is_refused_once_torch_is_imported(shell, torch_env):
     assert {name: value.encode() for name, value in os.environ.items()} == before
 
 
+def test_backend_saved_after_import_stays_out_of_the_live_environment(shell, torch_env, capsys):
+    """torch asserts at CUDA start when the environment names another backend than the one
+    it loaded with (c10/cuda/CUDAAllocatorConfig.cpp, pytorch#104801): --save keeps it for
+    after a restart only."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    shell.run_line_magic("config", "GPUMagics.output = 'text'")
+    try:
+        shell.run_line_magic("alloc_conf", "backend=cudaMallocAsync --save")
+    finally:
+        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == os.environ["PYTORCH_ALLOC_CONF"] == \
+        "expandable_segments:True"
+    saved = Path(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt").read_text()
+    assert saved == "expandable_segments:True,backend:cudaMallocAsync\n"
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "Allocator configuration changed: expandable_segments:True"
+    assert "backend: backend is chosen when torch is imported\n    kept out of this process's " \
+        "environment\n" in out
+
+
 def test_torch_refusing_restores_env_and_torchs_settings(torch_env):
     """torch keeps large_segment_size_mb between calls; set behind our back, it makes torch
     refuse a string we validated. Everything must come back as it was."""
@@ -159,7 +179,7 @@ def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env):
         (k.name, k.runtime_reason) for k in KEYS)["per_process_memory_fraction"]),)
     assert result.applied_via == ("environment", "torch._C._accelerator_setAllocatorSettings")
     assert result.in_effect == "max_split_size_mb:128"
-    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,per_process_memory_fraction:0.5"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"  # as in effect
     from IPython.lib.pretty import pretty
 
     assert "add --save to apply them when the extension loads after a restart" in pretty(result)

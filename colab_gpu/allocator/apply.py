@@ -4,7 +4,9 @@ torch not imported -> both environment variables. torch imported, CUDA not start
 same (``backend`` can no longer change), plus torch's run-time setter where it has one, so the
 settings hold even if something already read them. CUDA started -> the run-time setter of
 the installed version for the keys that take effect at run time; the others are listed with
-the reason and can be saved for the next start. Nothing here imports torch.
+the reason and can be saved for the next start. Keys that cannot change now keep their old
+value in the environment, which always says what this process runs with. Nothing here
+imports torch.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ class AllocConfResult:
     action: str  # "show", "check", "set" or "load"
     torch: TorchState
     torch_version: Optional[str]  # the installed torch, read without importing it
-    settings: Settings  # the merged configuration now set (or checked)
+    settings: Settings  # the merged configuration now set in this process (or checked)
     env_before: Dict[str, Optional[str]]
     env_after: Dict[str, Optional[str]]
     applied_via: Tuple[str, ...] = ()  # "environment", "torch._C._accelerator_setAllocatorSettings", ...
@@ -247,7 +249,13 @@ def alloc_conf(settings: Sequence[str] = (), *, unset: Sequence[str] = (), reset
     for name in unset:
         if name in dict(changes):
             raise AllocConfError(f"{name} is both set and unset in one call; pick one")
-    base = () if reset else current_settings(environ, names)[1]
+    try:
+        current = current_settings(environ, names)[1]
+    except AllocConfError:
+        if not reset:
+            raise
+        current = ()  # --reset is the way out of an unreadable setting
+    base = () if reset else current
     if not (changes or unset or reset or save or forget):
         saved, path = saved_setting(environ)
         return AllocConfResult(action="show", settings=base, env_after=env_before,
@@ -256,20 +264,21 @@ def alloc_conf(settings: Sequence[str] = (), *, unset: Sequence[str] = (), reset
                                saved_path=str(path), **common)
 
     new_settings = validate(merge(base, changes, unset), version, rocm)
-    deferred = _deferred(base, new_settings, state, allow=save)
-    result = _apply(new_settings, deferred, state, environ, modules, env_before)
+    deferred = _deferred(current, new_settings, state, allow=save)
+    result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
+                    env_before)
     saved, path = _save_or_forget(to_torch(new_settings), save, forget, environ)
     return dataclasses.replace(
         result, action="set", preset=explanation, saved=saved, saved_path=str(path),
         warnings=_warnings(new_settings, version, env_before) + result.warnings, **common)
 
 
-def _deferred(base: Settings, new: Settings, state: TorchState, allow: bool
+def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool
               ) -> Tuple[Tuple[str, str], ...]:
     """Changed keys that cannot take effect now, with why; a refused change raises."""
     if not state.imported:
         return ()
-    before, after = dict(base), dict(new)
+    before, after = dict(current), dict(new)
     changed = [name for name in set(before) | set(after) if before.get(name) != after.get(name)]
     deferred = []
     for name in sorted(changed):
@@ -284,6 +293,16 @@ def _deferred(base: Settings, new: Settings, state: TorchState, allow: bool
         elif state.cuda_initialized and not key.runtime:
             deferred.append((name, key.runtime_reason))
     return tuple(deferred)
+
+
+def _live(current: Settings, new: Settings, deferred) -> Settings:
+    """``new`` with the deferred keys as they are now: torch asserts at CUDA start if the
+    environment names another backend than the one it loaded with (pytorch#104801), and
+    the other deferred keys would reach child processes while this one runs without them."""
+    held = {name for name, _ in deferred}
+    before = dict(current)
+    return merge(new, tuple((name, before[name]) for name in held if name in before),
+                 unset=[name for name in held if name not in before])
 
 
 def _apply(settings: Settings, deferred, state: TorchState, environ, modules, env_before

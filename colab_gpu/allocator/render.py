@@ -32,8 +32,9 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
         sections.append(("applied through", [", ".join(result.applied_via)]))
     if result.deferred:
         lines = [f"{name}: {why}" for name, why in result.deferred]
-        if not result.saved:
-            lines.append("add --save to apply them when the extension loads after a restart")
+        lines.append("kept out of this process's environment" + (
+            "" if result.saved else
+            "; add --save to apply them when the extension loads after a restart"))
         sections.append(("could not change now", lines))
     if result.warnings:
         sections.append(("warnings", list(result.warnings)))
