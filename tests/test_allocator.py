@@ -247,6 +247,12 @@ def test_merge_unset_reset(env):
     assert "PYTORCH_CUDA_ALLOC_CONF" not in env and "PYTORCH_ALLOC_CONF" not in env
 
 
+def test_unset_takes_one_key_as_a_plain_string_like_settings(env):
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True,max_split_size_mb:128"
+    alloc_conf(unset="expandable_segments", environ=env, modules={})
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+
+
 def test_warnings_where_torch_is_surprising(env):
     result = alloc_conf(["garbage_collection_threshold=0.6 max_split_size_mb=128 "
                          "expandable_segments=True backend=cudaMallocAsync"], environ=env, modules={})

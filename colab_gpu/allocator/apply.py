@@ -16,7 +16,7 @@ import json
 import os
 import pathlib
 import sys
-from typing import Any, Callable, Dict, MutableMapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, MutableMapping, Optional, Sequence, Tuple, Union
 
 from ..runtime import TorchState, torch_state
 from .parse import (AllocConfError, Settings, check_key_name, format_version, merge, parse,
@@ -209,21 +209,21 @@ def _warnings(settings: Settings, version: Optional[Tuple[int, int]], env_before
     return tuple(found)
 
 
-def alloc_conf(settings: Sequence[str] = (), *, unset: Sequence[str] = (), reset: bool = False,
-               preset: Optional[str] = None, check: Optional[str] = None, save: bool = False,
-               forget: bool = False, state: Optional[TorchState] = None,
+def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Sequence[str]] = (),
+               reset: bool = False, preset: Optional[str] = None, check: Optional[str] = None,
+               save: bool = False, forget: bool = False, state: Optional[TorchState] = None,
                environ: MutableMapping[str, str] = os.environ,
                modules=sys.modules) -> AllocConfResult:
     """Show, check or change the allocator configuration; see the module docstring.
 
     ``settings`` are strings in either form (``"max_split_size_mb=128"`` or
-    ``"max_split_size_mb:128,expandable_segments:True"``). Everything is validated against the
-    installed torch before anything changes; on any failure the environment is restored
-    byte for byte and AllocConfError says what was wrong. ``state`` overrides the detected
-    torch state (for callers that already know it).
+    ``"max_split_size_mb:128,expandable_segments:True"``), ``unset`` key names; either may
+    be one string. Everything is validated against the installed torch before anything
+    changes; on any failure the environment is restored byte for byte and AllocConfError
+    says what was wrong. ``state`` overrides the detected torch state (for callers that
+    already know it).
     """
-    if isinstance(settings, str):
-        settings = (settings,)
+    settings, unset = ((given,) if isinstance(given, str) else given for given in (settings, unset))
     state = state or torch_state(modules)
     version_text = installed_torch_version(modules)
     version = version_of(version_text)
