@@ -342,6 +342,23 @@ def test_saved_reset_after_import_keeps_the_loaded_backend_in_the_environment(en
     assert open(result.saved_path).read() == "\n"
 
 
+def test_heading_says_unchanged_and_forget_says_what_it_deleted(env):
+    from IPython.lib.pretty import pretty
+
+    alloc_conf(preset="fragmentation", save=True, environ=env, modules={})
+    again = alloc_conf(preset="fragmentation", environ=env, modules={})
+    assert pretty(again).startswith("Allocator configuration unchanged: expandable_segments:True\n")
+    assert "<h4>Allocator configuration unchanged: " in again._repr_html_()
+    forgot = pretty(alloc_conf(forget=True, environ=env, modules={}))
+    assert forgot.startswith("Allocator configuration unchanged: expandable_segments:True\n")
+    assert "  saved setting:\n    deleted 'expandable_segments:True' from " in forgot
+    assert "there was none to delete" in pretty(alloc_conf(forget=True, environ=env, modules={}))
+    assert pretty(alloc_conf(reset=True, environ=env, modules={})).startswith(
+        "Allocator configuration changed: (empty)\n")
+    assert pretty(alloc_conf(reset=True, environ=env, modules={})).startswith(
+        "Allocator configuration unchanged: (empty)\n")
+
+
 def test_result_renders_as_text_html_and_json(env):
     result = alloc_conf(["max_split_size_mb=128"], environ=env, modules={})
     assert repr(result) == "<AllocConfResult set: max_split_size_mb:128; 0 warnings>"

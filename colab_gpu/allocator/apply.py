@@ -47,6 +47,7 @@ class AllocConfResult:
     preset: Optional[Tuple[str, str]] = None  # (name, explanation)
     saved: Optional[str] = None  # the setting saved for after a restart
     saved_path: Optional[str] = None
+    forgotten: Optional[str] = None  # with forget: the setting deleted, "" where none was saved
 
     @property
     def changed(self) -> bool:
@@ -267,9 +268,10 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     deferred = _deferred(current, new_settings, state, allow=save)
     result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
                     env_before)
-    saved, path = _save_or_forget(to_torch(new_settings), save, forget, environ)
+    saved, forgotten, path = _save_or_forget(to_torch(new_settings), save, forget, environ)
     return dataclasses.replace(
         result, action="set", preset=explanation, saved=saved, saved_path=str(path),
+        forgotten=forgotten,
         warnings=_warnings(new_settings, version, env_before) + result.warnings, **common)
 
 
@@ -347,16 +349,19 @@ def _in_effect(state: TorchState, modules) -> Optional[str]:
     return setter.get() if setter is not None and setter.get is not None else None
 
 
-def _save_or_forget(text: str, save: bool, forget: bool, environ) -> Tuple[Optional[str], pathlib.Path]:
+def _save_or_forget(text: str, save: bool, forget: bool, environ
+                    ) -> Tuple[Optional[str], Optional[str], pathlib.Path]:
+    """(saved, forgotten, path): what stays saved, and what --forget deleted, for the report."""
     saved, path = saved_setting(environ)
-    if forget and path.exists():
-        path.unlink()
-        saved = None
+    forgotten = None
+    if forget:
+        forgotten, saved = saved or "", None
+        path.unlink(missing_ok=True)
     if save:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
         saved = text
-    return saved, path
+    return saved, forgotten, path
 
 
 def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modules,

@@ -11,6 +11,13 @@ _TITLES = {"show": "Allocator configuration", "check": "Allocator setting checke
            "set": "Allocator configuration changed"}
 
 
+def _title(result) -> str:
+    """A call that set what was already set says so, instead of claiming a change."""
+    title = "Allocator configuration unchanged" if result.action == "set" and \
+        not result.changed else _TITLES[result.action]
+    return f"{title}: {to_torch(result.settings) or '(empty)'}"
+
+
 def _sections(result) -> List[Tuple[str, List[str]]]:
     """The report as (heading, lines); both renderers draw from this one list."""
     version = f" (installed torch {result.torch_version})" if result.torch_version and \
@@ -21,8 +28,6 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
     sections.append(("environment", [
         f"{name} = {value!r}" if value is not None else f"{name} not set"
         for name, value in result.env_after.items()]))
-    if result.action == "set" and not result.changed:
-        sections[-1][1].append("(unchanged)")
     sections.append(("settings", [f"{name} = {value}  -- {meaning}"
                                   for name, value, meaning in result.meanings()]
                      or ["nothing set: torch uses its defaults"]))
@@ -42,11 +47,16 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
         sections.append(("saved for after a restart", [
             f"{result.saved!r} in {result.saved_path}: applied by %load_ext colab_gpu before "
             f"CUDA starts; %alloc_conf --forget removes it"]))
+    if result.forgotten is not None:
+        sections.append(("saved setting", [
+            f"deleted {result.forgotten!r} from {result.saved_path}: %load_ext colab_gpu no "
+            f"longer applies it" if result.forgotten else
+            f"there was none to delete ({result.saved_path})"]))
     return sections
 
 
 def render_text(result) -> str:
-    lines = [f"{_TITLES[result.action]}: {to_torch(result.settings) or '(empty)'}"]
+    lines = [_title(result)]
     for heading, body in _sections(result):
         lines.append(f"  {heading}:")
         lines += [f"    {line}" for line in body]
@@ -58,7 +68,7 @@ def render_html(result) -> str:
 
     rows = [(heading, "<br>".join(escape(line) for line in body))
             for heading, body in _sections(result)]
-    title = escape(f"{_TITLES[result.action]}: {to_torch(result.settings) or '(empty)'}")
+    title = escape(_title(result))
     warnings = "".join(f"<li class='warning'>{escape(w)}</li>" for w in result.warnings)
     return (STYLE + f'<div class="cgpu-card"><h4>{title}</h4>'
             + _rows([row for row in rows if row[0] != "warnings"])
