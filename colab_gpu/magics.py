@@ -223,6 +223,10 @@ class GPUMagics(Magics):
 
         args = _parse(self.alloc_conf, line)
         if args.keys:
+            if any(value not in (None, False, []) for name, value in vars(args).items()
+                   if name != "keys"):
+                raise UsageError("--keys lists every key and takes no other option: "
+                                 "%alloc_conf --keys")
             from .allocator.render import render_keys
 
             print(render_keys(version_of(installed_torch_version())))

@@ -418,6 +418,27 @@ def test_magic_bad_input_is_a_usage_error_and_changes_nothing(magic_env, line, e
     assert {name: value.encode() for name, value in os.environ.items()} == before
 
 
+@pytest.mark.parametrize("line, expected", [
+    ("--save --forget", "--save and --forget contradict each other"),
+    ("--forget expandable_segments=False --save", "--save and --forget contradict each other"),
+    ("--check max_split_size_mb:128 expandable_segments=False", "--check only validates"),
+    ("--check max_split_size_mb:128 --save", "--check only validates"),
+    ("--check max_split_size_mb:128 --reset --preset reclaim", "--check only validates"),
+    ("--keys --json", "--keys lists every key and takes no other option"),
+    ("--keys max_split_size_mb=128", "--keys lists every key and takes no other option"),
+])
+def test_magic_refuses_options_that_contradict_each_other(magic_env, capsys, line, expected):
+    magic_env.run_line_magic("alloc_conf", "expandable_segments=True --save")
+    capsys.readouterr()
+    saved = os.path.join(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt")
+    before = {name: value.encode() for name, value in os.environ.items()}
+    with pytest.raises(UsageError, match=expected) as error:
+        magic_env.run_line_magic("alloc_conf", line)
+    assert "\n" not in str(error.value) and not capsys.readouterr().out
+    assert {name: value.encode() for name, value in os.environ.items()} == before
+    assert open(saved).read() == "expandable_segments:True\n"
+
+
 def test_magic_check_json_keys_and_show(magic_env, capsys):
     import json
 

@@ -225,6 +225,12 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     already know it).
     """
     settings, unset = ((given,) if isinstance(given, str) else given for given in (settings, unset))
+    if save and forget:
+        raise AllocConfError("--save and --forget contradict each other: --save replaces the "
+                             "saved setting, --forget deletes it; give one")
+    if check is not None and (settings or unset or reset or preset is not None or save or forget):
+        raise AllocConfError("--check only validates its string and changes nothing: give it "
+                             "without settings, --unset, --reset, --preset, --save or --forget")
     state = state or torch_state(modules)
     version_text = installed_torch_version(modules)
     version = version_of(version_text)
