@@ -153,9 +153,14 @@ def breakdown(gpu: GPU, memory: Optional[TorchMemory], pid: int) -> Optional[Mem
 
 def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
            shell: Any = None) -> Status:
-    """Take a status: the live GPUs (or the recording at ``path``), torch's view and advice."""
+    """Take a status: the live GPUs (or the recording at ``path``), torch's view and advice.
+
+    ``status("tesla-t4.xml")`` reads a recording too: a path is what people pass first.
+    """
     from .advice import advise
 
+    if isinstance(source, (str, os.PathLike)):
+        source, path = None, source
     if source is None:
         source = open_source(path) if path is not None else default_source()
     snapshot = source.snapshot()

@@ -5,6 +5,7 @@ import sys
 from IPython.core.error import UsageError
 
 import colab_gpu
+from conftest import DATA
 
 
 def test_load_twice_is_harmless_and_unload_removes_every_magic(ipython):
@@ -99,3 +100,5 @@ def test_python_api_returns_the_same_data():
     assert isinstance(status, colab_gpu.Status)
     assert repr(status).startswith("<Status ")
     assert "No GPU read" in status._repr_html_() or "No GPU found" in status._repr_html_()
+    recorded = colab_gpu.status(DATA / "nvidia-smi-xml" / "tesla-t4.xml")  # a path, first
+    assert [gpu.name for gpu in recorded.snapshot.gpus] == ["Tesla T4"]
