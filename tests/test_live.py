@@ -133,6 +133,32 @@ def test_a_source_that_raises_stops_the_sampler_cleanly():
     assert live_threads() == []
 
 
+def test_a_sampler_thread_that_dies_ends_the_run_instead_of_claiming_to_run():
+    class Malformed:
+        """A third-party source that breaks the Snapshot contract on its third read."""
+
+        label = "malformed"
+
+        def __init__(self):
+            self.replay = ReplaySource(V100, follow=True)
+            self.reads = 0
+
+        def snapshot(self):
+            self.reads += 1
+            return self.replay.snapshot() if self.reads <= 2 else object()
+
+        def close(self):
+            pass
+
+    sampler = Sampler(Malformed(), interval=0.005).start()
+    wait_until(lambda: not sampler.running, timeout=5)
+    assert sampler.error.startswith("AttributeError: ") and sampler.count == 2
+    assert live_threads() == []
+    lines = []
+    watch(sampler, lines.append)
+    assert lines[-1] == f"stopped: {sampler.error}"
+
+
 def test_a_source_that_cannot_be_read_at_all_does_not_start_a_thread(tmp_path):
     missing = tmp_path / "missing.csv"
     with pytest.raises(SourceError, match="no such file"):

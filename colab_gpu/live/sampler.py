@@ -53,6 +53,10 @@ def snapshot_problem(snapshot: Snapshot) -> Optional[str]:
     return None
 
 
+def _one_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
 class SourceError(ValueError):
     """The source could not be read at the start; the message is one line for the user."""
 
@@ -165,25 +169,29 @@ class Sampler:
         try:
             snapshot = self.source.snapshot()
         except Exception as error:  # a source that breaks its promise not to raise
-            return None, f"{type(error).__name__}: {error}"
+            return None, _one_line(error)
         return snapshot, snapshot_problem(snapshot)
 
     def _run(self) -> None:
-        next_time = time.monotonic() + self.interval
-        while not self._stop.wait(max(0.0, next_time - time.monotonic())):
-            snapshot, problem = self._read()
-            if problem is not None:
-                self.error = problem
-                break
-            self._record(snapshot)
-            next_time += self.interval
-            if next_time < time.monotonic():  # a read took longer than the interval: no burst
-                next_time = time.monotonic()
-        self.stopped_at = time.time()
-        with self._changed:
-            self._done.set()
-            self._changed.notify_all()
-        self._notify()
+        try:
+            next_time = time.monotonic() + self.interval
+            while not self._stop.wait(max(0.0, next_time - time.monotonic())):
+                snapshot, problem = self._read()
+                if problem is not None:
+                    self.error = problem
+                    break
+                self._record(snapshot)
+                next_time += self.interval
+                if next_time < time.monotonic():  # a read took longer than the interval: no burst
+                    next_time = time.monotonic()
+        except Exception as error:  # a bug: the run ends and says why, like a failed read
+            self.error = _one_line(error)
+        finally:  # a dead thread must never leave a sampler that claims to run
+            self.stopped_at = time.time()
+            with self._changed:
+                self._done.set()
+                self._changed.notify_all()
+            self._notify()
 
     def _record(self, snapshot: Snapshot) -> None:
         for gpu in snapshot.gpus:
@@ -201,4 +209,4 @@ class Sampler:
                 listener(self)
             except Exception as error:  # a broken display must not stop the recording
                 self.remove_listener(listener)
-                self.listener_error = f"{type(error).__name__}: {error}"
+                self.listener_error = _one_line(error)
