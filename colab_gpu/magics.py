@@ -65,8 +65,8 @@ class GPUMagics(Magics):
     ).tag(config=True)
 
     live_interval = Float(
-        1.0, help="Seconds between two samples of %gpu_status --live (--interval overrides it). "
-                  "NVML's counters change a few times a second at most.",
+        1.0, help="Seconds between two samples of %gpu_status --live (--interval overrides it), "
+                  "up to 3600. NVML's counters change a few times a second at most.",
     ).tag(config=True)
     live_history = Int(
         3600, help="Samples the live monitor keeps for colab_gpu.history() and the final chart "
@@ -116,7 +116,8 @@ class GPUMagics(Magics):
     @argument("--stop", action="store_true",
               help="Stop the live monitor and show a chart of the whole run.")
     @argument("--interval", type=float, metavar="SECONDS",
-              help="With --live: seconds between samples (default: GPUMagics.live_interval, 1).")
+              help="With --live: seconds between samples, up to 3600 (default: "
+                   "GPUMagics.live_interval, 1).")
     @argument("--demo", action="store_true",
               help="With --live: replay a bundled real nvidia-smi trace (no GPU needed), "
                    "labelled as a replay.")
@@ -259,9 +260,13 @@ class GPUMagics(Magics):
             raise UsageError("--json does not go with --live; colab_gpu.history() gives the samples")
         if args.demo and args.path:
             raise UsageError("--demo replays the bundled trace and --from FILE your recording: give one")
-        interval = self.live_interval if args.interval is None else args.interval
-        if not interval > 0:
-            raise UsageError(f"--interval must be a positive number of seconds (e.g. 1 or 0.5), not {interval}")
+        from .live.sampler import check_interval
+
+        try:
+            interval = check_interval(self.live_interval if args.interval is None else args.interval,
+                                      "--interval")
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         try:
             sampler, started = live.start(path=args.path, demo=args.demo, interval=interval,
                                           history=self.live_history)

@@ -180,8 +180,9 @@ def test_a_broken_display_is_dropped_without_stopping_the_recording():
 
 
 def test_invalid_interval_and_history_are_refused():
-    with pytest.raises(ValueError, match="positive number of seconds"):
-        Sampler(ReplaySource(V100), interval=0)
+    for interval in (0, 3600.5, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="positive number of seconds up to 3600"):
+            Sampler(ReplaySource(V100), interval=interval)
     with pytest.raises(ValueError, match="at least 1 sample"):
         Sampler(ReplaySource(V100), history=0)
 
@@ -505,6 +506,23 @@ def test_bad_live_options_are_one_line_usage_errors(shell, line, message):
         shell.run_line_magic("gpu_status", line)
     assert "\n" not in str(error.value)
     assert live.running() is None and live_threads() == []
+
+
+INTERVAL_RULE = "must be a positive number of seconds up to 3600 (an hour), e.g. 1 or 0.5; not "
+
+
+@pytest.mark.parametrize("value", ["1e10", "inf", "nan"])
+def test_an_interval_beyond_an_hour_is_refused_and_leaves_no_monitor_behind(live_config, capsys, value):
+    """A huge interval used to kill the sampler thread (OverflowError) and leave a monitor that
+    --live called running and --stop called stopped."""
+    live_config.run_line_magic("config", "GPUMagics.live_lines = 2")
+    with pytest.raises(UsageError) as error:
+        live_config.run_line_magic("gpu_status", f"--live --demo --interval {value}")
+    assert str(error.value) == f"--interval {INTERVAL_RULE}{float(value):g}"
+    assert live.running() is None and live_threads() == []
+    run_live(live_config, "--live --demo --interval 0.01")
+    out = capsys.readouterr().out
+    assert "already running" not in out and out.count("REPLAY") == 2
 
 
 def test_importing_the_package_and_loading_the_extension_stay_light():

@@ -16,6 +16,18 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 from ..devices import DeviceSource, Snapshot
 
 THREAD_NAME = "colab_gpu-sampler"
+# An hour: slower sampling cannot follow a notebook's cells, and far longer waits overflow
+# threading's timeouts (threading.TIMEOUT_MAX), which killed the sampler thread.
+MAX_INTERVAL = 3600.0
+
+
+def check_interval(seconds: float, name: str = "the interval") -> float:
+    """``seconds`` as a float, or a ValueError that says what is accepted; the one rule for
+    the sampler, ``--interval`` and ``GPUMagics.live_interval``."""
+    if not 0 < seconds <= MAX_INTERVAL:  # also refuses nan and inf
+        raise ValueError(f"{name} must be a positive number of seconds up to {MAX_INTERVAL:g} "
+                         f"(an hour), e.g. 1 or 0.5; not {seconds:g}")
+    return float(seconds)
 
 
 class GPUReading(NamedTuple):
@@ -71,12 +83,10 @@ class Sampler:
 
     def __init__(self, source: DeviceSource, interval: float = 1.0, history: int = 3600,
                  close_source: bool = False):
-        if not interval > 0:
-            raise ValueError(f"the interval must be a positive number of seconds, not {interval!r}")
         if history < 1:
             raise ValueError(f"the history length must be at least 1 sample, not {history!r}")
         self.source = source
-        self.interval = float(interval)
+        self.interval = check_interval(interval)
         self.close_source = close_source  # a source this sampler opened itself (a replay)
         self.error: Optional[str] = None  # why the sampler stopped by itself
         self.listener_error: Optional[str] = None  # why a display was dropped
