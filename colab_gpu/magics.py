@@ -13,7 +13,7 @@ from typing import Callable, List
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
-from traitlets import Enum, Float, Int
+from traitlets import Enum, Float, Int, TraitError, validate
 
 
 def _parse(magic: Callable, line: str):
@@ -69,8 +69,8 @@ class GPUMagics(Magics):
                   "up to 3600. NVML's counters change a few times a second at most.",
     ).tag(config=True)
     live_history = Int(
-        3600, help="Samples the live monitor keeps for colab_gpu.history() and the final chart "
-                   "(the oldest are dropped): an hour at one a second.",
+        3600, min=1, help="Samples the live monitor keeps for colab_gpu.history() and the final "
+                          "chart (the oldest are dropped): an hour at one a second.",
     ).tag(config=True)
     live_display = Enum(
         ["auto", "widgets", "page", "terminal"], default_value="auto",
@@ -80,9 +80,19 @@ class GPUMagics(Magics):
              "this machine, or be Colab).",
     ).tag(config=True)
     live_lines = Int(
-        0, help="In a terminal, %gpu_status --live stops after this many lines; 0 prints "
-                "until Ctrl-C.",
+        0, min=0, help="In a terminal, %gpu_status --live stops after this many lines; 0 prints "
+                       "until Ctrl-C.",
     ).tag(config=True)
+
+    @validate("live_interval")
+    def _check_live_interval(self, proposal):
+        """Refuse a bad value at %config, by the monitor's own rule, not at the next --live."""
+        from .live.sampler import check_interval
+
+        try:
+            return check_interval(proposal.value, "GPUMagics.live_interval")
+        except ValueError as error:
+            raise TraitError(str(error)) from None
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)

@@ -525,6 +525,20 @@ def test_an_interval_beyond_an_hour_is_refused_and_leaves_no_monitor_behind(live
     assert "already running" not in out and out.count("REPLAY") == 2
 
 
+def test_config_refuses_the_live_settings_the_monitor_would_refuse(live_config, caplog):
+    magics = live_config.magics_manager.registry["GPUMagics"]
+    for setting, message in [
+        ("live_interval = -5", f"GPUMagics.live_interval {INTERVAL_RULE}-5"),
+        ("live_interval = 1e10", f"GPUMagics.live_interval {INTERVAL_RULE}1e+10"),
+        ("live_history = 0", "'live_history' trait of a GPUMagics instance should not be less than 1"),
+        ("live_lines = -1", "'live_lines' trait of a GPUMagics instance should not be less than 0"),
+    ]:
+        caplog.clear()
+        live_config.run_line_magic("config", f"GPUMagics.{setting}")
+        assert message in caplog.text  # %config's own one-line error
+    assert (magics.live_interval, magics.live_history, magics.live_lines) == (1.0, 3600, 0)
+
+
 def test_importing_the_package_and_loading_the_extension_stay_light():
     script = textwrap.dedent("""
         import sys
