@@ -59,9 +59,10 @@ class GPUMagics(Magics):
     """See and tune the GPU from a notebook: %gpu_status, %alloc_conf, %clear_cache, %%find_batch."""
 
     output = Enum(
-        ["auto", "text", "html"], default_value="auto",
-        help="How results are shown: 'auto' lets the front end choose (an HTML card in "
-             "notebooks, text in a terminal); 'text' forces plain text everywhere.",
+        ["auto", "text"], default_value="auto",
+        help="How results are shown: 'auto' gives the front end both forms, so notebooks (Jupyter, "
+             "Colab, VS Code) show the HTML card and a terminal shows text; 'text' forces plain "
+             "text everywhere.",
     ).tag(config=True)
 
     live_interval = Float(

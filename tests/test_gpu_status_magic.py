@@ -95,6 +95,18 @@ def test_output_is_configurable_with_config(shell, capsys):
         shell.run_cell("%config GPUMagics.output = 'auto'")
 
 
+def test_output_offers_only_choices_that_change_something(shell, caplog, capsys):
+    """'html' behaved exactly like 'auto', which already shows the HTML card where one can be drawn."""
+    try:
+        shell.run_line_magic("config", "GPUMagics.output = 'html'")
+        assert "expected any of ['auto', 'text']" in caplog.text  # %config's own one-line error
+        assert shell.magics_manager.registry["GPUMagics"].output == "auto"
+    finally:  # IPython keeps even a refused value in the shell's config
+        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    shell.run_line_magic("config", "GPUMagics")
+    assert "notebooks (Jupyter, Colab, VS Code) show the HTML card" in " ".join(capsys.readouterr().out.split())
+
+
 def test_python_api_returns_the_same_data():
     status = colab_gpu.status()
     assert isinstance(status, colab_gpu.Status)
