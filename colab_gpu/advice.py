@@ -43,9 +43,9 @@ def kaggle_no_gpu(status):
 def no_gpu_found(status):
     if not _no_gpu(status) or status.runtime.platform in (COLAB, KAGGLE):
         return None
-    why = status.snapshot.problem or "NVML answered but reported no GPU"
-    return (f"No NVIDIA GPU found: {why}. torch will run on the CPU; "
-            f"%gpu_status --live --demo shows the monitor on a recorded GPU trace.")
+    # Not why: the status already says it on its "No GPU read:" line.
+    return ("No NVIDIA GPU found: torch will run on the CPU; "
+            "%gpu_status --live --demo shows the monitor on a recorded GPU trace.")
 
 
 def tpu_runtime(status):

@@ -46,6 +46,8 @@ def test_status_without_a_gpu_says_why(shell, clean_env, capsys):
     assert result.success
     assert "No NVIDIA GPU found" in out
     assert "libnvidia-ml.so" in out or "pynvml" in out  # the real pynvml, the real missing library
+    why = next(line for line in out.splitlines() if line.startswith("No GPU read: "))[len("No GPU read: "):]
+    assert out.count(why) == 1  # said once, not again in the advice
 
 
 def test_gpu_status_leaves_cuda_uninitialized(shell, capsys):
