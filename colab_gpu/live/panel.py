@@ -10,7 +10,7 @@ import time
 from html import escape
 from typing import List, Sequence
 
-from ..render import number, size
+from ..render import celsius, number, size
 from ..render.html import STYLE, _bar
 from .sampler import Sample
 
@@ -62,7 +62,7 @@ def _gpu_row(index: int, name: str, reading, colour: str) -> str:
         f"<td>{_bar(busy)}<span class='cgpu-util'>{number(reading.utilization, '%')}</span></td>"
         f"<td>{_bar(used)}{escape(size(reading.memory_used))} / {escape(size(reading.memory_total))}</td>"
         f"<td>{escape(number(reading.power, ' W', 1))}</td>"
-        f"<td>{escape(number(reading.temperature, ' °C'))}</td></tr>"
+        f"<td>{escape(celsius(reading.temperature))}</td></tr>"
     )
 
 

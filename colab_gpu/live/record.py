@@ -12,7 +12,7 @@ import io
 from html import escape
 from typing import Dict, Iterator, Optional, Tuple
 
-from ..render import number, size
+from ..render import celsius, number, size
 from ..render.html import STYLE
 from .sampler import Sample
 
@@ -53,7 +53,7 @@ class GPURunSummary:
         return (f"GPU {self.index} {self.name}: busy {number(self.utilization_mean, '%')} on average, "
                 f"peak {number(self.utilization_peak, '%')}; memory peak {size(self.memory_peak)} "
                 f"of {size(self.memory_total)}; power peak {number(self.power_peak, ' W', 1)}; "
-                f"temperature peak {number(self.temperature_peak, ' °C')}")
+                f"temperature peak {celsius(self.temperature_peak)}")
 
 
 @dataclasses.dataclass(frozen=True)

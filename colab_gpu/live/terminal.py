@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict
 
-from ..render import number, size
+from ..render import celsius, number, size
 from .panel import is_replay
 from .sampler import Sample, Sampler
 
@@ -14,7 +14,7 @@ def sample_line(sample: Sample, names: Dict[int, str], replay: bool = False) -> 
     clock = time.strftime("%H:%M:%S", time.localtime(sample.time))
     gpus = " | ".join(
         f"GPU{r.index} {number(r.utilization, '%'):>4} {size(r.memory_used)}/{size(r.memory_total)} "
-        f"{number(r.power, ' W', 1)} {number(r.temperature, ' °C')}" for r in sample.gpus)
+        f"{number(r.power, ' W', 1)} {celsius(r.temperature)}" for r in sample.gpus)
     return f"{clock}  {'REPLAY  ' if replay else ''}{gpus}"
 
 

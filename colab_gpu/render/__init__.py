@@ -33,6 +33,11 @@ def number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
     return f"{value:.{digits}f}{unit}"
 
 
+def celsius(value: Optional[float]) -> str:
+    """A temperature, spelt the same in the status, the live line, the panel and the record."""
+    return number(value, " °C")
+
+
 def ratio(value: Optional[float], maximum: Optional[float], unit: str) -> str:
     """"1590 / 1590 MHz", or the one known half."""
     if value is None and maximum is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import NA, allocator_summary, number, ratio, size, torch_summary, words
+from . import NA, allocator_summary, celsius, number, ratio, size, torch_summary, words
 
 STYLE = """
 <style>
@@ -77,7 +77,7 @@ def _gpu(status, gpu) -> str:
         ("busy", _bar(busy) + escape(f"{number(gpu.utilization_gpu, '%')} compute, "
                                      f"{number(gpu.utilization_memory, '%')} memory bus")),
         ("power", escape(f"{number(gpu.power_draw, ' W', 1)} of {number(gpu.power_limit, ' W')}, "
-                         f"{number(gpu.temperature, ' °C')}, {gpu.performance_state or NA}")),
+                         f"{celsius(gpu.temperature)}, {gpu.performance_state or NA}")),
         ("clocks", escape(f"SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
                           f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by "
                           f"{words(gpu.clock_event_reasons)}")),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List
 
-from . import NA, allocator_summary, breakdown_summary, number, ratio, size, torch_summary, words
+from . import NA, allocator_summary, breakdown_summary, celsius, number, ratio, size, torch_summary, words
 
 
 def _gpu_lines(status, gpu) -> List[str]:
@@ -23,7 +23,7 @@ def _gpu_lines(status, gpu) -> List[str]:
         f"  busy        {number(gpu.utilization_gpu, '%')} compute, "
         f"{number(gpu.utilization_memory, '%')} memory bus",
         f"  power       {number(gpu.power_draw, ' W', 1)} of {number(gpu.power_limit, ' W', 0)}"
-        f"   temperature {number(gpu.temperature, ' C')}   state {gpu.performance_state or NA}",
+        f"   temperature {celsius(gpu.temperature)}   state {gpu.performance_state or NA}",
         f"  clocks      SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
         f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by: "
         f"{words(gpu.clock_event_reasons)}",
