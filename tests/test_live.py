@@ -159,6 +159,18 @@ def test_a_sampler_thread_that_dies_ends_the_run_instead_of_claiming_to_run():
     assert lines[-1] == f"stopped: {sampler.error}"
 
 
+def test_the_terminal_line_names_a_value_it_cannot_show():
+    from colab_gpu.devices import GiB, MiB
+    from colab_gpu.live.sampler import GPUReading, Sample
+    from colab_gpu.live.terminal import sample_line
+
+    sample = Sample(0.0, (GPUReading(0, 19.0, 966 * MiB, 32 * GiB, None, 27.0),
+                          GPUReading(1, None, 1 * MiB, 32 * GiB, 45.0, None)))
+    gpus = sample_line(sample, {}).split("  ", 1)[1]
+    assert gpus == ("GPU0  19% 966 MiB/32.00 GiB power n/a 27 °C | "
+                    "GPU1 busy n/a 1 MiB/32.00 GiB 45.0 W temperature n/a")
+
+
 def test_a_source_that_cannot_be_read_at_all_does_not_start_a_thread(tmp_path):
     missing = tmp_path / "missing.csv"
     with pytest.raises(SourceError, match="no such file"):
@@ -342,6 +354,7 @@ def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys)
     samples = [line for line in lines if "REPLAY" in line]
     assert len(samples) == 3
     assert "GPU0" in samples[0] and "32.00 GiB" in samples[0]
+    assert all(" power n/a " in line for line in samples)  # the trace records no power
     assert lines[3].startswith("Live monitor stopped: ") and "replay of v100s" in lines[3]
     assert lines[4].startswith("GPU 0 Tesla V100S-PCIE-32GB: busy")
     assert live.running() is None and live_threads() == []

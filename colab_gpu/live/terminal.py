@@ -4,17 +4,23 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict
 
-from ..render import celsius, number, size
+from ..render import NA, celsius, number, size
 from .panel import is_replay
 from .sampler import Sample, Sampler
+
+
+def _named(text: str, name: str) -> str:
+    """The line has no column headers, so a value it cannot show says which one it is."""
+    return f"{name} {NA}" if text == NA else text
 
 
 def sample_line(sample: Sample, names: Dict[int, str], replay: bool = False) -> str:
     """"12:00:01  GPU0 19% 966 MiB/32.00 GiB 45.0 W 28 °C | GPU1 ...", marked when replayed."""
     clock = time.strftime("%H:%M:%S", time.localtime(sample.time))
     gpus = " | ".join(
-        f"GPU{r.index} {number(r.utilization, '%'):>4} {size(r.memory_used)}/{size(r.memory_total)} "
-        f"{number(r.power, ' W', 1)} {celsius(r.temperature)}" for r in sample.gpus)
+        f"GPU{r.index} {_named(number(r.utilization, '%'), 'busy'):>4} "
+        f"{size(r.memory_used)}/{size(r.memory_total)} {_named(number(r.power, ' W', 1), 'power')} "
+        f"{_named(celsius(r.temperature), 'temperature')}" for r in sample.gpus)
     return f"{clock}  {'REPLAY  ' if replay else ''}{gpus}"
 
 
