@@ -133,7 +133,8 @@ class GPUMagics(Magics):
               help="With --live: replay a bundled real nvidia-smi trace (no GPU needed), "
                    "labelled as a replay.")
     @argument("--cells", action="store_true",
-              help="With --live: after each cell, one line with its peak GPU memory and change.")
+              help="With --live: after each cell, one line with its peak GPU memory and change "
+                   "(none after a cell too short to be sampled).")
     @argument("--from", dest="path", metavar="FILE",
               help="Show the status recorded in an `nvidia-smi -q -x` XML file or an "
                    "`nvidia-smi --query-gpu=... --format=csv` log instead of the live GPUs; "

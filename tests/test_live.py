@@ -466,6 +466,13 @@ def test_cells_prints_one_line_per_cell_and_stop_removes_the_hooks(live_config, 
     assert cell_hooks(live_config) == []
 
 
+def test_cells_stays_quiet_after_a_cell_too_short_to_be_sampled(live_config, capsys):
+    run_live(live_config, "--live --demo --cells --interval 60", live_display="widgets")
+    capsys.readouterr()
+    live_config.run_cell('print("x")')
+    assert capsys.readouterr().out == "x\n"
+
+
 class FakeCuda:
     """torch.cuda after the user's code started CUDA: the device's allocator counters."""
 

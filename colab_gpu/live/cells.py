@@ -1,4 +1,5 @@
-"""Per-cell GPU memory peaks (``%gpu_status --live --cells``): one line after each cell.
+"""Per-cell GPU memory peaks (``%gpu_status --live --cells``): one line after each cell
+that has something to say (none after a cell too short to be sampled).
 
 Where this process has started CUDA, the numbers are torch's own allocator counters, exact
 and without polling: the peak counters are reset when a cell starts
@@ -67,15 +68,14 @@ class CellPeaks:
                          f"reserved")
         return "cell GPU memory (torch): " + "; ".join(parts)
 
-    def _sampled_line(self, started: float) -> str:
+    def _sampled_line(self, started: float) -> Optional[str]:
         sampler = self._sampler()
         if sampler is None:
             return "cell GPU memory: CUDA not started by this process and the live monitor is off"
         recorded = sampler.samples()
         during = [s for s in recorded if s.time >= started]
-        if not during:
-            return (f"cell GPU memory: no sample during this {time.time() - started:.1f} s cell "
-                    f"(sampling every {sampler.interval:g} s); CUDA not started by this process")
+        if not during:  # e.g. print("x"): a line after each such cell would only be noise
+            return None
         before = [s for s in recorded if s.time < started]
         baseline = {r.index: r.memory_used for r in (before[-1] if before else during[0]).gpus}
         parts = []

@@ -51,7 +51,7 @@ class LiveSession:
             display(live_widget(sampler))
 
     def watch_cells(self) -> None:
-        """After each cell, print one line with its peak GPU memory and change."""
+        """After each cell, print one line with its peak GPU memory and change, if known."""
         if self._hooks is not None:
             return
         from .cells import CellPeaks
