@@ -116,3 +116,11 @@ def test_python_api_returns_the_same_data():
     assert "No GPU read" in status._repr_html_() or "No GPU found" in status._repr_html_()
     recorded = colab_gpu.status(DATA / "nvidia-smi-xml" / "tesla-t4.xml")  # a path, first
     assert [gpu.name for gpu in recorded.snapshot.gpus] == ["Tesla T4"]
+
+
+def test_sizes_keep_three_digits_below_100_units():
+    """4,000,000 B was shown as '4 MiB'; round sizes read as before."""
+    from colab_gpu.render import size
+
+    shown = [size(n) for n in (4_000_000, 19.9 * 2 ** 20, 1 * 2 ** 20, 388 * 2 ** 20, 1536, 1000, 32 * 2 ** 30)]
+    assert shown == ["3.81 MiB", "19.9 MiB", "1 MiB", "388 MiB", "1.5 KiB", "1000 B", "32.00 GiB"]

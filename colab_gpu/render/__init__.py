@@ -9,6 +9,11 @@ from typing import Optional, Sequence
 NA = "n/a"
 
 
+def _digits(value: float, unit: str) -> str:
+    """Three significant digits below 100 (3.81 MiB, not 4 MiB), whole units above."""
+    return f"{value:.3g} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
+
+
 def size(value: Optional[float]) -> str:
     """Bytes in the unit nvidia-smi users read: MiB below 1 GiB, GiB above (KiB, B when tiny)."""
     if value is None:
@@ -16,9 +21,9 @@ def size(value: Optional[float]) -> str:
     if abs(value) < 1024:
         return f"{value:.0f} B"
     if abs(value) < 1024 ** 2:
-        return f"{value / 1024:.0f} KiB"
+        return _digits(value / 1024, "KiB")
     if abs(value) < 1024 ** 3:
-        return f"{value / 1024 ** 2:.0f} MiB"
+        return _digits(value / 1024 ** 2, "MiB")
     return f"{value / 1024 ** 3:.2f} GiB"
 
 
