@@ -5,6 +5,7 @@ settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%
 """
 from __future__ import annotations
 
+import copy
 import functools
 import shlex
 import sys
@@ -387,11 +388,29 @@ def _loaded(shell) -> "GPUMagics | None":
     return instance if isinstance(instance, GPUMagics) else None
 
 
+def _valid_config(config):
+    """``config`` without the GPUMagics settings GPUMagics refuses, each named on stderr.
+
+    %config merges a line into the shell's config even when GPUMagics refused it: without
+    this, the next %load_ext or %reload_ext would fail on that value.
+    """
+    config = copy.deepcopy(config)
+    settings = config.get(GPUMagics.__name__, {})
+    probe = GPUMagics()
+    for name, value in list(settings.items()):
+        try:
+            setattr(probe, name, value)
+        except TraitError as error:
+            del settings[name]
+            print(f"colab_gpu: ignored a setting: {error}", file=sys.stderr)
+    return config
+
+
 def register(shell) -> GPUMagics:
     """Register the magics once per shell; a second load returns the first instance."""
     instance = _loaded(shell)
     if instance is None:
-        instance = GPUMagics(shell=shell)
+        instance = GPUMagics(shell=shell, config=_valid_config(shell.config))
         shell.register_magics(instance)
     return instance
 

@@ -21,6 +21,23 @@ def test_load_twice_is_harmless_and_unload_removes_every_magic(ipython):
     assert "GPUMagics" not in ipython.magics_manager.registry
 
 
+def test_a_refused_setting_does_not_stop_the_extension_loading_again(shell, capsys):
+    """%config merges even a value GPUMagics refused into the shell's config; %reload_ext failed on it."""
+    try:
+        shell.run_line_magic("config", "GPUMagics.live_interval = -5")
+        shell.run_line_magic("config", "GPUMagics.live_lines = 3")
+        shell.run_line_magic("reload_ext", "colab_gpu")
+        magics = shell.magics_manager.registry["GPUMagics"]
+        assert (magics.live_interval, magics.live_lines) == (1.0, 3)  # the valid setting is kept
+        assert "gpu_status" in shell.magics_manager.magics["line"]
+        assert capsys.readouterr().err == (
+            "colab_gpu: ignored a setting: GPUMagics.live_interval must be a positive number of "
+            "seconds up to 3600 (an hour), e.g. 1 or 0.5; not -5\n")
+    finally:
+        shell.run_line_magic("config", "GPUMagics.live_interval = 1.0")
+        shell.run_line_magic("config", "GPUMagics.live_lines = 0")
+
+
 def test_help_lists_the_options(shell):
     doc = shell.find_line_magic("gpu_status").__doc__
     assert "--json" in doc and "--from" in doc and "NVML" in doc
