@@ -492,6 +492,20 @@ def test_ctrl_c_between_trials_finishes_restoring_then_stops(shell, capsys):
     assert "interrupted (Ctrl-C)" in capsys.readouterr().out
 
 
+def test_ctrl_c_works_as_before_once_the_search_ends_and_from_a_thread():
+    import threading
+
+    before = signal.getsignal(signal.SIGINT)
+    find_batch(lambda size: None, max=8, progress=False)
+    assert signal.getsignal(signal.SIGINT) is before
+    answers = []
+    worker = threading.Thread(target=lambda: answers.append(find_batch(lambda size: None, max=8,
+                                                                       progress=False).answer))
+    worker.start()
+    worker.join()
+    assert answers == [8] and signal.getsignal(signal.SIGINT) is before
+
+
 def test_names_bound_out_of_sight_of_the_source_are_removed(shell):
     shell.user_ns.pop("hidden", None)
     shell.user_ns.pop("timed", None)

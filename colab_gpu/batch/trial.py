@@ -195,7 +195,8 @@ class CtrlC:
     Between steps the search restores state and frees memory: a KeyboardInterrupt there
     would escape half-way through a restore, or vanish into a finalizer (ipykernel's own
     hooks swallow it). Held, it stops the search before the next trial, everything restored.
-    Signals reach only the main thread, so elsewhere there is nothing to hold.
+    Signals reach only the main thread, so elsewhere there is nothing to hold; a handler
+    installed from C (``getsignal`` gives None) could not be put back, so it is left alone.
     """
 
     def __init__(self):
@@ -204,7 +205,8 @@ class CtrlC:
         self._previous = None
 
     def __enter__(self) -> "CtrlC":
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is not None:
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
         return self
 
