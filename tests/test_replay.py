@@ -134,6 +134,19 @@ def test_headerless_csv_is_recognised_from_its_units_and_says_so():
     assert gpu.memory_total is None  # not recorded, not invented
 
 
+def test_a_thin_recording_shows_what_it_holds_not_lines_of_n_a():
+    from IPython.lib.pretty import pretty
+
+    status = colab_gpu.status(CSV / "8gpu-80gb-idle_gpu-glasses.csv")
+    shown = pretty(status)
+    assert len(status.snapshot.gpus) == 8
+    assert not [line for line in shown.splitlines() if line.lstrip().startswith(("clocks", "PCIe", "processes"))]
+    assert shown.count("  memory      ") == 8 and ">PCIe</td>" not in status._repr_html_()
+    t4 = colab_gpu.status(XML / "tesla-t4.xml")  # a full recording keeps every row
+    assert "  clocks      SM 585 / 1590 MHz" in pretty(t4) and "  PCIe        gen 3/3 x8/16" in pretty(t4)
+    assert ">PCIe</td>" in t4._repr_html_()
+
+
 def test_unknown_headerless_layout_is_a_problem(tmp_path):
     rows = (CSV / "20gb-noheader_plato.csv").read_text().splitlines()[:3]
     path = tmp_path / "three-columns.csv"

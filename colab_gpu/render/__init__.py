@@ -52,6 +52,18 @@ def ratio(value: Optional[float], maximum: Optional[float], unit: str) -> str:
     return f"{number(value)} / {maximum:.0f} {unit}"
 
 
+def unrecorded_rows(snapshot, gpu) -> set:
+    """Rows a recording holds nothing for ("clocks", "PCIe", "processes"): left out rather
+    than shown as a line of n/a. From the live driver, n/a says a read failed, so they stay."""
+    if not snapshot.recorded:
+        return set()
+    fields = {"clocks": (gpu.sm_clock, gpu.sm_clock_max, gpu.memory_clock, gpu.memory_clock_max,
+                         gpu.clock_event_reasons),
+              "PCIe": (gpu.pcie_generation, gpu.pcie_width, gpu.bus_id, gpu.uuid),
+              "processes": (gpu.processes,)}
+    return {row for row, values in fields.items() if all(value is None for value in values)}
+
+
 def words(items: Optional[Sequence[str]], empty: str = "none") -> str:
     if items is None:
         return NA

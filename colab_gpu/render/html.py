@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import NA, allocator_summary, celsius, number, ratio, size, torch_summary, words
+from . import NA, allocator_summary, celsius, number, ratio, size, torch_summary, unrecorded_rows, words
 
 STYLE = """
 <style>
@@ -85,6 +85,8 @@ def _gpu(status, gpu) -> str:
                         f"x{number(gpu.pcie_width)} of x{number(gpu.pcie_width_max)}; bus {gpu.bus_id or NA}")),
         ("processes", processes),
     ]
+    left_out = unrecorded_rows(status.snapshot, gpu)
+    rows = [(label, value) for label, value in rows if label not in left_out]
     memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
     if memory:
         rows.append(("torch", escape(allocator_summary(memory))))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import List
 
-from . import NA, allocator_summary, breakdown_summary, celsius, number, ratio, size, torch_summary, words
+from . import (NA, allocator_summary, breakdown_summary, celsius, number, ratio, size, torch_summary,
+               unrecorded_rows, words)
 
 
 def _gpu_lines(status, gpu) -> List[str]:
@@ -16,25 +17,25 @@ def _gpu_lines(status, gpu) -> List[str]:
     if gpu.pcie_generation is not None or gpu.pcie_width is not None:
         pcie = (f"gen {number(gpu.pcie_generation)}/{number(gpu.pcie_generation_max)}"
                 f" x{number(gpu.pcie_width)}/{number(gpu.pcie_width_max)}")
-    lines = [
-        f"GPU {gpu.index}  {gpu.name}  ({seen_as}, compute capability {cc})",
-        f"  memory      {size(gpu.memory_used)} used / {size(gpu.memory_total)}"
-        f"  ({size(gpu.memory_free)} free, {size(gpu.memory_reserved)} reserved by the driver)",
-        f"  busy        {number(gpu.utilization_gpu, '%')} compute, "
-        f"{number(gpu.utilization_memory, '%')} memory bus",
-        f"  power       {number(gpu.power_draw, ' W', 1)} of {number(gpu.power_limit, ' W', 0)}"
-        f"   temperature {celsius(gpu.temperature)}   state {gpu.performance_state or NA}",
-        f"  clocks      SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
-        f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by: "
-        f"{words(gpu.clock_event_reasons)}",
-        f"  PCIe        {pcie}   bus {gpu.bus_id or NA}   uuid {gpu.uuid or NA}",
+    rows = [
+        ("", f"GPU {gpu.index}  {gpu.name}  ({seen_as}, compute capability {cc})"),
+        ("memory", f"  memory      {size(gpu.memory_used)} used / {size(gpu.memory_total)}"
+                   f"  ({size(gpu.memory_free)} free, {size(gpu.memory_reserved)} reserved by the driver)"),
+        ("busy", f"  busy        {number(gpu.utilization_gpu, '%')} compute, "
+                 f"{number(gpu.utilization_memory, '%')} memory bus"),
+        ("power", f"  power       {number(gpu.power_draw, ' W', 1)} of {number(gpu.power_limit, ' W', 0)}"
+                  f"   temperature {celsius(gpu.temperature)}   state {gpu.performance_state or NA}"),
+        ("clocks", f"  clocks      SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
+                   f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by: "
+                   f"{words(gpu.clock_event_reasons)}"),
+        ("PCIe", f"  PCIe        {pcie}   bus {gpu.bus_id or NA}   uuid {gpu.uuid or NA}"),
+        ("processes", f"  processes   {NA if gpu.processes is None else 'none visible'}"
+         if not gpu.processes else None),
     ]
-    if gpu.processes is None:
-        lines.append(f"  processes   {NA}")
-    elif not gpu.processes:
-        lines.append("  processes   none visible")
-    for process in gpu.processes or ():
-        lines.append(f"  process     {process.pid:>7}  {size(process.used_memory):>10}  {process.name or NA}")
+    rows += [("processes", f"  process     {process.pid:>7}  {size(process.used_memory):>10}  "
+                           f"{process.name or NA}") for process in gpu.processes or ()]
+    left_out = unrecorded_rows(status.snapshot, gpu)
+    lines = [line for row, line in rows if line is not None and row not in left_out]
     memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
     if memory:
         lines.append(f"  torch       {allocator_summary(memory)}")
