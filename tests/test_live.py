@@ -107,24 +107,29 @@ def test_a_lost_gpu_stops_the_sampler_and_its_error_is_shown_once():
     assert sum("fallen off" in line for line in lines) == 1
 
 
+class ThirdReadGoesWrong:
+    """A replayed V100 source whose third read is ``third()``: a third-party source breaking
+    its promise not to raise, or the Snapshot contract."""
+
+    label = "third read goes wrong"
+
+    def __init__(self, third):
+        self.replay = ReplaySource(V100, follow=True)
+        self.reads, self.third = 0, third
+
+    def snapshot(self):
+        self.reads += 1
+        return self.replay.snapshot() if self.reads <= 2 else self.third()
+
+    def close(self):
+        pass
+
+
 def test_a_source_that_raises_stops_the_sampler_cleanly():
-    class Breaking:
-        label = "breaking"
+    def vanish():
+        raise OSError("the device node vanished")
 
-        def __init__(self):
-            self.replay = ReplaySource(V100, follow=True)
-            self.reads = 0
-
-        def snapshot(self):
-            self.reads += 1
-            if self.reads > 2:
-                raise OSError("the device node vanished")
-            return self.replay.snapshot()
-
-        def close(self):
-            pass
-
-    source = Breaking()
+    source = ThirdReadGoesWrong(vanish)
     sampler = Sampler(source, interval=0.005).start()
     wait_until(lambda: not sampler.running)
     assert sampler.error == "OSError: the device node vanished"
@@ -134,23 +139,7 @@ def test_a_source_that_raises_stops_the_sampler_cleanly():
 
 
 def test_a_sampler_thread_that_dies_ends_the_run_instead_of_claiming_to_run():
-    class Malformed:
-        """A third-party source that breaks the Snapshot contract on its third read."""
-
-        label = "malformed"
-
-        def __init__(self):
-            self.replay = ReplaySource(V100, follow=True)
-            self.reads = 0
-
-        def snapshot(self):
-            self.reads += 1
-            return self.replay.snapshot() if self.reads <= 2 else object()
-
-        def close(self):
-            pass
-
-    sampler = Sampler(Malformed(), interval=0.005).start()
+    sampler = Sampler(ThirdReadGoesWrong(object), interval=0.005).start()  # not a Snapshot
     wait_until(lambda: not sampler.running, timeout=5)
     assert sampler.error.startswith("AttributeError: ") and sampler.count == 2
     assert live_threads() == []

@@ -12,6 +12,7 @@ import re
 import sys
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
+from ..render import count
 from .oom import is_out_of_memory
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
@@ -46,8 +47,8 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
     if spec.startswith("cuda") and not getattr(getattr(torch, "version", None), "hip", None):
         index, available = int(spec.partition(":")[2] or 0), _cuda_devices()
         if index >= available:
-            seen = (f"{available} CUDA device{'s' if available > 1 else ''} (cuda:0 to "
-                    f"cuda:{available - 1})" if available else "no CUDA device")
+            seen = (f"{count(available, 'CUDA device')} (cuda:0 to cuda:{available - 1})"
+                    if available else "no CUDA device")
             raise SearchError(f"--device {spec}: this machine has {seen}; use --device auto or cpu")
     return spec
 
