@@ -168,7 +168,7 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
     # A recording comes from another machine: this one's CUDA_VISIBLE_DEVICES and torch
     # say nothing about it.
     visible = None if snapshot.recorded else runtime.cuda_visible_devices
-    index_of = torch_indices(visible, [(gpu.index, gpu.uuid) for gpu in snapshot.gpus])
+    index_of = torch_indices(visible, snapshot.gpus)
     live_torch = runtime.torch.cuda_initialized and not snapshot.recorded
     memory = torch_memory(index_of) if live_torch else ()
     by_nvml = {m.nvml_index: m for m in memory}

@@ -281,8 +281,7 @@ def _namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 def _gpu_view(snapshot, torch):
     """NVML's GPUs, NVML index -> torch index, and torch's allocator view once CUDA runs."""
     gpus = snapshot.gpus if snapshot is not None and snapshot.ok else ()
-    index_of = torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"),
-                             [(gpu.index, gpu.uuid) for gpu in gpus])
+    index_of = torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
     memory = torch_memory(index_of) if torch is not None and _cuda_initialized(torch) else ()
     return gpus, index_of, memory
 

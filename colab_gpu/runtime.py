@@ -8,7 +8,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from .devices import GPU
 
 COLAB = "colab"
 KAGGLE = "kaggle"
@@ -144,19 +147,19 @@ def detect_runtime(shell: object = None, environ: Mapping[str, str] = os.environ
     )
 
 
-def torch_indices(cuda_visible_devices: Optional[str],
-                  gpus: Sequence[Tuple[int, Optional[str]]]) -> dict:
+def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> dict:
     """Map NVML indices to the indices torch will use, given ``CUDA_VISIBLE_DEVICES``.
 
-    ``gpus`` is ``(nvml_index, uuid)`` per device. Entries may be ordinals or (prefixes of)
-    UUIDs; CUDA stops at the first entry it cannot resolve, and so does this. A GPU hidden
-    from CUDA is absent from the result.
+    ``gpus`` are NVML's GPU records (their ``index`` and ``uuid`` are read). Entries may be
+    ordinals or (prefixes of) UUIDs; CUDA stops at the first entry it cannot resolve, and so
+    does this. A GPU hidden from CUDA is absent from the result.
     """
+    ids = [(gpu.index, gpu.uuid) for gpu in gpus]
     if cuda_visible_devices is None:
-        return {index: position for position, (index, _) in enumerate(gpus)}
+        return {index: position for position, (index, _) in enumerate(ids)}
     mapping: dict = {}
     for entry in (part.strip() for part in cuda_visible_devices.split(",")):
-        match = _resolve_visible_entry(entry, gpus)
+        match = _resolve_visible_entry(entry, ids)
         if match is None or match in mapping:
             break
         mapping[match] = len(mapping)

@@ -4,6 +4,7 @@ import types
 
 import pytest
 
+from colab_gpu.devices import GPU
 from colab_gpu.runtime import (COLAB, JUPYTER, KAGGLE, BINDER, PLAIN_PYTHON, TERMINAL, detect_platform,
                                detect_runtime, detect_tpu, torch_indices, torch_state)
 
@@ -79,7 +80,7 @@ def test_torch_state_reports_initialized_cuda_from_torch_itself():
     assert state.cuda_built and state.cuda_initialized and state.cuda_version == "12.8"
 
 
-GPUS = [(0, "GPU-aaaa-1111"), (1, "GPU-bbbb-2222"), (2, "GPU-cccc-3333")]
+GPUS = [GPU(index, "Tesla T4", uuid) for index, uuid in ((0, "GPU-aaaa-1111"), (1, "GPU-bbbb-2222"), (2, "GPU-cccc-3333"))]
 
 
 @pytest.mark.parametrize("visible, expected", [

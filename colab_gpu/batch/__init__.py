@@ -33,7 +33,7 @@ def _cuda_devices() -> int:
     from ..runtime import torch_indices
 
     gpus = default_source().snapshot().gpus
-    return len(torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), [(gpu.index, gpu.uuid) for gpu in gpus]))
+    return len(torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus))
 
 
 def checked_device(device: Union[str, int, Any, None]) -> str:
