@@ -8,7 +8,9 @@ venv=.venv/app
 [[ -x $venv/bin/python ]] || "${PYTHON:-python3}" -m venv "$venv"
 # torch's CPU build first where no torch is installed: the project's range is then satisfied
 # without a multi-GB CUDA download (on a GPU machine, install the CUDA build you want first).
-"$venv/bin/python" -c 'import torch' 2>/dev/null || "$venv/bin/python" -m pip install -q torch==2.13.0
+# PyPI's Linux torch is the CUDA build: the CPU build comes from PyTorch's own index.
+"$venv/bin/python" -c 'import torch' 2>/dev/null \
+    || "$venv/bin/python" -m pip install -q --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 "$venv/bin/python" -m pip install -q -e .
 exec "$venv/bin/ipython" -i -c "%load_ext colab_gpu
 %gpu_status $*"
