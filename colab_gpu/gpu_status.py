@@ -95,10 +95,14 @@ class Status:
         return (f"<Status {self.runtime.platform_name}; {gpus}; "
                 f"{len(self.advice)} advice; source {self.snapshot.source}>")
 
-    def _repr_pretty_(self, printer, cycle) -> None:
+    def __str__(self) -> str:
+        """The text card ``%gpu_status`` prints, so ``print(status())`` shows it in a script."""
         from .render.text import render_status
 
-        printer.text(render_status(self))
+        return render_status(self)
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(str(self))
 
     def _repr_html_(self) -> str:
         from .render.html import render_status

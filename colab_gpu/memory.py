@@ -209,8 +209,12 @@ class _Shown:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.summary()}>"
 
+    def __str__(self) -> str:
+        """The report the magic prints, so ``print(...)`` shows it in a script."""
+        return self._render("text")
+
     def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(self._render("text"))
+        printer.text(str(self))
 
     def _repr_html_(self) -> str:
         return self._render("html")

@@ -368,6 +368,7 @@ def test_result_renders_as_text_html_and_json(env):
     assert "PYTORCH_CUDA_ALLOC_CONF = 'max_split_size_mb:128'" in text
     assert "max_split_size_mb = 128  -- cached blocks larger than this are never split" in text
     assert "torch not imported yet" in text
+    assert str(result) == text  # print() in a script shows the report, not the repr
     html = result._repr_html_()
     assert 'class="cgpu-card"' in html and "max_split_size_mb" in html and "<script" not in html
     assert '"PYTORCH_ALLOC_CONF": "max_split_size_mb:128"' in result.to_json()

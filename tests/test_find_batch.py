@@ -549,6 +549,7 @@ def test_result_views():
     text = pretty(result)
     assert text.splitlines()[1].split() == ["size", "outcome", "peak", "memory", "time/step", "samples/s"]
     assert "out of memory" in text and "largest that ran: 296" in text
+    assert str(result) == text  # print() in a script shows the table, not the repr
     assert "<table>" in result._repr_html_() and "cgpu-answer" in result._repr_html_()
 
 

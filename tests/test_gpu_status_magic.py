@@ -133,6 +133,8 @@ def test_python_api_returns_the_same_data():
     assert "No GPU read" in status._repr_html_() or "No GPU found" in status._repr_html_()
     recorded = colab_gpu.status(DATA / "nvidia-smi-xml" / "tesla-t4.xml")  # a path, first
     assert [gpu.name for gpu in recorded.snapshot.gpus] == ["Tesla T4"]
+    # print() in a script shows the card the magic prints, not the one-line repr.
+    assert "GPU 0  Tesla T4  (cuda:0, compute capability 7.5)" in str(recorded)
 
 
 def test_sizes_keep_three_digits_below_100_units():

@@ -230,6 +230,7 @@ def test_the_run_record_summarises_and_draws_the_whole_run():
     record = live.stop()
     assert len(record.summaries()) == 8
     assert record.summaries()[0].line().startswith("GPU 0 name not recorded: busy 100% on average")
+    assert str(record).splitlines()[1] == record.summaries()[0].line()  # what print() shows
     png = record.chart_png()
     assert png.startswith(b"\x89PNG")
     html = record._repr_html_()

@@ -169,6 +169,7 @@ def test_python_api_returns_the_report(shell):
     assert "sys.last_traceback" in report.steps[0].done
     assert not report.cuda_initialized and not torch.cuda.is_initialized()
     assert repr(report).startswith("<ClearReport clear_cache: freed cpu tensors")
+    assert str(report).splitlines()[0] == report.summary() and "Steps:" in str(report)  # print()
     html = report._repr_html_()
     assert "cgpu-card" in html and "Steps" in html
 

@@ -71,10 +71,14 @@ class AllocConfResult:
         extra = f"; {len(self.deferred)} deferred" if self.deferred else ""
         return (f"<AllocConfResult {self.action}: {text}; {len(self.warnings)} warnings{extra}>")
 
-    def _repr_pretty_(self, printer, cycle) -> None:
+    def __str__(self) -> str:
+        """The report ``%alloc_conf`` prints, so ``print(alloc_conf())`` shows it in a script."""
         from .render import render_text
 
-        printer.text(render_text(self))
+        return render_text(self)
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(str(self))
 
     def _repr_html_(self) -> str:
         from .render import render_html

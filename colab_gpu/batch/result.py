@@ -111,10 +111,14 @@ class BatchResult:
     def __repr__(self) -> str:
         return f"<BatchResult {self.summary()}>"
 
-    def _repr_pretty_(self, printer, cycle) -> None:
+    def __str__(self) -> str:
+        """The table ``%%find_batch`` shows, so ``print(find_batch(...))`` shows it in a script."""
         from .render import render_text
 
-        printer.text(repr(self) if cycle else render_text(self))
+        return render_text(self)
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(repr(self) if cycle else str(self))
 
     def _repr_html_(self) -> str:
         from .render import render_html

@@ -101,8 +101,12 @@ class RunRecord:
     def __repr__(self) -> str:
         return f"<RunRecord {self.label}: {self.count} samples over {self.duration:.1f} s>"
 
+    def __str__(self) -> str:
+        """The summary ``%gpu_status --stop`` prints, so ``print(...)`` shows it in a script."""
+        return "\n".join([self.headline()] + [s.line() for s in self.summaries()])
+
     def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text("\n".join([self.headline()] + [s.line() for s in self.summaries()]))
+        printer.text(str(self))
 
     def _repr_html_(self) -> str:
         image = ""
