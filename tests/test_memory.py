@@ -124,6 +124,7 @@ def test_named_variable_also_bound_elsewhere_stays_bound_there(shell):
     assert shell.user_ns["second"] is shell.user_ns["ref"]()  # IPython's del_var would delete it too
     report = __import__("colab_gpu").memory_holders(shell=shell)
     assert report.holders[0].name == "second"
+    assert report.summary().startswith("1 variable holds tensors; the most: second ")  # not "1 variables hold"
     run(shell, "del second")
 
 

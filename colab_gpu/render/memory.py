@@ -4,7 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Optional, Tuple
 
-from . import NA, size
+from . import NA, count, size
 from .html import STYLE, _rows
 
 # Reading field -> what the user calls it, per device kind.
@@ -104,7 +104,8 @@ def holders_line(holders) -> str:
     if note:
         return note
     top = ", ".join(f"{h.name} {size(h.nbytes)}" for h in holders.holders[:3])
-    return f"{len(holders.holders)} variables hold tensors; the most: {top}"
+    verb = "holds" if len(holders.holders) == 1 else "hold"
+    return f"{count(len(holders.holders), 'variable')} {verb} tensors; the most: {top}"
 
 
 def holders_text(holders) -> str:
