@@ -197,6 +197,9 @@ def test_04_find_batch_sets_a_size_that_ran_and_leaves_the_model(executed):
     after = stream(code_cell(notebook, 'print("batch_size ='))
     assert f"batch_size = {answer.group(1)}\n" in after  # the variable holds the answer shown
     assert 2 <= int(answer.group(1)) <= 4096
+    # The text explains the CPU run's sizes: 8x strides while memory barely grows, then --max.
+    assert [int(size) for size in re.findall(r"<tr(?: class='cgpu-answer')?><td>(\d+)</td>", html)] == \
+        [2, 16, 128, 1024, 4096]
     assert "model unchanged by the search: True" in after
 
     assert re.search(r"<h4>batch_size = \d+ \(fastest", shown(code_cell(notebook, "%%find_batch --mode throughput"),
