@@ -3,8 +3,9 @@
 #   bash scripts/run.sh                    # the live GPUs (or why there are none)
 #   bash scripts/run.sh --from FILE        # a saved nvidia-smi recording instead
 set -euo pipefail
+caller=$PWD  # --from FILE is relative to where the command was typed
 cd "$(dirname "$0")/.."
-venv=.venv/app
+venv=$PWD/.venv/app
 [[ -x $venv/bin/python ]] || "${PYTHON:-python3}" -m venv "$venv"
 # torch's CPU build first where no torch is installed: the project's range is then satisfied
 # without a multi-GB CUDA download (on a GPU machine, install the CUDA build you want first).
@@ -12,5 +13,6 @@ venv=.venv/app
 "$venv/bin/python" -c 'import torch' 2>/dev/null \
     || "$venv/bin/python" -m pip install -q --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 "$venv/bin/python" -m pip install -q -e .
+cd "$caller"
 exec "$venv/bin/ipython" -i -c "%load_ext colab_gpu
 %gpu_status $*"
