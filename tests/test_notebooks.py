@@ -115,7 +115,10 @@ def test_01_gpu_status_shows_this_machine_the_recordings_and_the_live_run(execut
     assert "388 MiB reserved by the driver" in shown(t4)
     assert "torch.float16" in shown(t4)  # the T4 advice the text explains
     assert "Tesla T4" in shown(t4, "text/html")
-    assert "Tesla V100S-PCIE-32GB" in shown(code_cell(notebook, "%gpu_status --from $V100_TRACE"))
+    v100 = shown(code_cell(notebook, "%gpu_status --from $V100_TRACE"))
+    assert "Tesla V100S-PCIE-32GB" in v100
+    # What the text says of a CSV log: rows it has nothing for left out, missing fields n/a.
+    assert "n/a" in v100 and not re.search(r"^  (clocks|PCIe|process)", v100, re.M)
 
     data = json.loads(stream(code_cell(notebook, "%gpu_status --json")))
     assert [advice["message"] for advice in data["advice"]][0] in text  # the same status as the card
