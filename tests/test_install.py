@@ -1,7 +1,12 @@
-"""The set-up files install what they say: torch's CPU build, never PyPI's multi-GB CUDA one."""
+"""The set-up files install what they say: torch's CPU build, never PyPI's multi-GB CUDA one;
+and the package builds into a wheel that holds its data."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 
 import pytest
 
@@ -29,3 +34,26 @@ def test_scripts_install_torch_from_the_cpu_index(name):
 def test_binder_takes_torch_from_the_cpu_index():
     requirements = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
     assert f"--extra-index-url {CPU_INDEX}" in requirements
+
+
+def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
+    """pip install git+... builds a wheel: the recordings and the live page must be in it, and a
+    deprecated pyproject form (setuptools stops building those in 2027) must not be."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
+    shutil.copytree(ROOT / "colab_gpu", source / "colab_gpu",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    assert "SetuptoolsDeprecationWarning" not in build.stdout + build.stderr
+    wheel, = (tmp_path / "dist").glob("colab_gpu-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for data in ("colab_gpu/data/tesla-t4.xml", "colab_gpu/data/v100s-pcie-32gb_miris.csv",
+                 "colab_gpu/data/LICENSE.telegraf", "colab_gpu/data/LICENSE.miris",
+                 "colab_gpu/live/page.html"):
+        assert data in names
