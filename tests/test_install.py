@@ -41,7 +41,7 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
     deprecated pyproject form (setuptools stops building those in 2027) must not be."""
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source)
     shutil.copytree(ROOT / "colab_gpu", source / "colab_gpu",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -57,3 +57,4 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
                  "colab_gpu/data/LICENSE.telegraf", "colab_gpu/data/LICENSE.miris",
                  "colab_gpu/live/page.html"):
         assert data in names
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), "no MIT licence text"
