@@ -398,12 +398,14 @@ def drop_exception(shell: Any) -> List[str]:
     """Drop every reference IPython and ``sys`` keep to the last exception; name those dropped.
 
     Each of them alone keeps the failed cell's frames, and so their tensors, alive. The price:
-    ``%debug`` and ``%tb`` have no last exception to show afterwards.
+    ``%debug`` and ``%tb`` have no last exception to show afterwards. The ``sys`` attributes
+    are deleted, not set to None: that is how IPython's ``%debug`` and ``pdb.pm()`` know there
+    is nothing to debug (with None they fail on it).
     """
     dropped = []
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
-        if getattr(sys, name, None) is not None:  # last_exc exists on Python 3.12+ only
-            setattr(sys, name, None)
+        if hasattr(sys, name):  # last_exc exists on Python 3.12+ only
+            delattr(sys, name)
             dropped.append(f"sys.{name}")
     if shell is None:
         return dropped

@@ -76,6 +76,16 @@ def test_each_exception_reference_alone_keeps_the_frames_and_is_dropped(shell, h
     assert not alive(shell)
 
 
+def test_debug_and_tb_say_there_is_nothing_after_clear_cache(shell, capsys):
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    shell.run_line_magic("clear_cache", "--quiet")
+    capsys.readouterr()
+    for magic in ("debug", "tb"):
+        result = run(shell, f"%{magic}")
+        assert result.error_in_exec is None, f"%{magic} failed: {result.error_in_exec!r}"
+    assert not hasattr(sys, "last_traceback")  # how IPython and pdb.pm() know nothing failed
+
+
 def test_tensor_kept_by_output_history(shell, capsys):
     run(shell, f"import torch, weakref\nshown = torch.ones({SIZE})\nref = weakref.ref(shown)\nshown")
     number = shell.execution_count - 1
