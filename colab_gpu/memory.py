@@ -589,7 +589,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     """
     shell = shell if shell is not None else current_shell()
     namespace, _ = _namespaces(shell)
-    check_names(names, namespace)
+    names = check_names(names, namespace)  # a name given twice is deleted and reported once
     torch = _torch()
     readings = read_memory(torch, source)
     steps: List[Step] = []

@@ -127,6 +127,15 @@ def test_named_variable_is_deleted_and_no_other(shell):
     assert user_bindings(shell) == before
 
 
+def test_a_name_given_twice_is_reported_once(shell, capsys):
+    run(shell, "import torch\ntwice = torch.ones(4)")
+    capsys.readouterr()
+    shell.run_line_magic("clear_cache", "twice twice --quiet")
+    assert "twice" not in shell.user_ns
+    out = capsys.readouterr().out
+    assert "; deleted twice" in out and "twice, twice" not in out
+
+
 def test_named_variable_also_bound_elsewhere_stays_bound_there(shell):
     run(shell, f"import torch, weakref\nfirst = torch.ones({SIZE})\nsecond = first\nref = weakref.ref(first)")
     shell.run_line_magic("clear_cache", "first --quiet")
