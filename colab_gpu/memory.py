@@ -601,7 +601,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     step("output history", lambda: _history_done(clear_output_history(shell, history), history))
     if names:
         step("variables", lambda: _listed("deleted ", delete_variables(shell, names), ""))
-    step("garbage collection", lambda: f"gc.collect() found {gc.collect()} unreachable objects")
+    step("garbage collection", lambda: f"gc.collect() found {count(gc.collect(), 'unreachable object')}")
     cuda = torch is not None and _cuda_initialized(torch)
     if cuda:
         step("CUDA cache", lambda: _listed("synchronized ", empty_cuda_cache(torch), "")
@@ -617,7 +617,7 @@ def _listed(prefix: str, items: List[str], empty: str) -> str:
 
 def _history_done(numbers: List[int], everything: bool) -> str:
     if everything:
-        return f"cleared the whole output history ({count(len(numbers), 'entry')})"
+        return f"cleared the whole output history ({count(len(numbers), 'output')})"
     if not numbers:
         return "no output holds a tensor or a module"
     return "cleared " + ", ".join(f"Out[{n}]" for n in numbers)

@@ -114,6 +114,17 @@ def test_history_option_clears_every_output(shell):
     assert f"_{number}" not in shell.user_ns and shell.user_ns["_"] == ""
 
 
+def test_history_step_counts_outputs_in_english(shell):
+    import colab_gpu
+
+    shell.run_line_magic("clear_cache", "--history --quiet")
+    run(shell, "'one output'")
+    report = colab_gpu.clear_cache(history=True, shell=shell)
+    assert report.steps[1].done == "cleared the whole output history (1 output)"
+    report = colab_gpu.clear_cache(history=True, shell=shell)
+    assert report.steps[1].done == "cleared the whole output history (0 outputs)"
+
+
 def test_named_variable_is_deleted_and_no_other(shell):
     run(shell, f"import torch, weakref\nvictim = torch.ones({SIZE})\nref = weakref.ref(victim)\n"
                f"alias = [victim]\nbystander = torch.ones(4)\nvictim")

@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from colab_gpu.memory import MAX_OBJECTS, rank_holders
+from colab_gpu.memory import MAX_OBJECTS, Holders, rank_holders
 
 
 def ranked(**variables):
@@ -110,3 +110,12 @@ def test_gradients_slots_dataclasses_and_kept_exceptions_are_followed():
     assert by_name["error"].nbytes == 40_000  # the failed frame's local, through the traceback
     assert by_name["sparse"].nbytes == nbytes(sparse._indices(), sparse._values())
     assert by_name["method"].nbytes == 200  # a bound method holds its object
+
+
+def test_one_line_agrees_with_the_number_of_holders():
+    def line(**variables):
+        holders, total = rank_holders(variables.items(), torch)
+        return Holders(holders=holders, total_by_device=total).summary()
+
+    assert line(only=torch.ones(4)) == "1 variable holds tensors: only 16 B"
+    assert line(a=torch.ones(8), b=torch.ones(4)) == "2 variables hold tensors; the most: a 32 B, b 16 B"

@@ -63,8 +63,7 @@ def _holder_line(holder) -> str:
     shared = ("" if holder.unique == holder.nbytes else "; all shared with other variables"
               if not holder.unique else f"; {size(holder.unique)} held by it alone")
     bound = " (at least: too large to walk fully)" if holder.truncated else ""
-    tensors = f"{holder.tensors} tensor" + ("" if holder.tensors == 1 else "s")
-    return (f"{size(holder.nbytes)}{bound} in {tensors} ({devices}){shared}"
+    return (f"{size(holder.nbytes)}{bound} in {count(holder.tensors, 'tensor')} ({devices}){shared}"
             f" - {holder.type_name}")
 
 
@@ -104,8 +103,9 @@ def holders_line(holders) -> str:
     if note:
         return note
     top = ", ".join(f"{h.name} {size(h.nbytes)}" for h in holders.holders[:3])
-    verb = "holds" if len(holders.holders) == 1 else "hold"
-    return f"{count(len(holders.holders), 'variable')} {verb} tensors; the most: {top}"
+    if len(holders.holders) == 1:
+        return f"1 variable holds tensors: {top}"
+    return f"{count(len(holders.holders), 'variable')} hold tensors; the most: {top}"
 
 
 def holders_text(holders) -> str:
