@@ -89,14 +89,22 @@ def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch) -> None:
         stack.extend(attributes.values())
 
 
+_CONTAINERS = (list, tuple, set, frozenset, collections.deque)
+
+
 def _children(obj: Any, kind: type) -> Iterable[Any]:
-    """What a non-tensor object refers to, as far as memory is concerned."""
+    """What a non-tensor object refers to, as far as memory is concerned.
+
+    Containers are read through the built-in type's own methods: a subclass's ``__iter__``,
+    ``keys`` or ``values`` is the user's code, which may raise, load data or lie.
+    """
     if issubclass(kind, dict):
-        yield from obj.keys()
-        yield from obj.values()
+        yield from dict.keys(obj)
+        yield from dict.values(obj)
         return
-    if issubclass(kind, (list, tuple, set, frozenset, collections.deque)):
-        yield from obj
+    if issubclass(kind, _CONTAINERS):
+        base = next(container for container in _CONTAINERS if issubclass(kind, container))
+        yield from base.__iter__(obj)
         return
     if issubclass(kind, types.MethodType):
         yield obj.__self__
@@ -161,12 +169,15 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _
             reach.truncated = True
             break
         seen.add(key)
-        if verdict == _TENSOR:
-            _record_tensor(obj, reach, stack, torch)
-            continue
         if verdict == _MODULE:
             reach.modules += 1
-        stack.extend(_children(obj, kind))
+        try:
+            if verdict == _TENSOR:
+                _record_tensor(obj, reach, stack, torch)
+            else:
+                stack.extend(_children(obj, kind))
+        except Exception:  # user code ran (a tensor subclass, a dict resized by a thread): skip it
+            continue
     return reach
 
 
@@ -348,9 +359,9 @@ def cpu_tensor_bytes(torch) -> int:
     tensor_kinds = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor)}
     storages: Dict[int, int] = {}
     for obj in objects:
-        if type(obj) in tensor_kinds and obj.layout == torch.strided:
-            try:
-                if obj.device.type == "cpu":
+        if type(obj) in tensor_kinds:
+            try:  # a tensor subclass's __torch_function__ may raise on any attribute
+                if obj.layout == torch.strided and obj.device.type == "cpu":
                     storage = obj.untyped_storage()
                     storages[storage.data_ptr()] = storage.nbytes()
             except Exception:

@@ -112,6 +112,39 @@ def test_gradients_slots_dataclasses_and_kept_exceptions_are_followed():
     assert by_name["method"].nbytes == 200  # a bound method holds its object
 
 
+class Refusing(torch.Tensor):
+    """A tensor subclass whose __torch_function__ raises on every attribute (user code)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError("this subclass refuses")
+
+
+def test_user_code_that_raises_is_not_run_or_is_skipped():
+    class NoIteration(list):
+        def __iter__(self):
+            raise RuntimeError("iterated")
+
+    class NoKeys(dict):
+        def keys(self):
+            raise RuntimeError("keys")
+
+        values = keys
+
+    by_name, _, _ = ranked(listed=NoIteration([torch.ones(10)]), mapped=NoKeys(t=torch.ones(20)),
+                           refusing=[torch.ones(30).as_subclass(Refusing), torch.ones(40)])
+    assert by_name["listed"].nbytes == 40 and by_name["mapped"].nbytes == 80
+    assert by_name["refusing"].nbytes == 160  # the plain tensor next to the refusing one
+
+
+def test_cpu_bytes_skip_a_tensor_subclass_that_raises():
+    from colab_gpu.memory import cpu_tensor_bytes
+
+    refusing, plain = torch.ones(1_000).as_subclass(Refusing), torch.ones(1_000)
+    assert cpu_tensor_bytes(torch) >= plain.untyped_storage().nbytes()
+    del refusing
+
+
 def test_one_line_agrees_with_the_number_of_holders():
     def line(**variables):
         holders, total = rank_holders(variables.items(), torch)
