@@ -152,3 +152,15 @@ def test_one_line_agrees_with_the_number_of_holders():
 
     assert line(only=torch.ones(4)) == "1 variable holds tensors: only 16 B"
     assert line(a=torch.ones(8), b=torch.ones(4)) == "2 variables hold tensors; the most: a 32 B, b 16 B"
+
+
+def test_a_model_on_the_meta_device_holds_no_memory_and_says_so():
+    from colab_gpu.memory import ClearReport
+    from colab_gpu.render.memory import holders_text
+
+    with torch.device("meta"):
+        model = torch.nn.Linear(1_000, 1_000)
+    holders, total = rank_holders([("model", model)], torch)
+    found = Holders(holders=holders, total_by_device=total)
+    assert "  model            0 B in 2 tensors - Linear" in holders_text(found).splitlines()
+    assert ClearReport(before=(), steps=(), holders=found).summary() == "clear_cache: nothing freed"

@@ -60,10 +60,11 @@ def _step_rows(report) -> List[Tuple[str, str]]:
 
 def _holder_line(holder) -> str:
     devices = ", ".join(f"{device} {size(n)}" for device, n in holder.by_device)
+    devices = f" ({devices})" if devices else ""  # meta tensors: on no device
     shared = ("" if holder.unique == holder.nbytes else "; all shared with other variables"
               if not holder.unique else f"; {size(holder.unique)} held by it alone")
     bound = " (at least: too large to walk fully)" if holder.truncated else ""
-    return (f"{size(holder.nbytes)}{bound} in {count(holder.tensors, 'tensor')} ({devices}){shared}"
+    return (f"{size(holder.nbytes)}{bound} in {count(holder.tensors, 'tensor')}{devices}{shared}"
             f" - {holder.type_name}")
 
 
@@ -124,7 +125,7 @@ def report_line(report) -> str:
     freed = [f"{what} {size(n)}" for what, n in _changes(report, report.before, report.after) if n > 0]
     freed = "freed " + ", ".join(freed) if freed else "nothing freed"
     top = report.holders.holders[0] if report.holders.holders else None
-    held = f"; biggest holder: {top.name} {size(top.nbytes)}" if top else ""
+    held = f"; biggest holder: {top.name} {size(top.nbytes)}" if top and top.nbytes else ""
     deleted = f"; deleted {', '.join(report.deleted)}" if report.deleted else ""
     return f"clear_cache: {freed}{deleted}{held}"
 
