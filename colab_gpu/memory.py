@@ -484,6 +484,11 @@ def clear_output_history(shell: Any, everything: bool = False) -> List[int]:
 
 def check_names(names: Iterable[str], namespace: Mapping[str, Any]) -> List[str]:
     """The names to delete, or :class:`ClearCacheError` naming the first bad one; deletes nothing."""
+    names = list(names)
+    for name in names:
+        if not isinstance(name, str):  # clear_cache(["model", "opt"]), clear_cache(model)
+            raise TypeError(f"variable names are strings, one per argument, e.g. "
+                            f"clear_cache('model', 'optimizer'); got {type(name).__name__}")
     names = list(dict.fromkeys(names))
     for name in names:
         if (name in _IPYTHON_NAMES or _OUTPUT_NAME.match(name) or _INPUT_NAME.match(name)):

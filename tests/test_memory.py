@@ -204,6 +204,16 @@ def test_python_api_returns_the_report(shell):
     assert "cgpu-card" in html and "Steps" in html
 
 
+@pytest.mark.parametrize("wrong", [["kept"], 0])
+def test_python_api_says_names_are_strings(shell, wrong):
+    import colab_gpu
+
+    run(shell, "kept = 1")
+    with pytest.raises(TypeError, match=r"strings, one per argument, e\.g\. clear_cache\('model', 'optimizer'\)"):
+        colab_gpu.clear_cache(wrong, shell=shell)
+    assert shell.user_ns["kept"] == 1
+
+
 def test_html_escapes_names(shell):
     import colab_gpu
 
