@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import gc
+import itertools
 import os
 import re
 import sys
@@ -38,7 +39,7 @@ _LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, range, 
 _OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
            types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType)
 
-MAX_OBJECTS = 1_000_000  # per variable: a bound on the walk, so a huge container stays fast
+MAX_OBJECTS = 1_000_000  # per variable: objects visited, a bound on the walk so a huge container stays fast
 
 
 class ClearCacheError(ValueError):
@@ -152,9 +153,10 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _
     reach = _Reach()
     kinds: Dict[type, int] = {}  # each type classified once: Tensor's metaclass makes issubclass slow
     seen: Set[int] = set(skip)
-    limit = len(seen) + max_objects
     stack = [root]
-    while stack:
+    for visit in range(max_objects):  # every object counts, ints and strings too
+        if not stack:
+            break
         obj = stack.pop()
         kind = type(obj)  # never obj.__class__: proxies and deprecated objects lie or warn
         verdict = kinds.get(kind)
@@ -165,9 +167,6 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _
         key = id(obj)
         if key in seen:
             continue
-        if len(seen) >= limit:
-            reach.truncated = True
-            break
         seen.add(key)
         if verdict == _MODULE:
             reach.modules += 1
@@ -175,9 +174,11 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _
             if verdict == _TENSOR:
                 _record_tensor(obj, reach, stack, torch)
             else:
-                stack.extend(_children(obj, kind))
+                # no more than can still be visited (one more: a leftover marks the walk truncated)
+                stack.extend(itertools.islice(_children(obj, kind), max_objects - visit))
         except Exception:  # user code ran (a tensor subclass, a dict resized by a thread): skip it
             continue
+    reach.truncated = bool(stack)
     return reach
 
 
@@ -199,7 +200,7 @@ class Holder:
     unique: int  # of which no other variable reaches: about what ``del name`` would free
     by_device: Tuple[Tuple[str, int], ...]  # ("cpu", bytes), ("cuda:0", bytes)
     tensors: int
-    truncated: bool = False  # the walk stopped at MAX_OBJECTS objects: a lower bound
+    truncated: bool = False  # the walk stopped after MAX_OBJECTS objects: a lower bound
 
 
 class _Shown:

@@ -78,6 +78,14 @@ def test_large_containers_are_walked_and_bounded():
     assert holders[0].truncated and 0 < holders[0].nbytes < 100_000 * 8
 
 
+def test_the_bound_counts_plain_values_too():
+    """A list of 30 million token ids took 4 s a walk when ints did not count."""
+    holders, _ = rank_holders([("mixed", [list(range(2_000)), torch.ones(2)])], torch, max_objects=1_000)
+    assert holders[0].truncated and holders[0].nbytes == 8
+    holders, _ = rank_holders([("small", [list(range(500)), torch.ones(2)])], torch, max_objects=1_000)
+    assert not holders[0].truncated
+
+
 def test_gradients_slots_dataclasses_and_kept_exceptions_are_followed():
     weight = torch.ones(1_000, requires_grad=True)
     (weight * 2).sum().backward()
