@@ -245,14 +245,26 @@ class Holders(_Shown):
     _renderers = "holders"
 
 
-def _user_variables(namespace: Mapping[str, Any], hidden: Mapping[str, Any]) -> List[Tuple[str, Any]]:
+_MISSING = object()
+
+
+def _is_ipython_name(name: str, value: Any, shell: Any, hidden: Mapping[str, Any]) -> bool:
+    """Whether ``name`` is IPython's: its history and helpers, and ``_``, ``__``, ``___`` while
+    they hold its last outputs. Once the user assigns one (``_, index = scores.max(1)``) it is
+    theirs, as IPython sees it too: its displayhook stops updating them."""
+    if name in ("_", "__", "___"):
+        displayhook = getattr(shell, "displayhook", None)
+        return value is getattr(displayhook, name, _MISSING) or value is hidden.get(name, _MISSING)
+    return name in _IPYTHON_NAMES or bool(_OUTPUT_NAME.match(name) or _INPUT_NAME.match(name))
+
+
+def _user_variables(shell: Any) -> List[Tuple[str, Any]]:
     """The user's own variables: not IPython's names, modules, functions or classes."""
-    missing = object()
+    namespace, hidden = _namespaces(shell)
     result = []
     for name, value in list(namespace.items()):
-        if (name in _IPYTHON_NAMES or name.startswith("__") and name.endswith("__")
-                or _OUTPUT_NAME.match(name) or _INPUT_NAME.match(name)
-                or hidden.get(name, missing) is value or issubclass(type(value), _OPAQUE)):
+        if (name.startswith("__") and name.endswith("__") or _is_ipython_name(name, value, shell, hidden)
+                or hidden.get(name, _MISSING) is value or issubclass(type(value), _OPAQUE)):
             continue
         result.append((name, value))
     return result
@@ -335,7 +347,7 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
                        problem=problem)
     namespace, hidden = _namespaces(shell)
     skip = {id(namespace), id(hidden), id(shell)}
-    holders, total = rank_holders(_user_variables(namespace, hidden), torch, skip, max_objects)
+    holders, total = rank_holders(_user_variables(shell), torch, skip, max_objects)
     return Holders(holders=holders, total_by_device=total,
                    outside_torch=_outside_torch(snapshot, torch), problem=problem)
 
@@ -483,8 +495,9 @@ def clear_output_history(shell: Any, everything: bool = False) -> List[int]:
     return numbers
 
 
-def check_names(names: Iterable[str], namespace: Mapping[str, Any]) -> List[str]:
+def check_names(names: Iterable[str], shell: Any) -> List[str]:
     """The names to delete, or :class:`ClearCacheError` naming the first bad one; deletes nothing."""
+    namespace, hidden = _namespaces(shell)
     names = list(names)
     for name in names:
         if not isinstance(name, str):  # clear_cache(["model", "opt"]), clear_cache(model)
@@ -492,7 +505,7 @@ def check_names(names: Iterable[str], namespace: Mapping[str, Any]) -> List[str]
                             f"clear_cache('model', 'optimizer'); got {type(name).__name__}")
     names = list(dict.fromkeys(names))
     for name in names:
-        if (name in _IPYTHON_NAMES or _OUTPUT_NAME.match(name) or _INPUT_NAME.match(name)):
+        if _is_ipython_name(name, namespace.get(name, _MISSING), shell, hidden):
             raise ClearCacheError(f"{name!r} is IPython's own name, not a variable of yours; "
                                   f"use --history to clear the output history")
         if not name.isidentifier():
@@ -507,7 +520,7 @@ def check_names(names: Iterable[str], namespace: Mapping[str, Any]) -> List[str]
 def delete_variables(shell: Any, names: Iterable[str]) -> List[str]:
     """Delete exactly these variables, and the output-history entries that are their objects."""
     namespace, hidden = _namespaces(shell)
-    names = check_names(names, namespace)
+    names = check_names(names, shell)
     objects = [namespace[name] for name in names]
     for name, obj in zip(names, objects):
         del namespace[name]
@@ -605,8 +618,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     :class:`ClearCacheError` for a bad name before anything is done.
     """
     shell = shell if shell is not None else current_shell()
-    namespace, _ = _namespaces(shell)
-    names = check_names(names, namespace)  # a name given twice is deleted and reported once
+    names = check_names(names, shell)  # a name given twice is deleted and reported once
     torch = _torch()
     readings = read_memory(torch, source)
     steps: List[Step] = []

@@ -147,6 +147,21 @@ def test_a_name_given_twice_is_reported_once(shell, capsys):
     assert "; deleted twice" in out and "twice, twice" not in out
 
 
+def test_underscore_assigned_by_the_user_is_their_variable(shell):
+    import colab_gpu
+
+    run(shell, "'an output'")
+    with pytest.raises(UsageError, match="'_' is IPython's own name"):
+        shell.run_line_magic("clear_cache", "_")
+    run(shell, f"import torch, weakref\n_, index = torch.ones({SIZE // 2}, 2).max(1)\nref = weakref.ref(_)")
+    names = [holder.name for holder in colab_gpu.memory_holders(shell=shell).holders]
+    assert names[:2] == ["index", "_"], "IPython no longer updates _: it is the user's"
+    shell.run_line_magic("clear_cache", "_ --quiet")
+    assert not alive(shell) and "_" not in shell.user_ns
+    run(shell, "del index\n'next output'")
+    assert shell.user_ns["_"] == "next output"  # IPython's own again
+
+
 def test_named_variable_also_bound_elsewhere_stays_bound_there(shell):
     run(shell, f"import torch, weakref\nfirst = torch.ones({SIZE})\nsecond = first\nref = weakref.ref(first)")
     shell.run_line_magic("clear_cache", "first --quiet")
