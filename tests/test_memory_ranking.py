@@ -172,3 +172,13 @@ def test_a_model_on_the_meta_device_holds_no_memory_and_says_so():
     found = Holders(holders=holders, total_by_device=total)
     assert "  model            0 B in 2 tensors - Linear" in holders_text(found).splitlines()
     assert ClearReport(before=(), steps=(), holders=found).summary() == "clear_cache: nothing freed"
+
+
+def test_holders_beyond_the_top_ten_are_not_summed_over_shared_storage():
+    from colab_gpu.render.memory import holders_text
+
+    base = torch.ones(1_000)
+    holders, total = rank_holders([(f"view{i:02}", base[i:]) for i in range(15)], torch)
+    lines = holders_text(Holders(holders=holders, total_by_device=total)).splitlines()
+    assert "  5 more           each 3.91 KiB or less" in lines  # not 19.5 KiB: one storage
+    assert "  all variables    cpu 3.91 KiB (each storage counted once)" in lines

@@ -78,8 +78,8 @@ def _outside_line(part) -> Tuple[str, str]:
 def _holder_rows(holders) -> List[Tuple[str, str]]:
     rows = [(holder.name, _holder_line(holder)) for holder in holders.holders[:TOP]]
     rest = holders.holders[TOP:]
-    if rest:
-        rows.append((f"{len(rest)} more", size(sum(h.nbytes for h in rest))))
+    if rest:  # not their sum: storage they share would count once per variable
+        rows.append((f"{len(rest)} more", f"each {size(rest[0].nbytes)} or less"))
     if holders.total_by_device:
         rows.append(("all variables", ", ".join(f"{device} {size(n)}"
                                                 for device, n in holders.total_by_device)
