@@ -35,8 +35,9 @@ _IPYTHON_NAMES = frozenset({"In", "Out", "_oh", "_ih", "_dh", "get_ipython", "ex
                             "_exit_code"})
 # Types that hold no tensor and are not worth a visit.
 _LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, range, slice)
-# Types never walked into: they lead to the whole interpreter (modules, globals of functions).
-_OPAQUE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+# Types never walked into: they lead to the whole interpreter (modules, classes' namespaces).
+# A function is walked into its closure and defaults only, never its globals.
+_OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType,
            types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType)
 
 MAX_OBJECTS = 1_000_000  # per variable: objects visited, a bound on the walk so a huge container stays fast
@@ -109,6 +110,15 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
         return
     if issubclass(kind, types.MethodType):
         yield obj.__self__
+        return
+    if issubclass(kind, types.FunctionType):  # `lambda y: y * weights` keeps weights alive
+        for cell in obj.__closure__ or ():
+            try:
+                yield cell.cell_contents
+            except ValueError:  # a cell not yet filled
+                pass
+        yield from obj.__defaults__ or ()
+        yield from (obj.__kwdefaults__ or {}).values()
         return
     if issubclass(kind, BaseException):
         yield obj.__traceback__
@@ -259,7 +269,7 @@ def _is_ipython_name(name: str, value: Any, shell: Any, hidden: Mapping[str, Any
 
 
 def _user_variables(shell: Any) -> List[Tuple[str, Any]]:
-    """The user's own variables: not IPython's names, modules, functions or classes."""
+    """The user's own variables: not IPython's names, modules or classes."""
     namespace, hidden = _namespaces(shell)
     result = []
     for name, value in list(namespace.items()):
@@ -333,8 +343,8 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
                    max_objects: int = MAX_OBJECTS) -> Holders:
     """What is eating my memory? The user's variables ranked by the tensor bytes they reach.
 
-    Counts tensors, modules' parameters, buffers and gradients, optimizers' state and any
-    container of these; storage shared by views or by several variables is counted once per
+    Counts tensors, modules' parameters, buffers and gradients, optimizers' state, any
+    container of these and functions' closures and defaults; storage shared by views or by several variables is counted once per
     variable and once in the total. Also reads, through NVML, the GPU memory held outside
     torch. Never initializes CUDA and never keeps a reference to a tensor.
     """

@@ -153,6 +153,31 @@ def test_cpu_bytes_skip_a_tensor_subclass_that_raises():
     del refusing
 
 
+def test_a_function_holds_its_closure_and_defaults_not_its_globals():
+    weights = torch.ones(1_000)
+
+    def make_loss():
+        return lambda y: (y * weights).sum()
+
+    def with_default(x, cache=torch.ones(500)):
+        return x
+
+    def with_keyword_default(x, *, cache=torch.ones(250)):
+        return x
+
+    def uses_a_global(x):
+        return x * GLOBAL_TENSOR
+
+    by_name, order, _ = ranked(loss=make_loss(), default=with_default, keyword=with_keyword_default,
+                               module_level=uses_a_global)
+    assert order == ["loss", "default", "keyword"]
+    assert by_name["loss"].nbytes == 4_000 and by_name["default"].nbytes == 2_000
+    assert by_name["keyword"].nbytes == 1_000
+
+
+GLOBAL_TENSOR = torch.ones(10)
+
+
 def test_one_line_agrees_with_the_number_of_holders():
     def line(**variables):
         holders, total = rank_holders(variables.items(), torch)
