@@ -29,7 +29,11 @@ def _parse(magic: Callable, line: str):
         argv = list(lexer)
     except ValueError as error:  # an unclosed quote
         raise UsageError(f"{error.args[0][0].lower()}{error.args[0][1:]} in {line!r}") from None
-    return magic.parser.parse_args(argv)
+    try:
+        return magic.parser.parse_args(argv)
+    except UsageError as error:  # argparse says what was wrong; add what is accepted
+        usage = " ".join(magic.parser.format_usage().split()[1:])
+        raise UsageError(f"{error} (usage: {usage}; {usage.split()[0]}? explains each option)") from None
 
 
 def _friendly_errors(method: Callable) -> Callable:

@@ -181,6 +181,10 @@ def test_bad_names_are_refused_before_anything_changes(shell):
         shell.run_line_magic("clear_cache", "Out")
     with pytest.raises(UsageError, match="--vars only shows"):
         shell.run_line_magic("clear_cache", "--vars kept")
+    with pytest.raises(UsageError, match=r"unrecognized arguments: -h \(usage: %clear_cache "
+                                         r"\[--history\] \[--vars\] \[--quiet\] \[NAME \.\.\.\]; "
+                                         r"%clear_cache\? explains each option\)"):
+        shell.run_line_magic("clear_cache", "-h")
     assert shell.user_ns["kept"] == 1
     assert alive(shell), "a refused request must not have dropped the exception either"
     shell.run_line_magic("clear_cache", "--quiet")
