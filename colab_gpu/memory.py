@@ -13,6 +13,7 @@ No tensor is ever referenced by a result: the ranking keeps storage addresses, n
 """
 from __future__ import annotations
 
+import bdb
 import collections
 import dataclasses
 import gc
@@ -431,7 +432,8 @@ def read_memory(torch, source: Optional[DeviceSource]) -> Tuple[Reading, ...]:
 def drop_exception(shell: Any) -> List[str]:
     """Drop every reference IPython and ``sys`` keep to the last exception; name those dropped.
 
-    Each of them alone keeps the failed cell's frames, and so their tensors, alive. The price:
+    Each of them alone keeps the failed cell's frames, and so their tensors, alive, as does
+    the debugger a ``%debug`` ran. The price:
     ``%debug`` and ``%tb`` have no last exception to show afterwards. The ``sys`` attributes
     are deleted, not set to None: that is how IPython's ``%debug`` and ``pdb.pm()`` know there
     is nothing to debug (with None they fail on it).
@@ -451,7 +453,9 @@ def drop_exception(shell: Any) -> List[str]:
     for holder in ("InteractiveTB", "SyntaxTB"):
         tools = getattr(shell, holder, None)
         for attribute, value in list(getattr(tools, "__dict__", {}).items()):
-            if isinstance(value, (types.TracebackType, BaseException)):
+            # the debugger of a past %debug still holds its frames; IPython makes a new one
+            if (isinstance(value, (types.TracebackType, BaseException))
+                    or isinstance(value, bdb.Bdb) and getattr(value, "botframe", None) is not None):
                 setattr(tools, attribute, None)
                 dropped.append(f"shell.{holder}.{attribute}")
     return dropped

@@ -86,6 +86,20 @@ def test_debug_and_tb_say_there_is_nothing_after_clear_cache(shell, capsys):
     assert not hasattr(sys, "last_traceback")  # how IPython and pdb.pm() know nothing failed
 
 
+def test_the_debugger_of_a_past_debug_session_lets_go_of_the_frames(shell, monkeypatch):
+    import io
+
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    monkeypatch.setattr(sys, "stdin", io.StringIO("p activations.shape\nq\n"))
+    assert run(shell, "%debug").error_in_exec is None
+    shell.run_line_magic("clear_cache", "--quiet")
+    assert not alive(shell), "the debugger kept the failed frame (its botframe) alive"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("q\n"))
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    assert run(shell, "%debug").error_in_exec is None  # IPython made a new debugger
+    shell.run_line_magic("clear_cache", "--quiet")
+
+
 def test_tensor_kept_by_output_history(shell, capsys):
     run(shell, f"import torch, weakref\nshown = torch.ones({SIZE})\nref = weakref.ref(shown)\nshown")
     number = shell.execution_count - 1
