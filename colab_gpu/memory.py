@@ -274,7 +274,8 @@ def _user_variables(shell: Any) -> List[Tuple[str, Any]]:
     namespace, hidden = _namespaces(shell)
     result = []
     for name, value in list(namespace.items()):
-        if (name.startswith("__") and name.endswith("__") or _is_ipython_name(name, value, shell, hidden)
+        if (len(name) > 4 and name[:2] == name[-2:] == "__"  # __name__; not __ or ___
+                or _is_ipython_name(name, value, shell, hidden)
                 or hidden.get(name, _MISSING) is value or issubclass(type(value), _OPAQUE)):
             continue
         result.append((name, value))

@@ -172,7 +172,9 @@ def test_underscore_assigned_by_the_user_is_their_variable(shell):
     assert names[:2] == ["index", "_"], "IPython no longer updates _: it is the user's"
     shell.run_line_magic("clear_cache", "_ --quiet")
     assert not alive(shell) and "_" not in shell.user_ns
-    run(shell, "del index\n'next output'")
+    run(shell, "__ = index")
+    assert "__" in [holder.name for holder in colab_gpu.memory_holders(shell=shell).holders]
+    run(shell, "del index, __\n'next output'")
     assert shell.user_ns["_"] == "next output"  # IPython's own again
 
 
