@@ -41,7 +41,7 @@ _LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, range, 
 _OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType,
            types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType)
 
-MAX_OBJECTS = 1_000_000  # per variable: objects visited, a bound on the walk so a huge container stays fast
+MAX_OBJECTS = 1_000_000  # objects visited per variable: a bound so a huge container stays fast
 
 
 class ClearCacheError(ValueError):
@@ -346,9 +346,10 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     """What is eating my memory? The user's variables ranked by the tensor bytes they reach.
 
     Counts tensors, modules' parameters, buffers and gradients, optimizers' state, any
-    container of these and functions' closures and defaults; storage shared by views or by several variables is counted once per
-    variable and once in the total. Also reads, through NVML, the GPU memory held outside
-    torch. Never initializes CUDA and never keeps a reference to a tensor.
+    container of these and functions' closures and defaults; storage shared by views or by
+    several variables is counted once per variable and once in the total. Also reads, through
+    NVML, the GPU memory held outside torch. Never initializes CUDA and never keeps a
+    reference to a tensor.
     """
     shell = shell if shell is not None else current_shell()
     snapshot = _snapshot(source)
@@ -434,10 +435,9 @@ def drop_exception(shell: Any) -> List[str]:
     """Drop every reference IPython and ``sys`` keep to the last exception; name those dropped.
 
     Each of them alone keeps the failed cell's frames, and so their tensors, alive, as does
-    the debugger a ``%debug`` ran. The price:
-    ``%debug`` and ``%tb`` have no last exception to show afterwards. The ``sys`` attributes
-    are deleted, not set to None: that is how IPython's ``%debug`` and ``pdb.pm()`` know there
-    is nothing to debug (with None they fail on it).
+    the debugger a ``%debug`` ran. The price: ``%debug`` and ``%tb`` have no last exception to
+    show afterwards. The ``sys`` attributes are deleted, not set to None: that is how IPython's
+    ``%debug`` and ``pdb.pm()`` know there is nothing to debug (with None they fail on it).
     """
     dropped = []
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
@@ -645,7 +645,8 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     step("output history", lambda: _history_done(clear_output_history(shell, history), history))
     if names:
         step("variables", lambda: _listed("deleted ", delete_variables(shell, names), ""))
-    step("garbage collection", lambda: f"gc.collect() found {count(gc.collect(), 'unreachable object')}")
+    step("garbage collection",
+         lambda: f"gc.collect() found {count(gc.collect(), 'unreachable object')}")
     cuda = torch is not None and _cuda_initialized(torch)
     if cuda:
         step("CUDA cache", lambda: _listed("synchronized ", empty_cuda_cache(torch), "")

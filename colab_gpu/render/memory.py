@@ -106,7 +106,7 @@ def holders_line(holders) -> str:
     top = ", ".join(f"{h.name} {size(h.nbytes)}" for h in holders.holders[:3])
     if len(holders.holders) == 1:
         return f"1 variable holds tensors: {top}"
-    return f"{count(len(holders.holders), 'variable')} hold tensors; the most: {top}"
+    return f"{len(holders.holders)} variables hold tensors; the most: {top}"
 
 
 def holders_text(holders) -> str:
