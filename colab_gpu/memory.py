@@ -259,6 +259,11 @@ class Holders(_Shown):
 _MISSING = object()
 
 
+def _is_dunder(name: str) -> bool:
+    """``__name__``, ``__builtins__``: Python's names for the namespace, never the user's."""
+    return len(name) > 4 and name[:2] == name[-2:] == "__"  # not IPython's __ or ___
+
+
 def _is_ipython_name(name: str, value: Any, shell: Any, hidden: Mapping[str, Any]) -> bool:
     """Whether ``name`` is IPython's: its history and helpers, and ``_``, ``__``, ``___`` while
     they hold its last outputs. Once the user assigns one (``_, index = scores.max(1)``) it is
@@ -274,8 +279,7 @@ def _user_variables(shell: Any) -> List[Tuple[str, Any]]:
     namespace, hidden = _namespaces(shell)
     result = []
     for name, value in list(namespace.items()):
-        if (len(name) > 4 and name[:2] == name[-2:] == "__"  # __name__; not __ or ___
-                or _is_ipython_name(name, value, shell, hidden)
+        if (_is_dunder(name) or _is_ipython_name(name, value, shell, hidden)
                 or hidden.get(name, _MISSING) is value or issubclass(type(value), _OPAQUE)):
             continue
         result.append((name, value))
@@ -523,6 +527,8 @@ def check_names(names: Iterable[str], shell: Any) -> List[str]:
         if _is_ipython_name(name, namespace.get(name, _MISSING), shell, hidden):
             raise ClearCacheError(f"{name!r} is IPython's own name, not a variable of yours; "
                                   f"use --history to clear the output history")
+        if _is_dunder(name):
+            raise ClearCacheError(f"{name!r} is Python's own name, not a variable of yours")
         if not name.isidentifier():
             raise ClearCacheError(f"{name!r} is not a variable name; give the names of "
                                   f"variables to delete, separated by spaces")

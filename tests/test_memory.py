@@ -195,6 +195,8 @@ def test_bad_names_are_refused_before_anything_changes(shell):
         shell.run_line_magic("clear_cache", "kept missing")
     with pytest.raises(UsageError, match="IPython's own name"):
         shell.run_line_magic("clear_cache", "Out")
+    with pytest.raises(UsageError, match="'__name__' is Python's own name"):
+        shell.run_line_magic("clear_cache", "__name__")
     with pytest.raises(UsageError, match="--vars only shows"):
         shell.run_line_magic("clear_cache", "--vars kept")
     with pytest.raises(UsageError, match=r"unrecognized arguments: -h \(usage: %clear_cache "
