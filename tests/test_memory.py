@@ -197,6 +197,10 @@ def test_bad_names_are_refused_before_anything_changes(shell):
         shell.run_line_magic("clear_cache", "Out")
     with pytest.raises(UsageError, match="'__name__' is Python's own name"):
         shell.run_line_magic("clear_cache", "__name__")
+    run(shell, "import torch")
+    with pytest.raises(UsageError, match="'torch' is a module: deleting its name frees no memory"):
+        shell.run_line_magic("clear_cache", "torch")
+    assert "torch" in shell.user_ns
     with pytest.raises(UsageError, match="--vars only shows"):
         shell.run_line_magic("clear_cache", "--vars kept")
     with pytest.raises(UsageError, match=r"unrecognized arguments: -h \(usage: %clear_cache "
