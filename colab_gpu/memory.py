@@ -535,7 +535,7 @@ def check_names(names: Iterable[str], shell: Any) -> List[str]:
         if name not in namespace:
             raise ClearCacheError(f"no variable named {name!r}: only existing variables "
                                   f"can be deleted")
-        if isinstance(namespace[name], types.ModuleType):  # `%clear_cache torch` meant the cache
+        if issubclass(type(namespace[name]), types.ModuleType):  # `%clear_cache torch`: the cache
             raise ClearCacheError(f"{name!r} is a module: deleting its name frees no memory (it "
                                   f"stays imported); %clear_cache alone empties torch's CUDA cache")
     return names

@@ -152,6 +152,14 @@ def test_named_variable_is_deleted_and_no_other(shell):
     assert user_bindings(shell) == before
 
 
+def test_an_object_that_raises_on_any_attribute_is_deleted_by_name(shell):
+    run(shell, "class Refusing:\n    def __getattribute__(self, name):\n        raise RuntimeError(name)\n"
+               "refusing = Refusing()")
+    shell.run_line_magic("clear_cache", "refusing --quiet")
+    assert "refusing" not in shell.user_ns
+    run(shell, "del Refusing")
+
+
 def test_a_name_given_twice_is_reported_once(shell, capsys):
     run(shell, "import torch\ntwice = torch.ones(4)")
     capsys.readouterr()
