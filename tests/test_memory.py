@@ -389,13 +389,3 @@ def test_torch_view_is_read_when_nvml_is_missing(monkeypatch):
     readings = {reading.device: reading for reading in read_memory(torch, source)}
     assert readings["cuda:0"].allocated == 3 * MiB and readings["cuda:0"].reserved == 8 * MiB
     assert readings["cuda:0"].nvml_used is None and "cpu" in readings
-
-
-def test_the_holders_line_counts_in_english():
-    from colab_gpu.memory import Holder, Holders
-
-    def holders(*names):
-        return Holders(holders=tuple(Holder(name, "Tensor", 1024, 1024, (("cpu", 1024),), 1) for name in names))
-
-    assert holders("x").summary() == "1 variable holds tensors; the most: x 1 KiB"  # not "1 variables hold"
-    assert holders("x", "y").summary().startswith("2 variables hold tensors; the most: x 1 KiB, y 1 KiB")
