@@ -169,8 +169,8 @@ class GPUMagics(Magics):
 
     @magic_arguments()
     @argument("names", nargs="*", metavar="NAME",
-              help="Variables to delete first (from your namespace and the output history); "
-                   "no other variable is ever deleted.")
+              help="Variables to delete too (from your namespace and the output history), "
+                   "before the garbage collection; no other variable is ever deleted.")
     @argument("--history", action="store_true",
               help="Clear the whole output history (Out, _, __, ___, _N), not only the "
                    "entries that hold tensors or modules.")

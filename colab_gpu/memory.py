@@ -14,6 +14,7 @@ No tensor is ever referenced by a result: the ranking keeps storage addresses, n
 from __future__ import annotations
 
 import bdb
+import builtins
 import collections
 import dataclasses
 import gc
@@ -533,7 +534,8 @@ def check_names(names: Iterable[str], shell: Any) -> List[str]:
             raise ClearCacheError(f"{name!r} is not a variable name; give the names of "
                                   f"variables to delete, separated by spaces")
         if name not in namespace:
-            raise ClearCacheError(f"no variable named {name!r}: only existing variables "
+            builtin = " (it is a Python builtin)" if hasattr(builtins, name) else ""
+            raise ClearCacheError(f"no variable named {name!r}{builtin}: only existing variables "
                                   f"can be deleted")
         if issubclass(type(namespace[name]), types.ModuleType):  # `%clear_cache torch`: the cache
             raise ClearCacheError(f"{name!r} is a module: deleting its name frees no memory (it "

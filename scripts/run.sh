@@ -14,5 +14,7 @@ venv=$PWD/.venv/app
     || "$venv/bin/python" -m pip install -q --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 "$venv/bin/python" -m pip install -q -e .
 cd "$caller"
+# Each argument quoted as the magic reads it, so a path with spaces stays one argument.
+args=$("$venv/bin/python" -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "$@")
 exec "$venv/bin/ipython" -i -c "%load_ext colab_gpu
-%gpu_status $*"
+%gpu_status $args"

@@ -201,6 +201,8 @@ def test_bad_names_are_refused_before_anything_changes(shell):
     run(shell, "kept = 1")
     with pytest.raises(UsageError, match="no variable named 'missing'"):
         shell.run_line_magic("clear_cache", "kept missing")
+    with pytest.raises(UsageError, match=r"no variable named 'print' \(it is a Python builtin\)"):
+        shell.run_line_magic("clear_cache", "print")
     with pytest.raises(UsageError, match="IPython's own name"):
         shell.run_line_magic("clear_cache", "Out")
     with pytest.raises(UsageError, match="'__name__' is Python's own name"):
