@@ -147,6 +147,28 @@ def test_a_thin_recording_shows_what_it_holds_not_lines_of_n_a():
     assert ">PCIe</td>" in t4._repr_html_()
 
 
+def test_a_link_without_its_maximum_shows_the_current_link_alone():
+    """The v10 GTX 1070 Ti records only the current PCIe link; the card said "x16/n/a" and "xn/a"."""
+    from IPython.lib.pretty import pretty
+
+    status = colab_gpu.status(XML / "gtx-1070-ti.xml")
+    assert "  PCIe        gen 1 x16   bus 00000000:01:00.0" in pretty(status)
+    assert "gen 1 x16; bus 00000000:01:00.0" in status._repr_html_()
+
+
+def test_a_whole_command_line_is_cut_so_the_card_keeps_its_width():
+    """The RTX 3080 recording holds a browser's 400-character command line as its process name."""
+    from IPython.lib.pretty import pretty
+
+    status = colab_gpu.status(XML / "rtx-3080-v12.xml")
+    (edge,) = [line for line in pretty(status).splitlines() if " 2214 " in line]
+    assert edge.endswith("/opt/microsoft/msedge/msedge --type=gpu-process --crashpad-…")
+    assert max(len(line) for line in pretty(status).splitlines() if line.startswith("  process")) < 100
+    html = status._repr_html_()
+    assert "--variations-seed-version</span>" not in html  # shown cut ...
+    assert "title='/opt/microsoft/msedge/msedge --type=gpu-process" in html  # ... whole on hover
+
+
 def test_unknown_headerless_layout_is_a_problem(tmp_path):
     rows = (CSV / "20gb-noheader_plato.csv").read_text().splitlines()[:3]
     path = tmp_path / "three-columns.csv"

@@ -52,6 +52,24 @@ def ratio(value: Optional[float], maximum: Optional[float], unit: str) -> str:
     return f"{number(value)} / {maximum:.0f} {unit}"
 
 
+def pcie_link(gpu) -> str:
+    """"gen 3/3 x8/16" (current/maximum); only the current value where the maximum is unknown
+    (old drivers record none), rather than "x16/n/a"."""
+    def part(prefix: str, current: Optional[int], maximum: Optional[int]) -> str:
+        return f"{prefix}{number(current)}" + ("" if maximum is None else f"/{maximum}")
+
+    return (f"{part('gen ', gpu.pcie_generation, gpu.pcie_generation_max)} "
+            f"{part('x', gpu.pcie_width, gpu.pcie_width_max)}")
+
+
+def process_name(name: Optional[str], width: int = 60) -> str:
+    """A process's name cut to ``width`` characters: nvidia-smi records whole command lines
+    (a browser's GPU process runs to 400 characters), which overflowed the card."""
+    if name is None:
+        return NA
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
 def unrecorded_rows(snapshot, gpu) -> set:
     """Rows a recording holds nothing for ("clocks", "PCIe", "processes"): left out rather
     than shown as a line of n/a. From the live driver, n/a says a read failed, so they stay."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import NA, allocator_summary, celsius, number, ratio, size, torch_summary, unrecorded_rows, words
+from . import (NA, allocator_summary, celsius, number, pcie_link, process_name, ratio, size, torch_summary,
+               unrecorded_rows, words)
 
 STYLE = """
 <style>
@@ -68,7 +69,8 @@ def _gpu(status, gpu) -> str:
     cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else NA
     busy = None if gpu.utilization_gpu is None else gpu.utilization_gpu / 100
     processes = NA if gpu.processes is None else (
-        "<br>".join(f"{p.pid} {escape(p.name or NA)} &middot; {size(p.used_memory)}" for p in gpu.processes)
+        "<br>".join(f"{p.pid} <span title='{escape(p.name or NA)}'>{escape(process_name(p.name))}</span> "
+                    f"&middot; {size(p.used_memory)}" for p in gpu.processes)
         or "none visible")
     rows = [
         ("memory", _bar(gpu.memory_used_fraction) + escape(
@@ -81,8 +83,7 @@ def _gpu(status, gpu) -> str:
         ("clocks", escape(f"SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
                           f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by "
                           f"{words(gpu.clock_event_reasons)}")),
-        ("PCIe", escape(f"gen {number(gpu.pcie_generation)} of {number(gpu.pcie_generation_max)}, "
-                        f"x{number(gpu.pcie_width)} of x{number(gpu.pcie_width_max)}; bus {gpu.bus_id or NA}")),
+        ("PCIe", escape(f"{pcie_link(gpu)}; bus {gpu.bus_id or NA}")),
         ("processes", processes),
     ]
     left_out = unrecorded_rows(status.snapshot, gpu)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import List
 
-from . import (NA, allocator_summary, breakdown_summary, celsius, number, ratio, size, torch_summary,
-               unrecorded_rows, words)
+from . import (NA, allocator_summary, breakdown_summary, celsius, number, pcie_link, process_name, ratio,
+               size, torch_summary, unrecorded_rows, words)
 
 
 def _gpu_lines(status, gpu) -> List[str]:
@@ -13,10 +13,7 @@ def _gpu_lines(status, gpu) -> List[str]:
         return [f"GPU {gpu.index}  {gpu.name}: {gpu.error}"]
     cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else NA
     seen_as = f"cuda:{torch_index}" if torch_index is not None else "hidden from torch"
-    pcie = NA
-    if gpu.pcie_generation is not None or gpu.pcie_width is not None:
-        pcie = (f"gen {number(gpu.pcie_generation)}/{number(gpu.pcie_generation_max)}"
-                f" x{number(gpu.pcie_width)}/{number(gpu.pcie_width_max)}")
+    pcie = NA if gpu.pcie_generation is None and gpu.pcie_width is None else pcie_link(gpu)
     rows = [
         ("", f"GPU {gpu.index}  {gpu.name}  ({seen_as}, compute capability {cc})"),
         ("memory", f"  memory      {size(gpu.memory_used)} used / {size(gpu.memory_total)}"
@@ -33,7 +30,7 @@ def _gpu_lines(status, gpu) -> List[str]:
          if not gpu.processes else None),
     ]
     rows += [("processes", f"  process     {process.pid:>7}  {size(process.used_memory):>10}  "
-                           f"{process.name or NA}") for process in gpu.processes or ()]
+                           f"{process_name(process.name)}") for process in gpu.processes or ()]
     left_out = unrecorded_rows(status.snapshot, gpu)
     lines = [line for row, line in rows if line is not None and row not in left_out]
     memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
