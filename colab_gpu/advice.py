@@ -124,12 +124,28 @@ def had_oom(status):
                     f"batch size that fits.")
 
 
+def _largest_holder(gpu) -> str:
+    """" (largest: pid 999 python3, 14.45 GiB)", or "" when no process is listed."""
+    holders = [p for p in gpu.processes or () if p.used_memory]
+    if not holders:
+        return ""
+    largest = max(holders, key=lambda p: p.used_memory)
+    program = (largest.name or "").split(" ")[0]  # nvidia-smi may record a whole command line
+    return f" (largest: pid {' '.join(filter(None, (str(largest.pid), program)))}, {largest.used_memory / GiB:.2f} GiB)"
+
+
 def memory_nearly_full(status):
     for gpu in status.gpus:
         fraction = gpu.memory_used_fraction
-        if fraction is not None and fraction > 0.9:
-            return (f"GPU {gpu.index} is {fraction:.0%} full: %clear_cache --vars shows which "
-                    f"variables hold the memory.")
+        if fraction is None or fraction <= 0.9:
+            continue
+        if not status.snapshot.recorded and not status.runtime.torch.cuda_initialized:
+            # torch here has not started CUDA, so none of this kernel's variables hold it.
+            return (f"GPU {gpu.index} is {fraction:.0%} full, not by torch in this kernel (it has "
+                    f"not started CUDA): other processes hold it{_largest_holder(gpu)}. Stop "
+                    f"them (an earlier kernel or a background job?) or restart the runtime.")
+        return (f"GPU {gpu.index} is {fraction:.0%} full: %clear_cache --vars shows which "
+                f"variables hold the memory.")
 
 
 def other_processes(status):

@@ -3,7 +3,7 @@ import dataclasses
 
 
 from colab_gpu.advice import RULES, advise
-from colab_gpu.devices import GPU, GiB, MiB, Snapshot
+from colab_gpu.devices import GPU, GPUProcess, GiB, MiB, Snapshot
 from colab_gpu.runtime import Runtime, TorchState
 from colab_gpu.gpu_status import MemoryBreakdown, Status, TorchMemory
 
@@ -107,6 +107,16 @@ def test_memory_nearly_full():
     full = dataclasses.replace(T4, memory_used=14900 * MiB, memory_free=72 * MiB)
     assert "%clear_cache --vars" in fired(make_status([full]))["memory_nearly_full"]
     assert "memory_nearly_full" not in fired(make_status([T4]))
+
+
+def test_memory_nearly_full__held_by_another_process_when_this_kernel_has_not_started_cuda():
+    """No variable of this kernel can hold GPU memory before CUDA starts: %clear_cache --vars
+    would list nothing; the holder is another process."""
+    held = dataclasses.replace(T4, memory_used=14900 * MiB, memory_free=72 * MiB,
+                               processes=(GPUProcess(pid=999, name="python3", used_memory=14800 * MiB),))
+    message = fired(make_status([held], torch=NO_TORCH))["memory_nearly_full"]
+    assert "%clear_cache" not in message
+    assert "not by torch in this kernel" in message and "pid 999 python3, 14.45 GiB" in message
 
 
 def test_other_processes():
