@@ -56,7 +56,8 @@ def tpu_runtime(status):
 
 def visible_devices_hide_all(status):
     visible = status.runtime.cuda_visible_devices
-    if status.gpus and visible is not None and not status.torch_index_of:
+    # MIG instances' UUIDs are not among NVML's GPUs: CUDA resolves them, this cannot.
+    if status.gpus and visible is not None and not status.torch_index_of and "MIG-" not in visible:
         return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from torch: unset it or "
                 f"list GPU indices or UUIDs, before torch starts CUDA.")
 
@@ -164,6 +165,16 @@ def throttled(status):
                     f"expect lower throughput than its peak.")
 
 
+def mig_mode(status):
+    for gpu in status.gpus:
+        if gpu.mig_enabled:
+            total = f"{gpu.memory_total / GiB:.0f} GiB" if gpu.memory_total else "GPU"
+            return (f"GPU {gpu.index} is split into MIG instances: a process sees only the instance it "
+                    f"is given (nvidia-smi -L lists them; choose one with CUDA_VISIBLE_DEVICES=MIG-<uuid>), "
+                    f"with that instance's share of memory, not the whole {total}; MIG reports no "
+                    f"utilization.")
+
+
 def cuda_not_started(status):
     torch = status.runtime.torch
     if status.gpus and not torch.cuda_initialized:
@@ -183,6 +194,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("memory_nearly_full", "tip", memory_nearly_full),
     Rule("other_processes", "info", other_processes),
     Rule("throttled", "info", throttled),
+    Rule("mig_mode", "info", mig_mode),
     Rule("turing_fp16", "tip", turing_fp16),
     Rule("ampere_bf16", "tip", ampere_bf16),
     Rule("pre_volta", "info", pre_volta),

@@ -83,6 +83,7 @@ class RecordedNvml:
     NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
     NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     NVMLError = pynvml.NVMLError
 
     def __init__(self, snapshot: Snapshot, *, memory_v2: bool = True, clocks_event_reasons: bool = True,
@@ -234,6 +235,13 @@ class RecordedNvml:
     @_nvml_call
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle) -> int:
         return self._reason_mask(handle)
+
+    @_nvml_call
+    def nvmlDeviceGetMigMode(self, handle) -> list:
+        """[current, pending], as pynvml returns them."""
+        enabled = self._value(self._gpu(handle).mig_enabled)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
 
     @_nvml_call
     def nvmlDeviceGetPerformanceState(self, handle) -> int:

@@ -134,6 +134,21 @@ def test_throttled():
     assert "throttled" not in fired(make_status([idle]))
 
 
+def test_mig_mode():
+    """The real A100 recording is in MIG mode: 80 GiB shown, but a process gets one instance."""
+    message = fired(make_status([dataclasses.replace(A100, mig_enabled=True)]))["mig_mode"]
+    assert "CUDA_VISIBLE_DEVICES=MIG-<uuid>" in message and "not the whole 80 GiB" in message
+    assert "mig_mode" not in fired(make_status([A100]))
+
+
+def test_visible_devices_hide_all__not_said_of_mig_instances():
+    """CUDA_VISIBLE_DEVICES=MIG-<uuid> names an instance, which NVML's GPU list does not hold."""
+    mig = dataclasses.replace(A100, mig_enabled=True)
+    visible = "MIG-6cbb7a6c-9f2b-5b5e-8d4b-5c0a1f8e2d10"
+    status = dataclasses.replace(make_status([mig], visible=visible), torch_index_of={})
+    assert "visible_devices_hide_all" not in fired(status)
+
+
 def test_turing_fp16():
     message = fired(make_status([T4]))["turing_fp16"]
     assert "float16" in message and "GradScaler" in message and "not bf16" in message

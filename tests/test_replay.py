@@ -147,6 +147,18 @@ def test_a_thin_recording_shows_what_it_holds_not_lines_of_n_a():
     assert ">PCIe</td>" in t4._repr_html_()
 
 
+def test_mig_mode_is_read_and_shown():
+    """The A100 recording's GPU is split into MIG instances; the card said nothing of it."""
+    from IPython.lib.pretty import pretty
+
+    status = colab_gpu.status(XML / "a100-sxm4-v12.xml")
+    assert status.gpus[0].mig_enabled is True
+    assert "(cuda:0, compute capability 8.0, MIG on)" in pretty(status)
+    assert "compute capability 8.0, MIG on</span>" in status._repr_html_()
+    assert "mig_mode" in {advice.rule for advice in status.advice}
+    assert colab_gpu.status(XML / "quadro-p2000-v12.xml").gpus[0].mig_enabled is None  # "N/A"
+
+
 def test_a_link_without_its_maximum_shows_the_current_link_alone():
     """The v10 GTX 1070 Ti records only the current PCIe link; the card said "x16/n/a" and "xn/a"."""
     from IPython.lib.pretty import pretty

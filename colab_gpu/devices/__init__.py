@@ -38,6 +38,7 @@ class GPU:
     uuid: Optional[str] = None
     bus_id: Optional[str] = None
     compute_capability: Optional[Tuple[int, int]] = None
+    mig_enabled: Optional[bool] = None  # split into MIG instances: CUDA sees those, not this GPU
     memory_total: Optional[int] = None
     memory_used: Optional[int] = None
     memory_free: Optional[int] = None

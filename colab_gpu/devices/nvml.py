@@ -63,7 +63,7 @@ class NvmlSource:
     """Reads every GPU through NVML. Initializes NVML once; ``close()`` shuts it down.
 
     What cannot change while NVML is up (a device's handle, name, UUID, bus, compute
-    capability, maximum clocks and PCIe link, the driver's versions) is read once: a live
+    capability, maximum clocks and PCIe link, MIG mode, the driver's versions) is read once: a live
     chart samples every second, and on an H200 the two maximum-clock reads alone took 2.7 of
     a snapshot's 3.3 ms (0.10 ms without them).
     """
@@ -162,6 +162,8 @@ class NvmlSource:
                 memory_clock_max=field(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM)),
                 pcie_generation_max=field(lambda: nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)),
                 pcie_width_max=field(lambda: nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)),
+                # Changing the mode takes a GPU reset, which ends this handle anyway.
+                mig_enabled=field(lambda: nvml.nvmlDeviceGetMigMode(handle)[0] == nvml.NVML_DEVICE_MIG_ENABLE),
             )
             self._devices[index] = (handle, name, fixed)
         return self._devices[index]

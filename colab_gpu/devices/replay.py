@@ -86,6 +86,12 @@ def _text(text: Optional[str]) -> Optional[str]:
     return text
 
 
+def _enabled(text: Optional[str]) -> Optional[bool]:
+    """nvidia-smi's "Enabled" / "Disabled"; None for "N/A" (a GPU without the feature)."""
+    text = _text(text)
+    return None if text is None else text == "Enabled"
+
+
 def _epoch(text: str) -> Optional[float]:
     """Seconds since the epoch of a recorded time; zone-less times are taken as UTC."""
     text = text.strip()
@@ -173,6 +179,7 @@ def _xml_gpu(index: int, gpu) -> GPU:
         index=index,
         name=name,
         compute_capability=known_compute_capability(name),
+        mig_enabled=_enabled(_find(gpu, "mig_mode/current_mig")),
         uuid=_find(gpu, "uuid"),
         bus_id=_find(gpu, "pci/pci_bus_id") or _text(gpu.get("id")),
         memory_total=_bytes(_find(gpu, "fb_memory_usage/total")),
@@ -228,6 +235,7 @@ _COLUMNS = {
     "uuid": ("uuid", _text), "gpu_uuid": ("uuid", _text),
     "pci.bus_id": ("bus_id", _text), "gpu_bus_id": ("bus_id", _text),
     "compute_cap": ("compute_capability", _text),
+    "mig.mode.current": ("mig_enabled", _enabled),
     "memory.total": ("memory_total", _bytes),
     "memory.used": ("memory_used", _bytes),
     "memory.free": ("memory_free", _bytes),

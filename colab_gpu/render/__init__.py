@@ -62,6 +62,11 @@ def pcie_link(gpu) -> str:
             f"{part('x', gpu.pcie_width, gpu.pcie_width_max)}")
 
 
+def mig_note(gpu) -> str:
+    """", MIG on" after the compute capability of a GPU split into MIG instances."""
+    return ", MIG on" if gpu.mig_enabled else ""
+
+
 def process_name(name: Optional[str], width: int = 60) -> str:
     """A process's name cut to ``width`` characters: nvidia-smi records whole command lines
     (a browser's GPU process runs to 400 characters), which overflowed the card."""

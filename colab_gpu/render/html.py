@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import (NA, allocator_summary, celsius, number, pcie_link, process_name, ratio, size, torch_summary,
+from . import (NA, allocator_summary, celsius, mig_note, number, pcie_link, process_name, ratio, size, torch_summary,
                unrecorded_rows, words)
 
 STYLE = """
@@ -93,7 +93,7 @@ def _gpu(status, gpu) -> str:
         rows.append(("torch", escape(allocator_summary(memory))))
     if part:
         rows.append(("where", _breakdown_bar(part)))
-    return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as)}, compute capability {cc}</span></h4>"
+    return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as)}, compute capability {cc}{mig_note(gpu)}</span></h4>"
             + _rows(rows))
 
 

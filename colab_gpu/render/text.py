@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import List
 
-from . import (NA, allocator_summary, breakdown_summary, celsius, number, pcie_link, process_name, ratio,
-               size, torch_summary, unrecorded_rows, words)
+from . import (NA, allocator_summary, breakdown_summary, celsius, mig_note, number, pcie_link, process_name,
+               ratio, size, torch_summary, unrecorded_rows, words)
 
 
 def _gpu_lines(status, gpu) -> List[str]:
@@ -15,7 +15,7 @@ def _gpu_lines(status, gpu) -> List[str]:
     seen_as = f"cuda:{torch_index}" if torch_index is not None else "hidden from torch"
     pcie = NA if gpu.pcie_generation is None and gpu.pcie_width is None else pcie_link(gpu)
     rows = [
-        ("", f"GPU {gpu.index}  {gpu.name}  ({seen_as}, compute capability {cc})"),
+        ("", f"GPU {gpu.index}  {gpu.name}  ({seen_as}, compute capability {cc}{mig_note(gpu)})"),
         ("memory", f"  memory      {size(gpu.memory_used)} used / {size(gpu.memory_total)}"
                    f"  ({size(gpu.memory_free)} free, {size(gpu.memory_reserved)} reserved by the driver)"),
         ("busy", f"  busy        {number(gpu.utilization_gpu, '%')} compute, "
