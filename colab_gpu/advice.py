@@ -69,6 +69,15 @@ def device_order_differs(status):
                 "set CUDA_DEVICE_ORDER=PCI_BUS_ID before torch starts so the indices agree.")
 
 
+def several_gpus(status):
+    count = len(status.torch_index_of)
+    if count > 1:
+        return (f"torch sees {count} GPUs but a model runs only on the one it is moved to (usually cuda:0): to "
+                f"train on all of them from a notebook, wrap the model in torch.nn.DataParallel "
+                f"(simplest) or start DistributedDataParallel with accelerate's notebook_launcher "
+                f"(faster); in a script, torchrun.")
+
+
 def _capabilities(status):
     return {gpu.compute_capability for gpu in status.gpus if gpu.compute_capability}
 
@@ -189,6 +198,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("visible_devices_hide_all", "warning", visible_devices_hide_all, about_this_machine=True),
     Rule("device_order_differs", "warning", device_order_differs, about_this_machine=True),
     Rule("cpu_torch_on_gpu_machine", "warning", cpu_torch_on_gpu_machine, about_this_machine=True),
+    Rule("several_gpus", "tip", several_gpus, about_this_machine=True),
     Rule("had_oom", "warning", had_oom),
     Rule("fragmentation", "tip", fragmentation),
     Rule("memory_nearly_full", "tip", memory_nearly_full),

@@ -134,6 +134,15 @@ def test_throttled():
     assert "throttled" not in fired(make_status([idle]))
 
 
+def test_several_gpus():
+    """Kaggle's "GPU T4 x2": torch uses the second T4 only when told to."""
+    two = [T4, dataclasses.replace(T4, index=1, uuid="GPU-t4-2")]
+    message = fired(make_status(two, platform="kaggle"))["several_gpus"]
+    assert "torch sees 2 GPUs" in message and "DataParallel" in message and "notebook_launcher" in message
+    assert "several_gpus" not in fired(make_status([T4]))
+    assert "several_gpus" not in fired(make_status(two, recorded=True))  # another machine's run
+
+
 def test_mig_mode():
     """The real A100 recording is in MIG mode: 80 GiB shown, but a process gets one instance."""
     message = fired(make_status([dataclasses.replace(A100, mig_enabled=True)]))["mig_mode"]
