@@ -93,8 +93,8 @@ def _gpu(status, gpu) -> str:
         rows.append(("torch", escape(allocator_summary(memory))))
     if part:
         rows.append(("where", _breakdown_bar(part)))
-    return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as)}, compute capability {cc}{mig_note(gpu)}</span></h4>"
-            + _rows(rows))
+    return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as)}, compute capability {cc}"
+            f"{mig_note(gpu)}</span></h4>" + _rows(rows))
 
 
 def render_status(status) -> str:
