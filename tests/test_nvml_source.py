@@ -10,6 +10,7 @@ import pynvml
 import pytest
 
 import colab_gpu.devices
+import colab_gpu.devices.nvml as nvml_module
 from colab_gpu.devices.nvml import NO_PYNVML, NvmlSource, decode_clock_event_reasons, describe_nvml_error
 from colab_gpu.devices.replay import ReplaySource
 
@@ -84,7 +85,16 @@ def test_init_failures_become_the_snapshot_problem(name):
 
 def test_missing_pynvml_module_is_a_problem(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: True)
     assert NvmlSource().snapshot().problem == NO_PYNVML
+
+
+def test_missing_pynvml_without_a_driver_says_there_is_no_driver(monkeypatch):
+    """Colab's CPU runtime has neither: "pip install nvidia-ml-py" would not give it a GPU."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: False, raising=False)
+    problem = NvmlSource().snapshot().problem
+    assert "pip install" not in problem and "no NVIDIA driver is installed here" in problem
 
 
 def test_device_count_failure_is_a_problem():
@@ -240,6 +250,7 @@ def test_gpu_status_shows_an_init_failure_as_one_line(shell, capsys, live, name)
 
 def test_gpu_status_without_pynvml(shell, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: True)
     monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
     text = run_status(shell, capsys)
     assert f"No GPU read: {NO_PYNVML}" in text.splitlines()

@@ -6,6 +6,9 @@ is ``Snapshot.problem`` or ``GPU.error``; a field a device does not support is `
 """
 from __future__ import annotations
 
+import functools
+import os
+import sys
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -37,6 +40,17 @@ _INIT_PROBLEMS = {
 
 NO_PYNVML = ("the pynvml module is not installed (it comes with NVIDIA's nvidia-ml-py package: "
              "pip install nvidia-ml-py)")
+
+
+@functools.lru_cache(maxsize=None)
+def nvidia_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver: its kernel module (Linux, containers too) or
+    NVML's library on the loader's path (WSL). Elsewhere it cannot be told cheaply: True."""
+    if not sys.platform.startswith("linux"):
+        return True
+    import ctypes.util
+
+    return os.path.exists("/proc/driver/nvidia") or ctypes.util.find_library("nvidia-ml") is not None
 
 
 def decode_clock_event_reasons(mask: int) -> Tuple[str, ...]:
@@ -85,6 +99,9 @@ class NvmlSource:
             try:
                 import pynvml
             except ImportError:
+                # Colab's CPU and TPU images lack both: installing pynvml there would not help.
+                if not nvidia_driver_present():
+                    return _INIT_PROBLEMS["NVMLError_LibraryNotFound"]
                 return NO_PYNVML
             self._nvml = pynvml
         try:
