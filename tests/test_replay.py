@@ -147,6 +147,16 @@ def test_a_thin_recording_shows_what_it_holds_not_lines_of_n_a():
     assert ">PCIe</td>" in t4._repr_html_()
 
 
+def test_a_log_without_memory_columns_shows_no_memory_row():
+    """nanoGPT's log records temperature, utilization and power only: no "n/a used / n/a" line."""
+    from IPython.lib.pretty import pretty
+
+    status = colab_gpu.status(CSV / "8gpu-training_nanogpt-pr643.csv")
+    shown = pretty(status)
+    assert "  memory " not in shown and ">memory</td>" not in status._repr_html_()
+    assert shown.count("  busy        100% compute, n/a memory bus") == 8
+
+
 def test_mig_mode_is_read_and_shown():
     """The A100 recording's GPU is split into MIG instances; the card said nothing of it."""
     from IPython.lib.pretty import pretty

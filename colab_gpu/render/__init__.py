@@ -76,11 +76,13 @@ def process_name(name: Optional[str], width: int = 60) -> str:
 
 
 def unrecorded_rows(snapshot, gpu) -> set:
-    """Rows a recording holds nothing for ("clocks", "PCIe", "processes"): left out rather
-    than shown as a line of n/a. From the live driver, n/a says a read failed, so they stay."""
+    """Rows a recording holds nothing for ("memory", "clocks" ...): left out rather than shown
+    as a line of n/a. From the live driver, n/a says a read failed, so they stay."""
     if not snapshot.recorded:
         return set()
-    fields = {"clocks": (gpu.sm_clock, gpu.sm_clock_max, gpu.memory_clock, gpu.memory_clock_max,
+    fields = {"memory": (gpu.memory_total, gpu.memory_used, gpu.memory_free, gpu.memory_reserved),
+              "busy": (gpu.utilization_gpu, gpu.utilization_memory),
+              "clocks": (gpu.sm_clock, gpu.sm_clock_max, gpu.memory_clock, gpu.memory_clock_max,
                          gpu.clock_event_reasons),
               "PCIe": (gpu.pcie_generation, gpu.pcie_width, gpu.bus_id, gpu.uuid),
               "processes": (gpu.processes,)}
