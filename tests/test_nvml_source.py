@@ -165,6 +165,17 @@ def test_fixed_fields_are_read_once_while_nvml_is_up():
     assert nvml.calls.count("nvmlDeviceGetUUID") == 2 * after_first.count("nvmlDeviceGetUUID")
 
 
+def test_both_cards_show_cuda_visible_devices_of_this_machine_only(monkeypatch):
+    """The HTML card (what a notebook shows) left it out; a recording's card showed this machine's."""
+    from IPython.lib.pretty import pretty
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    live = colab_gpu.status(NvmlSource(nvml=RecordedNvml.from_recording(T4)))
+    assert "CUDA_VISIBLE_DEVICES='0'" in pretty(live) and "CUDA_VISIBLE_DEVICES=&#x27;0&#x27;" in live._repr_html_()
+    recorded = colab_gpu.status(T4)
+    assert "CUDA_VISIBLE_DEVICES" not in pretty(recorded) + recorded._repr_html_()
+
+
 def test_driver_without_memory_info_v2_falls_back_to_v1():
     nvml = RecordedNvml.from_recording(T4, memory_v2=False)
     (gpu,) = NvmlSource(nvml=nvml).snapshot().gpus

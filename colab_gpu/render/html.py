@@ -107,6 +107,8 @@ def render_status(status) -> str:
         parts.append(escape(f" · driver {snapshot.driver_version}, CUDA {snapshot.cuda_driver_version or NA}"))
     if snapshot.source != "NVML":
         parts.append(escape(f" · {snapshot.source}"))
+    if runtime.cuda_visible_devices is not None and not snapshot.recorded:  # this machine's, not the file's
+        parts.append(escape(f" · CUDA_VISIBLE_DEVICES={runtime.cuda_visible_devices!r}"))
     parts.append("</span></div>")
     if snapshot.problem:
         parts.append(f"<p>No GPU read: {escape(snapshot.problem)}</p>")

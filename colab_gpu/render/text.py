@@ -48,7 +48,7 @@ def render_status(status) -> str:
         lines.append(f"Source: {snapshot.source}")
     if snapshot.driver_version or snapshot.cuda_driver_version:
         lines.append(f"Driver {snapshot.driver_version or NA}, CUDA driver {snapshot.cuda_driver_version or NA}")
-    if runtime.cuda_visible_devices is not None:
+    if runtime.cuda_visible_devices is not None and not snapshot.recorded:
         lines.append(f"CUDA_VISIBLE_DEVICES={runtime.cuda_visible_devices!r}")
     if snapshot.problem:
         lines.append(f"No GPU read: {snapshot.problem}")
