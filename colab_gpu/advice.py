@@ -70,7 +70,7 @@ def device_order_differs(status):
 
 
 def several_gpus(status):
-    count = len(status.torch_index_of)
+    count = sum(1 for gpu in status.gpus if gpu.index in status.torch_index_of and not gpu.error)
     if count > 1:
         return (f"torch sees {count} GPUs but a model runs only on the one it is moved to (usually cuda:0): to "
                 f"train on all of them from a notebook, wrap the model in torch.nn.DataParallel "

@@ -141,6 +141,8 @@ def test_several_gpus():
     assert "torch sees 2 GPUs" in message and "DataParallel" in message and "notebook_launcher" in message
     assert "several_gpus" not in fired(make_status([T4]))
     assert "several_gpus" not in fired(make_status(two, recorded=True))  # another machine's run
+    lost = dataclasses.replace(two[1], error="a GPU has fallen off the bus")
+    assert "several_gpus" not in fired(make_status([T4, lost]))
 
 
 def test_mig_mode():
