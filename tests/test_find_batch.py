@@ -303,6 +303,23 @@ def test_find_batch_restores_model_optimizer_and_generators():
     assert (random.random(), torch.rand(1).item()) == expected
 
 
+def test_find_batch_restores_train_eval_mode_and_requires_grad():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(), torch.nn.Linear(4, 1))
+    model.eval()
+    model[0].weight.requires_grad_(False)
+
+    def step(batch_size):  # a training cell: train mode, the first layer unfrozen
+        model.train()
+        model[0].weight.requires_grad_(True)
+        model(torch.randn(batch_size, 4)).sum().backward()
+
+    find_batch(step, restore=model, max=8, progress=False)
+    assert not any(module.training for module in model.modules())
+    assert not model[0].weight.requires_grad and model[2].weight.requires_grad
+
+
 def test_a_trial_that_fails_between_unscale_and_step_leaves_the_grad_scaler_ready():
     """AdamW's first step allocates its state after scaler.unscale_(): an out-of-memory error
     there must not leave the scaler believing the user's next gradients are already unscaled."""

@@ -61,6 +61,11 @@ class _ObjectState:
                                f"load_state_dict(); give models, optimizers, schedulers or tensors")
         parameters = getattr(obj, "parameters", None)
         self.grads = ([(p, _to_cpu(p.grad)) for p in parameters()] if callable(parameters) else [])
+        # Outside state_dict too: train()/eval() of every submodule and requires_grad of every
+        # parameter, which a training cell often sets (model.train(), unfreezing a layer).
+        modules = getattr(obj, "modules", None)
+        self.modes = [(m, m.training) for m in modules()] if callable(modules) else []
+        self.requires_grad = [(p, p.requires_grad) for p, _ in self.grads]
         # A GradScaler keeps each optimizer's unscale_()/step() stage outside its state_dict. A
         # trial that ran out of memory between the two leaves it half-way, and the next
         # scaler.step() would skip unscaling. Between iterations it is empty: so it is again.
@@ -75,6 +80,10 @@ class _ObjectState:
             self.obj.load_state_dict(self.saved)
         for parameter, grad in self.grads:
             parameter.grad = None if grad is None else grad.to(parameter.device)
+        for module, training in self.modes:
+            module.training = training
+        for parameter, requires_grad in self.requires_grad:
+            parameter.requires_grad_(requires_grad)
         if self.empty_stages:
             self.obj._per_optimizer_states.clear()
 
