@@ -537,6 +537,15 @@ def test_a_cell_that_never_mentions_the_variable_is_pointed_out(shell, capsys):
     assert "never mentions" not in capsys.readouterr().err
 
 
+def test_a_cell_that_assigns_the_variable_itself_is_refused_before_any_trial(shell):
+    from IPython.core.error import UsageError
+
+    shell.run_cell("batch_size = 7")
+    with pytest.raises(UsageError, match="the cell assigns batch_size itself"):
+        shell.run_cell_magic("find_batch", "--max 8", "batch_size = 4\nx = [0] * batch_size")
+    assert shell.user_ns["batch_size"] == 7
+
+
 def test_help_shows_a_cell_magic(shell):
     assert "%%find_batch [--var NAME]" in shell.find_cell_magic("find_batch").__doc__
 
