@@ -9,6 +9,7 @@ import copy
 import functools
 import shlex
 import sys
+from collections.abc import Iterator
 from typing import Callable, List
 
 from IPython.core.error import UsageError
@@ -361,6 +362,13 @@ class GPUMagics(Magics):
         if args.var.isidentifier() and args.var not in mentioned_names(source):  # else: a UsageError below
             print(f"colab_gpu: the cell never mentions {args.var}; unless a function it calls reads "
                   f"it, every size is the same work (--var names the variable)", file=sys.stderr)
+
+        shared_iterators = sorted(name for name in mentioned_names(source) - assigned_names(source)
+                                  if isinstance(namespace.get(name), Iterator))
+        if shared_iterators:  # a generator, a DataLoader's iter(), a file: no state to save
+            print(f"colab_gpu: {', '.join(shared_iterators)}: every run of the cell takes items from "
+                  f"this iterator and the search cannot put them back; create it again afterwards",
+                  file=sys.stderr)
 
         def step(size: int) -> None:
             __tracebackhide__ = True

@@ -546,6 +546,14 @@ def test_a_cell_that_assigns_the_variable_itself_is_refused_before_any_trial(she
     assert shell.user_ns["batch_size"] == 7
 
 
+def test_a_cell_that_takes_items_from_an_iterator_says_they_are_not_put_back(shell, capsys):
+    shell.run_cell("batches = iter(range(100))")
+    shell.run_cell("%%find_batch --max 8\nx = [next(batches)] * batch_size")
+    assert "batches: every run of the cell takes items from this iterator" in capsys.readouterr().err
+    shell.run_cell("%%find_batch --max 8\nbatches = iter(range(9))\nx = [next(batches)] * batch_size")
+    assert "iterator" not in capsys.readouterr().err  # a fresh one each run: nothing advanced
+
+
 def test_help_shows_a_cell_magic(shell):
     assert "%%find_batch [--var NAME]" in shell.find_cell_magic("find_batch").__doc__
 
