@@ -176,6 +176,12 @@ def test_throughput_mode_stops_when_doubling_stops_paying():
     assert result.answer == 64 and "gained less" in result.stopped
 
 
+def test_throughput_mode_that_reaches_max_says_so():
+    result = Search(lambda size: Trial(size, FITS, seconds_per_step=0.01, runs=3),
+                    mode="throughput", maximum=16).run()
+    assert result.answer == 16 and result.stopped == "reached --max 16"
+
+
 def test_broken_device_stops_and_says_restart():
     def run(size):
         return Trial(size, "device broken" if size > 8 else FITS, seconds_per_step=0.01, runs=1,

@@ -322,7 +322,8 @@ class Search:
                           if x)
             size = self._align(min(2 * self.lo, ceiling))
             if size <= self.lo:
-                self.stopped = "reached the largest size that fits"
+                self.stopped = (f"reached --max {self.maximum}" if ceiling == self.maximum
+                                else "reached the largest size that fits")
                 return
             trial = self.attempt(size)
             if not trial.fits:
