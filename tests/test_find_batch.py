@@ -593,6 +593,14 @@ def test_result_views():
     assert "<table>" in result._repr_html_() and "cgpu-answer" in result._repr_html_()
 
 
+def test_step_times_keep_their_digits_from_microseconds_to_seconds():
+    from colab_gpu.batch.result import trial_row
+
+    times = [trial_row(Trial(8, FITS, seconds_per_step=seconds, runs=3))[3]
+             for seconds in (4.2e-6, 0.0123, 2.5)]
+    assert times == ["4.2 µs", "12.3 ms", "2.5 s"]
+
+
 def test_chart_is_a_png_with_memory_and_throughput():
     from colab_gpu.batch.render import chart_png
 

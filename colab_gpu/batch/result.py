@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from ..render import NA, count, number, size as format_size
+from ..render import count, duration, number, size as format_size
 
 FITS = "fits"
 OUT_OF_MEMORY = "out of memory"
@@ -43,9 +43,8 @@ class Trial:
 
 
 def trial_row(trial: Trial) -> Tuple[str, str, str, str, str]:
-    step = NA if trial.seconds_per_step is None else f"{trial.seconds_per_step * 1000:.1f} ms"
-    return (str(trial.size), trial.outcome, format_size(trial.peak_memory), step,
-            number(trial.samples_per_second))
+    return (str(trial.size), trial.outcome, format_size(trial.peak_memory),
+            duration(trial.seconds_per_step), number(trial.samples_per_second))
 
 
 @dataclasses.dataclass(frozen=True)

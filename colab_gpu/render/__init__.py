@@ -27,6 +27,17 @@ def size(value: Optional[float]) -> str:
     return f"{value / 1024 ** 3:.2f} GiB"
 
 
+def duration(seconds: Optional[float]) -> str:
+    """Seconds as µs, ms or s: a step of a few microseconds reads 4.2 µs, not 0.0 ms."""
+    if seconds is None:
+        return NA
+    if abs(seconds) < 1e-3:
+        return _digits(seconds * 1e6, "µs")
+    if abs(seconds) < 1:
+        return _digits(seconds * 1e3, "ms")
+    return _digits(seconds, "s")
+
+
 def count(amount: int, noun: str) -> str:
     """"1 trial", "2 trials": the plural an English reader expects."""
     return f"{amount} {noun}" + ("" if amount == 1 else "s")
