@@ -5,6 +5,7 @@ settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import shlex
@@ -344,6 +345,7 @@ class GPUMagics(Magics):
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
         from .batch.render import chart_png
         from .batch.state import Snapshot, assigned_names, mentioned_names
+        from .render import count
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = _parse(self.find_batch, line)
@@ -370,10 +372,16 @@ class GPUMagics(Magics):
                   f"this iterator and the search cannot put them back; create it again afterwards",
                   file=sys.stderr)
 
+        from IPython.utils.capture import capture_output
+
+        runs = []  # for each run, whether it printed or displayed: shown for the first run only
+
         def step(size: int) -> None:
             __tracebackhide__ = True
             namespace[args.var] = size
-            exec(code, namespace)
+            with capture_output() if runs else contextlib.nullcontext() as captured:
+                runs.append(captured)
+                exec(code, namespace)
 
         notebook = in_notebook() and self.output != "text"
         progress = NotebookProgress() if notebook else TerminalProgress()
@@ -388,6 +396,10 @@ class GPUMagics(Magics):
             raise UsageError(str(error)) from None
         if result.answer is not None:
             namespace[args.var] = result.answer
+        hidden = sum(bool(run.stdout or run.stderr or run.outputs) for run in runs[1:])
+        if hidden:
+            print(f"colab_gpu: the cell's output is shown for its first run; "
+                  f"{count(hidden, 'later run')} had output too, hidden", file=sys.stderr)
         if notebook:
             from IPython.display import Image, display
 

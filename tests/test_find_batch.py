@@ -560,6 +560,13 @@ def test_a_cell_that_takes_items_from_an_iterator_says_they_are_not_put_back(she
     assert "iterator" not in capsys.readouterr().err  # a fresh one each run: nothing advanced
 
 
+def test_the_cells_output_is_shown_for_its_first_run_only(shell, capsys):
+    shell.run_cell("%%find_batch --max 4\nprint('loss at', batch_size)")
+    shown = capsys.readouterr()
+    assert shown.out.count("loss at") == 1 and "loss at 2" in shown.out
+    assert "5 later runs had output too, hidden" in shown.err
+
+
 def test_help_shows_a_cell_magic(shell):
     assert "%%find_batch [--var NAME]" in shell.find_cell_magic("find_batch").__doc__
 
