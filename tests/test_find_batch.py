@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -180,6 +181,15 @@ def test_throughput_mode_that_reaches_max_says_so():
     result = Search(lambda size: Trial(size, FITS, seconds_per_step=0.01, runs=3),
                     mode="throughput", maximum=16).run()
     assert result.answer == 16 and result.stopped == "reached --max 16"
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(maximum=4, multiple_of=8), "--max 4 is below the first size, 8 (a multiple of 8)"),
+    (dict(maximum=4, start=6), "--max 4 is below --start 6"),
+])
+def test_a_max_below_the_first_size_names_what_set_that_size(options, message):
+    with pytest.raises(SearchError, match=f"^{re.escape(message)}$"):
+        Search(lambda size: Trial(size, FITS), **options)
 
 
 def test_broken_device_stops_and_says_restart():

@@ -150,7 +150,9 @@ class Search:
         self.start = self._align(start if start is not None else max(DEFAULT_START, multiple_of))
         self.maximum = maximum if maximum is not None else max(DEFAULT_MAX, self.start)
         if self.maximum < self.start:
-            raise SearchError(f"--max {self.maximum} is below --start {self.start}")
+            first = f"--start {self.start}" if start is not None else f"the first size, {self.start}"
+            raise SearchError(f"--max {self.maximum} is below {first}"
+                              + (f" (a multiple of {multiple_of})" if multiple_of > 1 else ""))
         self._run, self.variable, self.mode, self.device = run, variable, mode, device
         self.headroom = headroom if isinstance(headroom, Headroom) else Headroom(headroom)
         self.tolerance, self.on_trial = tolerance, on_trial
