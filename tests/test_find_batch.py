@@ -192,6 +192,13 @@ def test_a_max_below_the_first_size_names_what_set_that_size(options, message):
         Search(lambda size: Trial(size, FITS), **options)
 
 
+def test_throughput_with_one_step_says_its_times_include_the_warm_up():
+    one_step = find_batch(lambda size: None, mode="throughput", max=8, steps=1, progress=False)
+    assert any(note.startswith("--steps 1: each time includes") for note in one_step.notes)
+    assert "warm-up" in str(one_step)
+    assert not find_batch(lambda size: None, mode="throughput", max=8, progress=False).notes
+
+
 def test_broken_device_stops_and_says_restart():
     def run(size):
         return Trial(size, "device broken" if size > 8 else FITS, seconds_per_step=0.01, runs=1,

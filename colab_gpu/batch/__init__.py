@@ -83,6 +83,10 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
         search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
                         multiple_of=multiple_of, headroom=headroom, tolerance=tolerance,
                         device=device_label(device), on_trial=progress or (lambda search: None))
+        if mode == "throughput" and steps == 1:
+            search.notes.append("--steps 1: each time includes its trial's warm-up (allocation, "
+                                "optimizer state, autotuning), which weighs most on small sizes; "
+                                "--steps 3 or more times warm runs only")
         result = search.run()
     if progress is not None:
         progress.finish(result)
