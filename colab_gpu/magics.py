@@ -358,7 +358,7 @@ class GPUMagics(Magics):
         # a traceback of the user's error shows their line, numbered as in the cell.
         filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", self.shell.execution_count)
         code = compile("\n" + source, filename, "exec")
-        if args.var in assigned_names(source):
+        if args.var in assigned_names(source, nested=False):
             raise UsageError(f"the cell assigns {args.var} itself, so every trial would run at the cell's "
                              f"value, not the size tried; remove that assignment")
         if args.var.isidentifier() and args.var not in mentioned_names(source):  # else: a UsageError below

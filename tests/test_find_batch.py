@@ -567,6 +567,11 @@ def test_a_cell_that_assigns_the_variable_itself_is_refused_before_any_trial(she
     with pytest.raises(UsageError, match="the cell assigns batch_size itself"):
         shell.run_cell_magic("find_batch", "--max 8", "batch_size = 4\nx = [0] * batch_size")
     assert shell.user_ns["batch_size"] == 7
+    # A function's own batch_size, a loop in a comprehension: the cell's batch_size is untouched.
+    cell = ("def step(n):\n    batch_size = n\n    return [0] * batch_size\n"
+            "x = step(batch_size) + [b for batch_size in range(2) for b in [batch_size]]")
+    result = shell.run_cell_magic("find_batch", "--max 8", cell)
+    assert result is None and shell.user_ns["batch_size"] == 8
 
 
 def test_a_cell_that_takes_items_from_an_iterator_says_they_are_not_put_back(shell, capsys):

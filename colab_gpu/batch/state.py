@@ -15,10 +15,27 @@ class RestoreError(ValueError):
     """An object given to --restore whose state cannot be saved."""
 
 
-def assigned_names(source: str) -> Set[str]:
-    """Names a cell binds at its top level scope (assignments, loops, imports, defs, with)."""
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+           ast.DictComp, ast.GeneratorExp)
+
+
+def _own_scope(tree: ast.AST):
+    """The nodes of ``tree``'s own scope: not the bodies of the functions, classes, lambdas and
+    comprehensions in it, whose names are their own (a def's own name is bound here)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if node is tree or not isinstance(node, _SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def assigned_names(source: str, nested: bool = True) -> Set[str]:
+    """Names a cell binds (assignments, loops, imports, defs, with); with ``nested=False`` only
+    in the cell's own scope, not as locals of the functions it defines."""
     names: Set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    for node in ast.walk(tree) if nested else _own_scope(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             names.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
