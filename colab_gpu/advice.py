@@ -10,6 +10,7 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB
+from .render import count
 from .runtime import COLAB, KAGGLE
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def _capabilities(status):
 
 def turing_fp16(status):
     if any((7, 0) <= cc < (8, 0) for cc in _capabilities(status)):
-        return ("This GPU (compute capability 7.x, e.g. a T4) has fp16 tensor cores but no "
+        return ("A GPU of compute capability 7.x (a T4, a V100) has fp16 tensor cores but no "
                 "native bf16: train with torch.autocast('cuda', dtype=torch.float16) and a "
                 "torch.amp.GradScaler, not bf16 (which runs emulated, slowly).")
 
@@ -129,7 +130,7 @@ def fragmentation(status):
 def had_oom(status):
     for memory in status.torch_memory:
         if memory.num_ooms:
-            return (f"cuda:{memory.torch_index} ran out of memory {memory.num_ooms} time(s): "
+            return (f"cuda:{memory.torch_index} ran out of memory {count(memory.num_ooms, 'time')}: "
                     f"%clear_cache frees what the failed cell still holds; %%find_batch finds a "
                     f"batch size that fits.")
 

@@ -5,6 +5,7 @@ settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import functools
@@ -354,6 +355,9 @@ class GPUMagics(Magics):
         if missing:
             raise UsageError(f"--restore: no variable named {', '.join(missing)} in the notebook")
         source = self.shell.transform_cell(cell)
+        if not ast.parse(source).body:  # comments only: every trial would time nothing
+            raise UsageError("the cell has no code: put one training step under %%find_batch, "
+                             "using the batch-size variable")
         # Registered with IPython like a cell, and one line down for the %%find_batch line:
         # a traceback of the user's error shows their line, numbered as in the cell.
         filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", self.shell.execution_count)

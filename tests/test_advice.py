@@ -93,6 +93,7 @@ def memory(**changes):
 
 def test_had_oom():
     assert "%clear_cache" in fired(make_status([T4], memory=[memory(num_ooms=2)]))["had_oom"]
+    assert "ran out of memory 1 time:" in fired(make_status([T4], memory=[memory(num_ooms=1)]))["had_oom"]
     assert "had_oom" not in fired(make_status([T4], memory=[memory()]))
 
 

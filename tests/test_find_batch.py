@@ -560,6 +560,15 @@ def test_a_cell_that_never_mentions_the_variable_is_pointed_out(shell, capsys):
     assert "never mentions" not in capsys.readouterr().err
 
 
+def test_a_cell_of_comments_only_is_refused_before_any_trial(shell):
+    from IPython.core.error import UsageError
+
+    shell.run_cell("batch_size = 7")
+    with pytest.raises(UsageError, match="the cell has no code"):
+        shell.run_cell_magic("find_batch", "--max 8", "# x = model(batch_size)\n")
+    assert shell.user_ns["batch_size"] == 7
+
+
 def test_a_cell_that_assigns_the_variable_itself_is_refused_before_any_trial(shell):
     from IPython.core.error import UsageError
 

@@ -176,6 +176,9 @@ def test_a_link_without_its_maximum_shows_the_current_link_alone():
     status = colab_gpu.status(XML / "gtx-1070-ti.xml")
     assert "  PCIe        gen 1 x16   bus 00000000:01:00.0" in pretty(status)
     assert "gen 1 x16; bus 00000000:01:00.0" in status._repr_html_()
+    # nor power as "n/a of n/a" where neither draw nor limit is recorded
+    assert "  power       n/a   temperature" in pretty(status)
+    assert "n/a of n/a" not in status._repr_html_()
 
 
 def test_a_whole_command_line_is_cut_so_the_card_keeps_its_width():

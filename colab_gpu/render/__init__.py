@@ -63,6 +63,13 @@ def ratio(value: Optional[float], maximum: Optional[float], unit: str) -> str:
     return f"{number(value)} / {maximum:.0f} {unit}"
 
 
+def power(draw: Optional[float], limit: Optional[float]) -> str:
+    """"26.8 W of 70 W", or the draw alone where no limit is known ("n/a", not "n/a of n/a")."""
+    if limit is None:
+        return number(draw, " W", 1)
+    return f"{number(draw, ' W', 1)} of {number(limit, ' W')}"
+
+
 def pcie_link(gpu) -> str:
     """"gen 3/3 x8/16" (current/maximum); only the current value where the maximum is unknown
     (old drivers record none), rather than "x16/n/a"."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import (NA, allocator_summary, celsius, mig_note, number, pcie_link, process_name, ratio, size, torch_summary,
+from . import (NA, allocator_summary, celsius, mig_note, number, pcie_link, power, process_name, ratio, size, torch_summary,
                unrecorded_rows, words)
 
 STYLE = """
@@ -78,7 +78,7 @@ def _gpu(status, gpu) -> str:
             f"{size(gpu.memory_reserved)} reserved by the driver)")),
         ("busy", _bar(busy) + escape(f"{number(gpu.utilization_gpu, '%')} compute, "
                                      f"{number(gpu.utilization_memory, '%')} memory bus")),
-        ("power", escape(f"{number(gpu.power_draw, ' W', 1)} of {number(gpu.power_limit, ' W')}, "
+        ("power", escape(f"{power(gpu.power_draw, gpu.power_limit)}, "
                          f"{celsius(gpu.temperature)}, {gpu.performance_state or NA}")),
         ("clocks", escape(f"SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
                           f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by "

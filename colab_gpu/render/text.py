@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List
 
-from . import (NA, allocator_summary, breakdown_summary, celsius, mig_note, number, pcie_link, process_name,
+from . import (NA, allocator_summary, breakdown_summary, celsius, mig_note, number, pcie_link, power, process_name,
                ratio, size, torch_summary, unrecorded_rows, words)
 
 
@@ -20,7 +20,7 @@ def _gpu_lines(status, gpu) -> List[str]:
                    f"  ({size(gpu.memory_free)} free, {size(gpu.memory_reserved)} reserved by the driver)"),
         ("busy", f"  busy        {number(gpu.utilization_gpu, '%')} compute, "
                  f"{number(gpu.utilization_memory, '%')} memory bus"),
-        ("power", f"  power       {number(gpu.power_draw, ' W', 1)} of {number(gpu.power_limit, ' W', 0)}"
+        ("power", f"  power       {power(gpu.power_draw, gpu.power_limit)}"
                   f"   temperature {celsius(gpu.temperature)}   state {gpu.performance_state or NA}"),
         ("clocks", f"  clocks      SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
                    f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by: "
