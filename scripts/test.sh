@@ -21,8 +21,10 @@ for env in "${envs[@]}"; do
         "$PYTHON" -m venv "$venv"
     fi
     # The CPU build of torch first, so that the project's torch range is already satisfied
-    # and pip never pulls a multi-GB CUDA build (PyPI's Linux torch is the CUDA build).
-    "$venv/bin/python" -m pip install -q --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+    # and pip never pulls a multi-GB CUDA build (PyPI's Linux torch is the CUDA build). Without
+    # its dependencies, which come from PyPI with the project's: that index holds torch alone
+    # for us, and where it cannot be reached (a local wheel serves) pip retries it per package.
+    "$venv/bin/python" -m pip install -q --no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
     extras=test; [[ $env == latest ]] && extras=test,browser
     "$venv/bin/python" -m pip install -q -e ".[$extras]" -c "ci/$env.txt"
     "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
