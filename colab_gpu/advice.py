@@ -71,9 +71,9 @@ def device_order_differs(status):
 
 
 def several_gpus(status):
-    count = sum(1 for gpu in status.gpus if gpu.index in status.torch_index_of and not gpu.error)
-    if count > 1:
-        return (f"torch sees {count} GPUs but a model runs only on the one it is moved to (usually cuda:0): to "
+    usable = sum(1 for gpu in status.gpus if gpu.index in status.torch_index_of and not gpu.error)
+    if usable > 1:
+        return (f"torch sees {usable} GPUs but a model runs only on the one it is moved to (usually cuda:0): to "
                 f"train on all of them from a notebook, wrap the model in torch.nn.DataParallel "
                 f"(simplest) or start DistributedDataParallel with accelerate's notebook_launcher "
                 f"(faster); in a script, torchrun.")
@@ -142,7 +142,8 @@ def _largest_holder(gpu) -> str:
         return ""
     largest = max(holders, key=lambda p: p.used_memory)
     program = (largest.name or "").split(" ")[0]  # nvidia-smi may record a whole command line
-    return f" (largest: pid {' '.join(filter(None, (str(largest.pid), program)))}, {largest.used_memory / GiB:.2f} GiB)"
+    who = f"{largest.pid} {program}" if program else str(largest.pid)
+    return f" (largest: pid {who}, {largest.used_memory / GiB:.2f} GiB)"
 
 
 def memory_nearly_full(status):
