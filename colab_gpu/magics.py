@@ -365,11 +365,12 @@ class GPUMagics(Magics):
         if args.var in assigned_names(source, nested=False):
             raise UsageError(f"the cell assigns {args.var} itself, so every trial would run at the cell's "
                              f"value, not the size tried; remove that assignment")
-        if args.var.isidentifier() and args.var not in mentioned_names(source):  # else: a UsageError below
+        assigned, mentioned = assigned_names(source), mentioned_names(source)
+        if args.var.isidentifier() and args.var not in mentioned:  # else: a UsageError below
             print(f"colab_gpu: the cell never mentions {args.var}; unless a function it calls reads "
                   f"it, every size is the same work (--var names the variable)", file=sys.stderr)
 
-        shared_iterators = sorted(name for name in mentioned_names(source) - assigned_names(source)
+        shared_iterators = sorted(name for name in mentioned - assigned
                                   if isinstance(namespace.get(name), Iterator))
         if shared_iterators:  # a generator, a DataLoader's iter(), a file: no state to save
             print(f"colab_gpu: {', '.join(shared_iterators)}: every run of the cell takes items from "
@@ -390,7 +391,7 @@ class GPUMagics(Magics):
         notebook = in_notebook() and self.output != "text"
         progress = NotebookProgress() if notebook else TerminalProgress()
         try:
-            snapshot = Snapshot(namespace, assigned_names(source) | {args.var},
+            snapshot = Snapshot(namespace, assigned | {args.var},
                                 {name: namespace[name] for name in args.restore})
             result = search_batch(
                 step, snapshot, variable=args.var, mode=args.mode, start=args.start,
