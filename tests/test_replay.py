@@ -176,6 +176,10 @@ def test_a_link_without_its_maximum_shows_the_current_link_alone():
     status = colab_gpu.status(XML / "gtx-1070-ti.xml")
     assert "  PCIe        gen 1 x16   bus 00000000:01:00.0" in pretty(status)
     assert "gen 1 x16; bus 00000000:01:00.0" in status._repr_html_()
+    # a live GPU whose link cannot be read: both cards say n/a, not "gen n/a xn/a"
+    from colab_gpu.devices import GPU
+    from colab_gpu.render import pcie_link
+    assert pcie_link(GPU(0, "Tesla T4")) == "n/a"
     # nor power as "n/a of n/a" where neither draw nor limit is recorded
     assert "  power       n/a   temperature" in pretty(status)
     assert "n/a of n/a" not in status._repr_html_()

@@ -72,7 +72,10 @@ def power(draw: Optional[float], limit: Optional[float]) -> str:
 
 def pcie_link(gpu) -> str:
     """"gen 3/3 x8/16" (current/maximum); only the current value where the maximum is unknown
-    (old drivers record none), rather than "x16/n/a"."""
+    (old drivers record none), rather than "x16/n/a"; n/a where neither is known."""
+    if gpu.pcie_generation is None and gpu.pcie_width is None:
+        return NA
+
     def part(prefix: str, current: Optional[int], maximum: Optional[int]) -> str:
         return f"{prefix}{number(current)}" + ("" if maximum is None else f"/{maximum}")
 

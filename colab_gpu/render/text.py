@@ -13,7 +13,6 @@ def _gpu_lines(status, gpu) -> List[str]:
         return [f"GPU {gpu.index}  {gpu.name}: {gpu.error}"]
     cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else NA
     seen_as = f"cuda:{torch_index}" if torch_index is not None else "hidden from torch"
-    pcie = NA if gpu.pcie_generation is None and gpu.pcie_width is None else pcie_link(gpu)
     rows = [
         ("", f"GPU {gpu.index}  {gpu.name}  ({seen_as}, compute capability {cc}{mig_note(gpu)})"),
         ("memory", f"  memory      {size(gpu.memory_used)} used / {size(gpu.memory_total)}"
@@ -25,7 +24,7 @@ def _gpu_lines(status, gpu) -> List[str]:
         ("clocks", f"  clocks      SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
                    f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by: "
                    f"{words(gpu.clock_event_reasons)}"),
-        ("PCIe", f"  PCIe        {pcie}   bus {gpu.bus_id or NA}   uuid {gpu.uuid or NA}"),
+        ("PCIe", f"  PCIe        {pcie_link(gpu)}   bus {gpu.bus_id or NA}   uuid {gpu.uuid or NA}"),
         ("processes", f"  processes   {NA if gpu.processes is None else 'none visible'}"
          if not gpu.processes else None),
     ]
