@@ -333,6 +333,9 @@ class GPUMagics(Magics):
                    "restored after every trial.")
     @argument("--device", default="auto",
               help="auto (CUDA once your code has started it, else CPU), cpu, cuda or cuda:N.")
+    @argument("-o", action="store_true", dest="return_result",
+              help="Return the BatchResult (as %%timeit -o does): the report becomes the cell's "
+                   "Out, and _ holds the result.")
     @cell_magic
     @_friendly_errors
     def find_batch(self, line: str = "", cell: str = ""):
@@ -344,7 +347,6 @@ class GPUMagics(Magics):
         """
         from .batch import RestoreError, SearchError, search_batch
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
-        from .batch.render import chart_png
         from .batch.state import Snapshot, assigned_names, mentioned_names
         from .render import count
 
@@ -389,7 +391,7 @@ class GPUMagics(Magics):
                 exec(code, namespace)
 
         notebook = in_notebook() and self.output != "text"
-        progress = NotebookProgress() if notebook else TerminalProgress()
+        progress = NotebookProgress(keep_report=not args.return_result) if notebook else TerminalProgress()
         try:
             snapshot = Snapshot(namespace, assigned | {args.var},
                                 {name: namespace[name] for name in args.restore})
@@ -405,13 +407,9 @@ class GPUMagics(Magics):
         if hidden:
             print(f"colab_gpu: the cell's output is shown for its first run; "
                   f"{count(hidden, 'later run')} had output too, hidden", file=sys.stderr)
-        if notebook:
-            from IPython.display import Image, display
-
-            chart = chart_png(result)
-            if chart is not None:
-                display(Image(data=chart, format="png"))
-        else:
+        if args.return_result:
+            return result
+        if not notebook:  # in a notebook the progress display has become the report
             self._show(result)
 
 

@@ -583,6 +583,15 @@ def test_a_cell_that_assigns_the_variable_itself_is_refused_before_any_trial(she
     assert result is None and shell.user_ns["batch_size"] == 8
 
 
+def test_dash_o_in_a_terminal_returns_the_result_and_prints_the_report_once(shell, capsys):
+    shell.run_cell("%%find_batch --max 8 -o\nx = [0] * batch_size")
+    out = capsys.readouterr().out
+    assert type(shell.user_ns["_"]).__name__ == "BatchResult" and shell.user_ns["_"].answer == 8
+    assert out.count("batch_size = 8 (largest fitting") == 1 and "Out[" in out  # IPython's Out, not ours
+    shell.run_cell("%%find_batch --max 8\nx = [0] * batch_size")
+    assert "Out[" not in capsys.readouterr().out  # without -o nothing is returned
+
+
 def test_a_cell_that_takes_items_from_an_iterator_says_they_are_not_put_back(shell, capsys):
     shell.run_cell("batches = iter(range(100))")
     shell.run_cell("%%find_batch --max 8\nx = [next(batches)] * batch_size")

@@ -2,7 +2,7 @@
 
 What the notebook front end receives: one progress table, shown once and then updated in
 place through its display id after every trial, which ends as the final report (HTML and
-plain text); the chart as a PNG; and the answer in the kernel's variable.
+plain text) with the chart inside; and the answer in the kernel's variable.
 """
 from __future__ import annotations
 
@@ -31,37 +31,51 @@ loss.backward(); opt.step(); opt.zero_grad()
 CHECK = "print('batch_size', batch_size)"
 
 
-def test_the_table_updates_in_place_and_ends_as_the_report_with_a_chart():
+def test_the_table_updates_in_place_and_ends_as_the_report_with_its_chart():
     messages = []
     notebook = run_cells([SETUP, SEARCH, CHECK], timeout=60, messages=messages)
     shown = [(kind, content) for cell, kind, content in messages
              if cell == 1 and kind in ("display_data", "update_display_data", "execute_result", "stream")]
     kinds = [kind for kind, _ in shown]
-    # The table first, then its updates, then the chart: nothing printed, nothing returned.
-    assert kinds[0] == "display_data" and kinds[-1] == "display_data", kinds
-    updates = kinds[1:-1]
+    # The table first, then its updates, the last one the report: nothing printed, nothing returned.
+    assert kinds[0] == "display_data", kinds
+    updates = kinds[1:]
     assert updates and set(updates) == {"update_display_data"}, kinds
     table_id = shown[0][1]["transient"]["display_id"]
-    assert all(content["transient"]["display_id"] == table_id for _, content in shown[1:-1])
-    assert "display_id" not in shown[-1][1].get("transient", {})  # the chart is its own output
+    assert all(content["transient"]["display_id"] == table_id for _, content in shown[1:])
 
-    # The saved notebook: exactly one table output (the final report) and the chart.
-    table, chart = bundles(notebook.cells[1])
-    report = table["text/plain"]
+    # The saved notebook: exactly one output, the final report with the chart inside it.
+    (report_bundle,) = bundles(notebook.cells[1])
+    report = report_bundle["text/plain"]
     answer = int(re.search(r"batch_size = (\d+) \(largest fitting", report).group(1))
-    assert "<table>" in table["text/html"] and f"batch_size = {answer}" in table["text/html"]
+    html = report_bundle["text/html"]
+    assert "<table>" in html and f"batch_size = {answer}" in html
     trial_rows = report.count(" fits ")
     assert trial_rows >= 3 and len(updates) == trial_rows  # one update per trial after the first, one final
     assert "reached --max 256" in report
-    assert base64.b64decode(chart["image/png"]).startswith(b"\x89PNG")
+    chart = re.search(r"src='data:image/png;base64,([^']+)'", html).group(1)
+    assert base64.b64decode(chart).startswith(b"\x89PNG")
     assert stream(notebook.cells[1]) == ""
 
     # The kernel's variable holds the answer: the largest size tried, since everything fits.
     assert answer == 256 and stream(notebook.cells[2]).strip() == f"batch_size {answer}"
-    # While it ran, the table said so; it never claimed to have stopped.
-    first = shown[0][1]["data"]["text/plain"]
-    assert first.startswith("searching batch_size: 2 fits so far (1 trial, 0 out of memory)"), first
-    assert "stopped" not in first
+    # While it ran, the table said so, without a chart; it never claimed to have stopped.
+    first = shown[0][1]["data"]
+    assert first["text/plain"].startswith("searching batch_size: 2 fits so far (1 trial, 0 out of memory)")
+    assert "stopped" not in first["text/plain"] and "<img" not in first["text/html"]
+
+
+def test_dash_o_returns_the_result_as_the_cells_out_and_shows_the_report_once():
+    notebook = run_cells([SETUP, SEARCH.replace("--max 256", "--max 64 -o"),
+                          "print(type(_).__name__, _.answer, _.answer == batch_size)"], timeout=60)
+    outputs = notebook.cells[1].outputs
+    returned = [output for output in outputs if output.output_type == "execute_result"]
+    assert len(returned) == 1 and returned[0].data["text/plain"].startswith("batch_size = 64 (largest fitting")
+    assert "data:image/png;base64," in returned[0].data["text/html"]
+    # The progress table is emptied, not left as a second copy of the report.
+    tables = [bundle for bundle in bundles(notebook.cells[1]) if bundle is not returned[0].data]
+    assert all(bundle.get("text/plain", "") == "" and "text/html" not in bundle for bundle in tables), tables
+    assert stream(notebook.cells[2]).strip() == "BatchResult 64 True"
 
 
 RESTORED_UNDER_CTRL_C = """import os, signal

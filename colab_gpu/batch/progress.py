@@ -28,15 +28,19 @@ class NotebookProgress:
     plain-text report for text-only views (and the saved notebook).
     """
 
-    def __init__(self):
-        self.handle = None
+    def __init__(self, keep_report: bool = True):
+        self.handle, self.keep_report = None, keep_report
 
     def __call__(self, search) -> None:
         self._show(search.result())
 
     def finish(self, result) -> None:
-        """Replace the progress table by the final report."""
-        self._show(result)
+        """Replace the progress table by the final report, or empty it when the report is
+        shown elsewhere (``%%find_batch -o``: the cell's Out)."""
+        if self.keep_report:
+            self._show(result)
+        elif self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
 
     def _show(self, result) -> None:
         if self.handle is None:

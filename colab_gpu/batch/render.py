@@ -1,6 +1,7 @@
 """Text, HTML and chart views of a batch-size search (matplotlib imported only for the chart)."""
 from __future__ import annotations
 
+import base64
 from html import escape
 from typing import Optional
 
@@ -60,11 +61,26 @@ def table_html(result) -> str:
 
 
 def render_html(result) -> str:
+    """The card: the table, the facts and, once the search has ended, the chart inside it, so
+    that the one output a notebook keeps (a progress display or a cell's Out) holds all."""
     facts = "".join(f"<li>{escape(fact)}</li>" for fact in _facts(result))
     return (STYLE + "<style>.cgpu-card th{text-align:left;padding:1px 10px 1px 0;color:var(--cgpu-muted)}"
             ".cgpu-card tr.cgpu-answer td{font-weight:bold}</style>"
             f"<div class='cgpu-card'><h4>{escape(result.summary())}</h4>{table_html(result)}"
-            f"<ul class='cgpu-muted'>{facts}</ul></div>")
+            f"<ul class='cgpu-muted'>{facts}</ul>{_chart_html(result)}</div>")
+
+
+def _chart_html(result) -> str:
+    if result.stopped == RUNNING:
+        return ""  # a chart per trial would slow the search down for a picture nobody keeps
+    try:
+        png = chart_png(result)
+    except ImportError:  # matplotlib missing or broken: the table says it all
+        return ""
+    if png is None:
+        return ""
+    return (f"<img alt='peak memory and throughput against {escape(result.variable)}' "
+            f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
 
 
 def chart_png(result) -> Optional[bytes]:
