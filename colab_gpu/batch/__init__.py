@@ -21,6 +21,9 @@ from .trial import CtrlC, device_label, release_memory, run_trial
 
 __all__ = ["find_batch", "is_out_of_memory", "BatchResult", "Trial", "SearchError", "RestoreError"]
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+# Throughput mode compares sizes 5 % apart: a trial's timed runs must add up to this many
+# seconds, or one scheduler hiccup in a 100 µs step decides the answer.
+THROUGHPUT_TIMED = 0.1
 
 
 def _cuda_devices() -> int:
@@ -71,7 +74,8 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
         def run(size: int) -> Trial:
             if ctrl_c.pressed:  # held since the last trial ended: stop before the next one
                 raise KeyboardInterrupt
-            trial, error = run_trial(step, size, steps, device, measure_memory, ctrl_c)
+            trial, error = run_trial(step, size, steps, device, measure_memory, ctrl_c,
+                                     min_timed=THROUGHPUT_TIMED if mode == "throughput" else 0.0)
             snapshot.restore()
             if trial.outcome != DEVICE_BROKEN:
                 release_memory(device)
@@ -83,11 +87,13 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
         search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
                         multiple_of=multiple_of, headroom=headroom, tolerance=tolerance,
                         device=device_label(device), on_trial=progress or (lambda search: None))
-        if mode == "throughput" and steps == 1:
-            search.notes.append("--steps 1: each time includes its trial's warm-up (allocation, "
-                                "optimizer state, autotuning), which weighs most on small sizes; "
-                                "--steps 3 or more times warm runs only")
-        result = search.run()
+        search.run()
+        if mode == "throughput" and any(trial.fits and trial.runs == 1 for trial in search.trials):
+            search.notes.append(f"--steps 1: a step of {THROUGHPUT_TIMED:g} s or more ran once, so its "
+                                f"time includes the trial's warm-up (allocation, optimizer state, "
+                                f"autotuning), which weighs most on small sizes; --steps 3 or more "
+                                f"times warm runs only")
+        result = search.result()
     if progress is not None:
         progress.finish(result)
     if errors and result.trials[-1].outcome != DEVICE_BROKEN:
@@ -103,7 +109,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     """Find the largest batch size that fits (``mode="max"``) or the fastest (``"throughput"``).
 
     ``fn(batch_size)`` runs one training (or inference) step. Each trial runs it ``steps``
-    times, the first untimed. ``restore``: models, optimizers, schedulers or tensors whose
+    times, the first untimed; in throughput mode a fast step runs until 0.1 s is timed. ``restore``: models, optimizers, schedulers or tensors whose
     state is put back after every trial (saved on the CPU). ``headroom``: memory to keep
     free, bytes (``"512MiB"``) or a share (``"10%"``). The random generators are restored
     too. Ctrl-C stops the search and returns the best size so far. The answer is always a

@@ -11,7 +11,7 @@ just under the failure, then bisects between the largest success and the smalles
 a fit that still predicts a size at or above a failure is wrong up there and is not followed.
 A --start above what fits halves to a first success, then measures a size BELOW times
 smaller, so that the fit, not blind bisection, places the rest. Throughput mode doubles from
-the start and stops when a doubling gains less than 5 % samples/s.
+the start and stops when two doublings in a row gain less than 5 % samples/s over the best.
 
 The answer is always a size that ran and fitted: never an interpolated one.
 """
@@ -39,6 +39,7 @@ FLAT_BYTES = 256 * 1024  # 256 bytes a sample over that range: less than any rea
 SECOND = 8  # the second size, far enough from the first for memory to grow measurably
 BELOW = 4  # from above: the size measured under the first success (near enough for a local fit)
 THROUGHPUT_GAIN = 1.05  # a doubling must pay at least 5 % samples/s to go on
+THROUGHPUT_PATIENCE = 2  # doublings in a row that do not pay before stopping: one slow trial is noise
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
 
@@ -316,7 +317,7 @@ class Search:
             self.attempt(below)
 
     def _fastest(self) -> None:
-        best = self._successes()[-1]
+        best, unpaid = self._successes()[-1], []
         while True:
             fit = self.fit()
             ceiling = min(x for x in (self.maximum, self.hi and self.hi - 1,
@@ -331,10 +332,14 @@ class Search:
             if not trial.fits:
                 self.stopped = f"{self.variable}={size} did not fit"
                 return
-            if (trial.samples_per_second or 0) < THROUGHPUT_GAIN * (best.samples_per_second or 0):
-                self.stopped = f"doubling to {size} gained less than {THROUGHPUT_GAIN - 1:.0%} samples/s"
+            if (trial.samples_per_second or 0) >= THROUGHPUT_GAIN * (best.samples_per_second or 0):
+                best, unpaid = trial, []
+                continue
+            unpaid.append(size)
+            if len(unpaid) == THROUGHPUT_PATIENCE:
+                self.stopped = (f"doubling to {' and '.join(map(str, unpaid))} gained less than "
+                                f"{THROUGHPUT_GAIN - 1:.0%} samples/s over {best.size}")
                 return
-            best = trial
 
     def result(self) -> BatchResult:
         successes = self._successes()

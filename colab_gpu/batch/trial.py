@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import os
 import signal
 import statistics
@@ -229,13 +230,21 @@ class CtrlC:
             self._in_step = False
 
 
+MOST_RUNS = 1000  # a cell of a few µs stops here, not after min_timed of runs
+
 _OUTCOMES = {ErrorKind.OUT_OF_MEMORY: OUT_OF_MEMORY, ErrorKind.DEVICE_BROKEN: DEVICE_BROKEN,
              ErrorKind.OTHER: ERROR}
 
 
+def _enough(runs: int, steps: int, timings, min_timed: float) -> bool:
+    return runs >= steps and (sum(timings) >= min_timed or runs >= MOST_RUNS)
+
+
 def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: str = "auto",
-              measure: bool = True, ctrl_c: Optional[CtrlC] = None) -> Tuple[Trial, Optional[BaseException]]:
-    """Run ``step(size)`` ``steps`` times; the error comes back only when the user must see it.
+              measure: bool = True, ctrl_c: Optional[CtrlC] = None,
+              min_timed: float = 0.0) -> Tuple[Trial, Optional[BaseException]]:
+    """Run ``step(size)`` ``steps`` times, and more (up to MOST_RUNS) until the timed runs add
+    up to ``min_timed`` seconds; the error comes back only when the user must see it.
 
     An out-of-memory error or Ctrl-C is dropped here, outside the ``except`` block, with
     its frames, so that the failed trial's tensors can be freed.
@@ -246,7 +255,9 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
         gauge.reset()
     timings, runs, error = [], 0, None
     try:
-        for index in range(steps):
+        for index in itertools.count():
+            if _enough(runs, steps, timings, min_timed):
+                break
             runs += 1
             began = time.perf_counter()
             with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
