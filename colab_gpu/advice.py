@@ -10,6 +10,7 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB
+from .devices.nvml import NO_PYNVML
 from .render import count
 from .runtime import COLAB, KAGGLE
 
@@ -30,9 +31,26 @@ def _no_gpu(status: "Status") -> bool:
 
 
 def colab_no_gpu(status):
-    if _no_gpu(status) and status.runtime.platform == COLAB:
+    if status.runtime.platform != COLAB:
+        return None
+    if status.runtime.accelerator_hint != "gpu":
+        if not _no_gpu(status):
+            return None
         return ("This Colab runtime has no GPU: Runtime > Change runtime type > T4 GPU, then "
-                "run your cells again (the runtime restarts and variables are lost).")
+                "run your cells again (the runtime restarts and variables are lost). If Colab "
+                "answers that it cannot connect to a GPU backend, your GPU usage limit is "
+                "reached: wait until it resets, or buy compute units.")
+    # COLAB_GPU=1: Colab gave this runtime a GPU; changing the runtime type would not help.
+    if any(not gpu.error for gpu in status.gpus):
+        return None
+    if status.snapshot.problem == NO_PYNVML:
+        return ("This is a Colab GPU runtime (COLAB_GPU=1) whose nvidia-ml-py package is gone "
+                "(Colab's GPU image ships it; was it uninstalled?): pip install nvidia-ml-py, "
+                "then run %gpu_status again.")
+    return ("This is a Colab GPU runtime (COLAB_GPU=1), yet its GPU cannot be read (said "
+            "above): Runtime > Restart session will not bring it back; Runtime > "
+            "Disconnect and delete runtime, then Connect, gives a fresh machine (variables and "
+            "files outside Drive are lost).")
 
 
 def kaggle_no_gpu(status):

@@ -18,8 +18,8 @@ CUDA_TORCH = TorchState(imported=True, version="2.11.0+cu128", cuda_version="12.
 
 
 def make_status(gpus=(), platform="jupyter", torch=CUDA_TORCH, tpu=None, visible=None, order="FASTEST_FIRST",
-                problem=None, memory=(), parts=(), recorded=False):
-    runtime = Runtime(platform=platform, accelerator_hint=None, tpu_type=tpu, torch=torch,
+                problem=None, memory=(), parts=(), recorded=False, hint=None):
+    runtime = Runtime(platform=platform, accelerator_hint=hint, tpu_type=tpu, torch=torch,
                       cuda_visible_devices=visible, cuda_device_order=order)
     index_of = {} if visible == "" else {gpu.index: i for i, gpu in enumerate(gpus)}
     return Status(runtime=runtime, snapshot=Snapshot(source="test", gpus=tuple(gpus), problem=problem, recorded=recorded),
@@ -39,6 +39,22 @@ def test_colab_no_gpu():
     message = fired(make_status(platform="colab", problem="the NVIDIA driver is not loaded"))["colab_no_gpu"]
     assert "Runtime > Change runtime type > T4 GPU" in message
     assert "colab_no_gpu" not in fired(make_status([T4], platform="colab"))
+
+
+def test_colab_no_gpu__on_a_gpu_runtime_is_not_told_to_pick_a_gpu():
+    """COLAB_GPU=1: Colab gave this runtime a GPU, so "change the runtime type" cannot help."""
+    from colab_gpu.devices.nvml import NO_PYNVML
+
+    driver = fired(make_status(platform="colab", hint="gpu", problem="the NVIDIA driver is not loaded"))
+    assert "Change runtime type" not in driver["colab_no_gpu"]
+    assert "COLAB_GPU=1" in driver["colab_no_gpu"] and "Disconnect and delete runtime" in driver["colab_no_gpu"]
+    lost = dataclasses.replace(T4, error="a GPU has fallen off the bus: restart the runtime or the machine")
+    assert "Disconnect and delete runtime" in fired(make_status([lost], platform="colab", hint="gpu"))["colab_no_gpu"]
+    module = fired(make_status(platform="colab", hint="gpu", problem=NO_PYNVML))["colab_no_gpu"]
+    assert "pip install nvidia-ml-py" in module and "Disconnect" not in module
+    assert "colab_no_gpu" not in fired(make_status([T4, lost], platform="colab", hint="gpu"))
+    cpu = fired(make_status(platform="colab", hint="none"))["colab_no_gpu"]
+    assert "Change runtime type" in cpu and "usage limit" in cpu
 
 
 def test_kaggle_no_gpu():
