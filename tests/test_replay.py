@@ -218,6 +218,30 @@ def test_wrong_header_of_gpu_glasses_is_read_by_name_and_noted():
     assert [len(frame.gpus) for frame in load_frames(CSV / "8gpu-80gb-idle_gpu-glasses.csv")] == [8] * 5 + [3]
 
 
+def _with_header(path, header):
+    """A real log under another header line: the values stay as recorded."""
+    return header + "\n" + path.read_text().split("\n", 1)[1]
+
+
+@pytest.mark.parametrize("source, header, expected", [
+    # gpu_glasses' values under a header that swaps index and utilization: 0..7 would be shown as 0-7 %.
+    ("8gpu-80gb-idle_gpu-glasses.csv", "timestamp,utilization.gpu,index,memory.used,memory.total,power.draw,temperature.gpu",
+     "the column named utilization.gpu holds 0, 1, ..., 7 in every time step, like GPU indices, "
+     "while the one named index holds 0, 0, 0, ..."),
+    # miris' percentages and MiB under each other's names.
+    ("v100s-pcie-32gb_miris.csv", "timestamp, index, name, memory.total [MiB], utilization.memory [%], "
+     "utilization.gpu [%], memory.used [MiB], temperature.gpu", "column 4 is named memory.total but it holds '0 %' on the first row"),
+    ("v100s-pcie-32gb_miris.csv", "timestamp, index, name, utilization.gpu [MiB], utilization.memory [%], "
+     "memory.total [MiB], memory.used [MiB], temperature.gpu", "column 4 is named utilization.gpu but its header says [MiB]"),
+])
+def test_a_header_that_contradicts_its_values_is_refused_in_one_line(tmp_path, source, header, expected):
+    path = tmp_path / source
+    path.write_text(_with_header(CSV / source, header))
+    problem = ReplaySource(path).snapshot().problem
+    assert problem == (f"cannot replay {path}: it is a CSV whose header contradicts its values: "
+                       f"{expected}; fix the header line; {ACCEPTED}")
+
+
 @pytest.mark.parametrize("capture", sorted(CAPTURES.glob("*.txt")), ids=lambda path: path.name.split("__")[1])
 def test_every_field_query_gpu_csv_of_real_captures(capture, tmp_path):
     idle, load = tmp_path / "idle.csv", tmp_path / "load.csv"

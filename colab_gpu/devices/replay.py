@@ -262,6 +262,21 @@ _COLUMNS = {
 _PRIORITY = {name: rank for rank, name in enumerate(_COLUMNS)}
 _SNAPSHOT_COLUMNS = {"timestamp", "driver_version"}
 
+# The units a numeric field's values (or its header's "[unit]") may carry; a bare number is
+# always accepted. A unit outside these means the header names the column wrongly.
+_BYTE_UNITS = frozenset(_UNIT_BYTES)
+_FIELD_UNITS = {
+    "index": frozenset(), "temperature": frozenset(),
+    "memory_total": _BYTE_UNITS, "memory_used": _BYTE_UNITS,
+    "memory_free": _BYTE_UNITS, "memory_reserved": _BYTE_UNITS,
+    "utilization_gpu": frozenset({"%"}), "utilization_memory": frozenset({"%"}),
+    "power_draw": frozenset({"W"}), "power_limit": frozenset({"W"}),
+    "sm_clock": frozenset({"MHz"}), "sm_clock_max": frozenset({"MHz"}),
+    "memory_clock": frozenset({"MHz"}), "memory_clock_max": frozenset({"MHz"}),
+    "pcie_generation": frozenset(), "pcie_generation_max": frozenset(),
+    "pcie_width": frozenset(), "pcie_width_max": frozenset(),
+}
+
 # Files written with --format=csv,noheader: a layout is recognised by the units of its values.
 _HEADERLESS_LAYOUTS = {
     ("time", "%", "%", "MiB", "MiB", "", "W"): (
@@ -319,6 +334,44 @@ def _csv_gpu(position: int, row: Dict[str, str]) -> GPU:
     return GPU(**fields)
 
 
+def _check_units(titles: Sequence[str], header: Sequence[str], first_row: Sequence[str]) -> None:
+    """Refuse a header whose units contradict the field it names or the values under it."""
+    for number, (title, name, cell) in enumerate(zip(titles, header, first_row), start=1):
+        accepted = _FIELD_UNITS.get(_COLUMNS.get(name, ("",))[0])
+        if accepted is None:
+            continue
+        titled = re.search(r"\[([^\]]*)\]\s*$", title)
+        parsed = _number(cell)
+        problem = None
+        if titled and titled.group(1).strip() and titled.group(1).strip() not in accepted:
+            problem = f"its header says [{titled.group(1).strip()}]"
+        elif parsed and parsed[1] and parsed[1] not in accepted:
+            problem = f"it holds {cell!r} on the first row"
+        if problem:
+            raise RecordingError(f"is a CSV whose header contradicts its values: column {number} "
+                                 f"is named {name} but {problem}; fix the header line")
+
+
+def _check_index(index: str, steps: Sequence[List[Dict[str, str]]]) -> None:
+    """Refuse a header that names the GPU index column wrongly: another named column holds
+    0, 1, ..., n-1 in every time step while the one named index does not."""
+    def counts_gpus(column: str, step: List[Dict[str, str]]) -> bool:
+        return [_float(row[column]) for row in step] == list(range(len(step)))
+
+    size = max(len(step) for step in steps)
+    whole = [step for step in steps if len(step) == size]  # a log cut off mid-step ends short
+    if size < 2 or all(counts_gpus(index, step) for step in whole):
+        return
+    for column in whole[0][0]:
+        if column != index and _COLUMNS.get(column, ("",))[0] in _FIELD_UNITS \
+                and all(counts_gpus(column, step) for step in whole):
+            held = ", ".join(row[index] for row in whole[0][:3])
+            raise RecordingError(
+                f"is a CSV whose header contradicts its values: the column named {column} holds "
+                f"0, 1, ..., {size - 1} in every time step, like GPU indices, while the "
+                f"one named {index} holds {held}, ...; fix the header line")
+
+
 def _time_steps(rows: List[Dict[str, str]], index: Optional[str]) -> Iterable[List[Dict[str, str]]]:
     """Rows of one moment: one timestamp, or (without timestamps) until a GPU repeats."""
     step: List[Dict[str, str]] = []
@@ -346,9 +399,11 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
         raise RecordingError("holds no values")
     note = None
     if _is_header(lines[0]):
-        header, lines = [_column_name(cell) for cell in lines[0]], lines[1:]
+        titles, lines = lines[0], lines[1:]
+        header = [_column_name(cell) for cell in titles]
         if not lines:
             raise RecordingError("has a CSV header but no rows")
+        _check_units(titles, header, lines[0])
     else:
         shape = tuple(_shape(cell) for cell in lines[0])
         if shape not in _HEADERLESS_LAYOUTS:
@@ -367,8 +422,11 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
                                  f"names {len(header)} columns")
         rows.append(dict(zip(header, cells)))
     index = next((name for name in header if _COLUMNS.get(name, ("",))[0] == "index"), None)
+    steps = list(_time_steps(rows, index))
+    if index is not None:
+        _check_index(index, steps)
     frames = []
-    for step in _time_steps(rows, index):
+    for step in steps:
         indices = [row[index] for row in step] if index else []
         if len(set(indices)) < len(indices):  # the "index" column does not hold GPU indices
             note = note or "its index column repeats within one time step, so GPUs are numbered in row order"
