@@ -42,15 +42,25 @@ NO_PYNVML = ("the pynvml module is not installed (it comes with NVIDIA's nvidia-
              "pip install nvidia-ml-py)")
 
 
+DRIVER_WITHOUT_NVML = ("the NVIDIA driver is loaded but its NVML library (libnvidia-ml.so.1) is not "
+                       "on the loader's path: in a container, start it with the driver's utility "
+                       "libraries (docker run --gpus all); on WSL, add /usr/lib/wsl/lib to LD_LIBRARY_PATH")
+
+
+def _driver_loaded() -> bool:
+    """The NVIDIA kernel module (Linux, containers too) or WSL's GPU bridge is there."""
+    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")
+
+
 @functools.lru_cache(maxsize=None)
 def nvidia_driver_present() -> bool:
-    """Whether this machine has an NVIDIA driver: its kernel module (Linux, containers too) or
-    NVML's library on the loader's path (WSL). Elsewhere it cannot be told cheaply: True."""
+    """Whether this machine has an NVIDIA driver: loaded (see _driver_loaded) or NVML's library
+    on the loader's path. Elsewhere it cannot be told cheaply: True."""
     if not sys.platform.startswith("linux"):
         return True
     import ctypes.util
 
-    return os.path.exists("/proc/driver/nvidia") or ctypes.util.find_library("nvidia-ml") is not None
+    return _driver_loaded() or ctypes.util.find_library("nvidia-ml") is not None
 
 
 def decode_clock_event_reasons(mask: int) -> Tuple[str, ...]:
@@ -107,6 +117,9 @@ class NvmlSource:
         try:
             self._nvml.nvmlInit()
         except Exception as error:  # pynvml raises NVMLError subclasses; OSError from ctypes
+            if type(error).__name__ == "NVMLError_LibraryNotFound" and sys.platform.startswith("linux") \
+                    and _driver_loaded():
+                return DRIVER_WITHOUT_NVML  # "no driver installed" would be false here
             return describe_nvml_error(error)
         self._started = True
         return None
