@@ -311,6 +311,14 @@ def _malformed():
     ]
 
 
+def test_a_path_starting_with_the_home_tilde_is_found(tmp_path, monkeypatch):
+    """`%gpu_status --from ~/logs/t4.xml`: no shell expands the ~ on a magic's line."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "t4.xml").write_bytes((XML / "tesla-t4.xml").read_bytes())
+    snapshot = ReplaySource("~/t4.xml").snapshot()
+    assert snapshot.problem is None and snapshot.gpus[0].name == "Tesla T4"
+
+
 def test_unreadable_files_become_one_problem_line(tmp_path):
     cases = _malformed() + [("missing.xml", None, "no such file"), ("folder", "dir", "it is a directory")]
     for name, content, expected in cases:

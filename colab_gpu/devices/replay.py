@@ -457,7 +457,7 @@ def load_frames(path: "str | os.PathLike[str]") -> Tuple[Snapshot, ...]:
 
     Raises :class:`RecordingError` with one line saying what is wrong with which file.
     """
-    path = os.fspath(path)
+    path = os.path.expanduser(os.fspath(path))  # the magic's line reaches here unexpanded
     label = replay_label(path)
     try:
         with open(path, "rb") as file:
