@@ -319,6 +319,16 @@ def test_a_path_starting_with_the_home_tilde_is_found(tmp_path, monkeypatch):
     assert snapshot.problem is None and snapshot.gpus[0].name == "Tesla T4"
 
 
+@pytest.mark.parametrize("name", ["tesla-t4.xml", "v100s-pcie-32gb_miris.csv"])
+def test_a_recording_saved_as_utf16_by_windows_powershell_replays(tmp_path, name):
+    """PowerShell 5's `>` writes UTF-16 with a BOM: the file was called binary data."""
+    original = (XML if name.endswith(".xml") else CSV) / name
+    path = tmp_path / name
+    path.write_bytes(original.read_text().replace("\n", "\r\n").encode("utf-16"))
+    replayed, expected = ReplaySource(path).snapshot(), ReplaySource(original).snapshot()
+    assert replayed.problem is None and replayed.gpus == expected.gpus and replayed.gpus
+
+
 def test_unreadable_files_become_one_problem_line(tmp_path):
     cases = _malformed() + [("missing.xml", None, "no such file"), ("folder", "dir", "it is a directory")]
     for name, content, expected in cases:

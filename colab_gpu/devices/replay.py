@@ -476,12 +476,14 @@ def load_frames(path: "str | os.PathLike[str]") -> Tuple[Snapshot, ...]:
 
 
 def _parse(data: bytes, label: str, fallback_time: float) -> Tuple[Snapshot, ...]:
-    if b"\0" in data:
+    # Windows PowerShell 5's `nvidia-smi ... > file` writes UTF-16 with a byte-order mark.
+    utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))
+    if not utf16 and b"\0" in data:
         raise RecordingError("holds binary data, not text")
     try:
-        text = data.decode("utf-8-sig")
+        text = data.decode("utf-16" if utf16 else "utf-8-sig")
     except UnicodeDecodeError:
-        raise RecordingError("is not UTF-8 text") from None
+        raise RecordingError(f"is not {'UTF-16' if utf16 else 'UTF-8'} text") from None
     stripped = text.lstrip()
     if not stripped:
         raise RecordingError("is empty")
