@@ -305,7 +305,7 @@ def _malformed():
          "it is the `nvidia-smi` table, which has too little to replay"),
         ("query.txt", section(capture, "idle :: query (-q)").encode(), "it is `nvidia-smi -q` text"),
         ("header-only.csv", (miris[0] + "\n").encode(), "it has a CSV header but no rows"),
-        ("short-row.csv", "\n".join(miris[:2] + [miris[2].rsplit(",", 2)[0]]).encode(),
+        ("short-row.csv", "\n".join(miris[:2] + [miris[2].rsplit(",", 2)[0]] + miris[3:5]).encode(),
          "it has 6 values on line 3 where the header names 8 columns"),
         ("unrelated.csv", b"player,score\nalice,3\n", "it is a CSV whose columns (player, score) are not nvidia-smi"),
     ]
@@ -327,6 +327,21 @@ def test_a_recording_saved_as_utf16_by_windows_powershell_replays(tmp_path, name
     path.write_bytes(original.read_text().replace("\n", "\r\n").encode("utf-16"))
     replayed, expected = ReplaySource(path).snapshot(), ReplaySource(original).snapshot()
     assert replayed.problem is None and replayed.gpus == expected.gpus and replayed.gpus
+
+
+def test_a_log_cut_off_mid_line_replays_up_to_its_last_whole_line_and_says_so(tmp_path):
+    """A log copied while `nvidia-smi -l` was writing it: the whole file was refused."""
+    text = (CSV / "v100s-pcie-32gb_miris.csv").read_text()
+    lines = text.splitlines()
+    path = tmp_path / "copied-while-written.csv"
+    path.write_text("\n".join(lines[:54]) + "\n" + lines[54][:40])  # 53 rows and half of one
+    (last_whole,) = load_frames(CSV / "v100s-pcie-32gb_miris.csv")[52].gpus
+    snapshot = ReplaySource(path).snapshot()
+    assert snapshot.problem is None and snapshot.gpus == (last_whole,)
+    assert snapshot.source.endswith("(its last line is cut off (3 of 8 values) and left out)")
+    whole_but_short = tmp_path / "short.csv"  # a short line that ends properly is not "cut off"
+    whole_but_short.write_text("\n".join(lines[:54]) + "\n" + lines[54][:40] + "\n")
+    assert "has 3 values on line 55" in ReplaySource(whole_but_short).snapshot().problem
 
 
 def test_unreadable_files_become_one_problem_line(tmp_path):

@@ -415,6 +415,11 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
     if not any(name in _COLUMNS for name in header):
         raise RecordingError(f"is a CSV whose columns ({', '.join(header[:6])}"
                              f"{', ...' if len(header) > 6 else ''}) are not nvidia-smi --query-gpu fields")
+    notes = [note] if note else []
+    if len(lines) > 1 and len(lines[-1]) < len(header) and not text.endswith(("\n", "\r")):
+        # A log copied while nvidia-smi -l was still writing it ends in half a line.
+        notes.append(f"its last line is cut off ({len(lines[-1])} of {len(header)} values) and left out")
+        lines = lines[:-1]
     rows = []
     for number, cells in enumerate(lines, start=2 if note is None else 1):
         if len(cells) != len(header):
@@ -429,7 +434,8 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
     for step in steps:
         indices = [row[index] for row in step] if index else []
         if len(set(indices)) < len(indices):  # the "index" column does not hold GPU indices
-            note = note or "its index column repeats within one time step, so GPUs are numbered in row order"
+            repeats = "its index column repeats within one time step, so GPUs are numbered in row order"
+            notes += [repeats] if repeats not in notes else []
             step = [{name: value for name, value in row.items() if name != index} for row in step]
         recorded = _epoch(step[0].get("timestamp", ""))
         frames.append(Snapshot(
@@ -439,8 +445,8 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
             driver_version=_text(step[0].get("driver_version")),
             timestamp=recorded if recorded is not None else fallback_time,
         ))
-    if note is not None:
-        frames = [_with_note(frame, note) for frame in frames]
+    if notes:
+        frames = [_with_note(frame, "; ".join(notes)) for frame in frames]
     return tuple(frames)
 
 
