@@ -6,6 +6,7 @@ the magic tests run in a real IPython shell with torch hidden from ``sys.modules
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from IPython.core.error import UsageError
@@ -459,3 +460,35 @@ def test_magic_help_lists_the_options(magic_env):
     doc = magic_env.find_line_magic("alloc_conf").__doc__
     for option in ("--unset", "--reset", "--check", "--preset", "--save", "--forget", "--json"):
         assert option in doc
+
+
+@pytest.mark.parametrize("held, problem", [
+    ("foo:1", "unknown allocator key 'foo'"),
+    ("max_split_size_mb:10", "max_split_size_mb=10 is out of range"),
+    ("expandable_segments:true,garbage_collection_threshold:0.8,per_process_memory_fraction:x",
+     "expandable_segments=true: takes True or False"),
+])
+def test_a_refused_setting_already_in_the_environment_is_shown_and_named(env, held, problem):
+    """Set before the kernel started: showing it says what torch will refuse, and a change to
+    another key names the variable instead of blaming what the user typed."""
+    env["PYTORCH_CUDA_ALLOC_CONF"] = held
+    shown = alloc_conf(environ=env, modules={})
+    assert [w for w in shown.warnings if w.startswith(
+        "PYTORCH_CUDA_ALLOC_CONF holds what the installed torch 2.13 refuses")] and \
+        problem in str(shown) and "--unset KEY or --reset" in str(shown)
+    with pytest.raises(AllocConfError, match=r"^PYTORCH_CUDA_ALLOC_CONF already holds what the "
+                                             r"installed torch 2\.13 refuses \(" + re.escape(problem)):
+        alloc_conf(["roundup_power2_divisions=4"], environ=env, modules={})
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == held
+    if "foo" in held:  # the advice works for a key torch does not know, too
+        assert alloc_conf(unset="foo", environ=env, modules={}).warnings == ()
+        assert "PYTORCH_CUDA_ALLOC_CONF" not in env
+    fixed = alloc_conf(["roundup_power2_divisions=4"], reset=True, environ=env, modules={})
+    assert fixed.warnings == ()
+
+
+def test_a_key_repeated_in_the_environment_is_replaced_by_setting_it(env):
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128,expandable_segments:True,max_split_size_mb:256"
+    assert "max_split_size_mb is given twice" in alloc_conf(environ=env, modules={}).warnings[0]
+    alloc_conf(["max_split_size_mb=64"], environ=env, modules={})
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64,expandable_segments:True"

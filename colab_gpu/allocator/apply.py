@@ -54,8 +54,11 @@ class AllocConfResult:
         return self.env_before != self.env_after
 
     def meanings(self) -> Tuple[Tuple[str, str, str], ...]:
-        """(key, value, one-line meaning) for each setting."""
-        return tuple((name, value, BY_NAME[name].meaning) for name, value in self.settings)
+        """(key, value, one-line meaning) for each setting; a key the environment already
+        held may be unknown (the warnings say so)."""
+        return tuple((name, value, BY_NAME[name].meaning if name in BY_NAME else
+                      "not a key of the installed torch (see the warnings)")
+                     for name, value in self.settings)
 
     def to_dict(self) -> Dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -214,6 +217,18 @@ def _warnings(settings: Settings, version: Optional[Tuple[int, int]], env_before
     return tuple(found)
 
 
+def _refused_setting(source: str, held: Settings, version, rocm: bool, verb: str) -> Optional[str]:
+    """What the installed torch would refuse in a setting made before this call (by the user,
+    before the kernel started), said as such; None when torch accepts it."""
+    try:
+        validate(held, version, rocm)
+    except AllocConfError as error:
+        torch = f"the installed torch {format_version(version)}" if version else "torch"
+        return (f"{source} {verb} what {torch} refuses ({error}): change it with KEY=VALUE, "
+                f"remove it with --unset KEY or --reset")
+    return None
+
+
 def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Sequence[str]] = (),
                reset: bool = False, preset: Optional[str] = None, check: Optional[str] = None,
                save: bool = False, forget: bool = False, state: Optional[TorchState] = None,
@@ -256,24 +271,32 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         text, why = PRESETS[preset]
         changes = parse(text) + changes
         explanation = (preset, why)
-    unset = [check_key_name(name).name for name in unset]  # ROCm's spellings name the same key
-    for name in unset:
-        if name in dict(changes):
-            raise AllocConfError(f"{name} is both set and unset in one call; pick one")
     try:
-        current = current_settings(environ, names)[1]
+        source, current = current_settings(environ, names)
     except AllocConfError:
         if not reset:
             raise
-        current = ()  # --reset is the way out of an unreadable setting
+        source, current = "", ()  # --reset is the way out of an unreadable setting
+    # ROCm's spellings name the same key; a key torch does not know can go if it was set
+    unset = [name if name in dict(current) else check_key_name(name).name for name in unset]
+    for name in unset:
+        if name in dict(changes):
+            raise AllocConfError(f"{name} is both set and unset in one call; pick one")
     base = () if reset else current
     if not (changes or unset or reset or save or forget):
         saved, path = saved_setting(environ)
+        refused = _refused_setting(source, base, version, rocm, "holds")
+        warnings = ((refused,) + _warnings((), version, env_before) if refused else
+                    _warnings(base, version, env_before))
         return AllocConfResult(action="show", settings=base, env_after=env_before,
-                               warnings=_warnings(base, version, env_before),
-                               in_effect=_in_effect(state, modules), saved=saved,
-                               saved_path=str(path), **common)
+                               warnings=warnings, in_effect=_in_effect(state, modules),
+                               saved=saved, saved_path=str(path), **common)
 
+    kept = tuple((name, value) for name, value in base if name not in dict(changes)
+                 and name not in unset)
+    refused = _refused_setting(source, kept, version, rocm, "already holds")
+    if refused:
+        raise AllocConfError(refused)
     new_settings = validate(merge(base, changes, unset), version, rocm)
     deferred = _deferred(current, new_settings, state, allow=save)
     result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,

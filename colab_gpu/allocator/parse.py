@@ -369,7 +369,15 @@ def to_torch(settings: Settings) -> str:
 
 
 def merge(base: Settings, changes: Settings, unset: Sequence[str] = ()) -> Settings:
-    """``base`` with ``unset`` keys removed and ``changes`` applied (changed keys keep their place)."""
+    """``base`` with ``unset`` keys removed and ``changes`` applied (changed keys keep their
+    place; a key ``base`` repeats, which torch reads as its last value, becomes one)."""
     updates = dict(changes)
-    merged = [(name, updates.pop(name, value)) for name, value in base if name not in unset]
+    merged, replaced = [], set()
+    for name, value in base:
+        if name in unset or name in replaced:
+            continue
+        if name in updates:
+            value = updates.pop(name)
+            replaced.add(name)
+        merged.append((name, value))
     return tuple(merged) + tuple(updates.items())
