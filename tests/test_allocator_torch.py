@@ -207,3 +207,13 @@ def test_kernel_applies_saved_and_new_settings_before_torch_reads_them(tmp_path)
     assert "applied the saved allocator setting 'expandable_segments:True'" in loaded
     final = "".join(o.get("text", "") for o in notebook.cells[2].outputs)
     assert final.strip() == "expandable_segments:True,max_split_size_mb:256"
+
+
+def test_naming_the_backend_torch_loaded_is_no_change_after_import(shell, torch_env):
+    """torch loaded its default, native: saying so (a usual template line) is not a change."""
+    shell.run_line_magic("alloc_conf", "backend:native,expandable_segments:True --json")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "backend:native,expandable_segments:True"
+    shell.run_line_magic("alloc_conf", "--unset backend --json")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    with pytest.raises(UsageError, match="backend cannot change now"):
+        shell.run_line_magic("alloc_conf", "backend=cudaMallocAsync")

@@ -319,6 +319,8 @@ def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool
     for name in sorted(changed):
         key = BY_NAME[name]
         if name == "backend":
+            if before.get(name, key.default) == after.get(name, key.default):
+                continue  # naming the backend torch loaded (or dropping its name) changes nothing
             if not allow:
                 raise AllocConfError(
                     "backend cannot change now: torch is already imported and chose its "
