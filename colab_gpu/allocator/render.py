@@ -82,7 +82,8 @@ def render_keys(version) -> str:
 
     lines = []
     for key in KEYS:
-        span = f"{format_version(key.added)}" + (f"-{format_version(key.removed)}" if key.removed else "+")
+        span = f"{format_version(key.added)}" + (
+            f", removed in {format_version(key.removed)}" if key.removed else "+")
         mark = "" if version is None or key.available(version) else "  (not in the installed torch)"
         lines.append(f"{key.name:36} {key.kind:13} default {key.default:16} torch {span}{mark}\n"
                      f"    {key.meaning}")
