@@ -411,11 +411,16 @@ def test_magic_sets_both_variables_and_shows_the_meaning(magic_env, capsys):
     ("--unset expandable_segment", "did you mean 'expandable_segments'"),
     ("--preset frag", "unknown preset 'frag'; presets: fragmentation"),
     ("garbage_collection_threshold:0.5 max_split_size_mb:abc", "takes a whole number"),
+    ("PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,expandable_segments:True",
+     "PYTORCH_CUDA_ALLOC_CONF is the environment variable, not an allocator key: give only its "
+     "value (max_split_size_mb:128,expandable_segments:True)"),
+    ("PYTORCH_ALLOC_CONF", "PYTORCH_ALLOC_CONF is the environment variable, not an allocator "
+     "key: give only its value (e.g. expandable_segments:True)"),
 ])
 def test_magic_bad_input_is_a_usage_error_and_changes_nothing(magic_env, line, expected):
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     before = {name: value.encode() for name, value in os.environ.items()}
-    with pytest.raises(UsageError, match=expected.replace("(", r"\(").replace("[", r"\[")):
+    with pytest.raises(UsageError, match=re.escape(expected)):
         magic_env.run_line_magic("alloc_conf", line)
     assert {name: value.encode() for name, value in os.environ.items()} == before
 

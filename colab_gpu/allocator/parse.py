@@ -22,6 +22,7 @@ _SEPARATORS = ",:=[]"
 _INTEGER = re.compile(r"\d+")
 _DECIMAL = re.compile(r"\d+(\.\d*)?|\.\d+")  # no sign, no exponent, no inf/nan
 _INTERVAL_LIMIT = 2 ** 62
+_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
 
 class AllocConfError(ValueError):
@@ -102,6 +103,12 @@ def parse(text: str) -> Settings:
     which every build accepts too, so that both spellings merge and count as one key.
     """
     reader = _Reader(text)
+    variable = reader.peek()
+    if variable in _VARIABLES:  # a shell line pasted whole: PYTORCH_CUDA_ALLOC_CONF=...
+        value = text.split("=", 1)[1].strip() if "=" in text else ""
+        raise AllocConfError(f"{variable} is the environment variable, not an allocator key: "
+                             f"give only its value ({value or 'e.g. expandable_segments:True'}); "
+                             f"both variables are written for you")
     form = "=" if "=" in reader.tokens else ":"
     settings: List[Tuple[str, str]] = []
     while reader.peek() is not None:
