@@ -498,3 +498,18 @@ def test_a_key_repeated_in_the_environment_is_replaced_by_setting_it(env):
     assert "max_split_size_mb is given twice" in alloc_conf(environ=env, modules={}).warnings[0]
     alloc_conf(["max_split_size_mb=64"], environ=env, modules={})
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64,expandable_segments:True"
+
+
+@pytest.mark.parametrize("line", [
+    "max_split_size_mb = 128 expandable_segments = True",
+    "max_split_size_mb: 128, expandable_segments: True",
+    "max_split_size_mb :128 expandable_segments= True",
+])
+def test_magic_reads_a_setting_the_shell_split_at_its_spaces(magic_env, line):
+    """torch ignores the spaces around ':' and ','; so does %alloc_conf, though the line is
+    split into arguments at them."""
+    magic_env.run_line_magic("alloc_conf", line + " --json")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
+    magic_env.run_line_magic("alloc_conf", "roundup_power2_divisions:[256:1, 512:2, >:4] --json")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"].endswith(
+        ",roundup_power2_divisions:[256:1,512:2,>:4]")

@@ -159,9 +159,19 @@ def _value(reader: _Reader, key: str) -> str:
 
 
 def parse_many(texts: Iterable[str]) -> Settings:
-    """Parse several strings (the magic's positional arguments) into one set of settings."""
-    settings: List[Tuple[str, str]] = []
+    """Parse several strings (the magic's positional arguments) into one set of settings.
+
+    A string that ends with a separator, or the next one that starts with one, is the same
+    setting that the shell split at its spaces: ``max_split_size_mb = 128`` is one setting.
+    """
+    joined: List[str] = []
     for text in texts:
+        if joined and (joined[-1].rstrip()[-1:] in ",:=[" or text.lstrip()[:1] in ",:=]"):
+            joined[-1] += " " + text
+        else:
+            joined.append(text)
+    settings: List[Tuple[str, str]] = []
+    for text in joined:
         settings.extend(parse(text))
     return tuple(settings)
 
