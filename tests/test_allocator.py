@@ -353,6 +353,8 @@ def test_heading_says_unchanged_and_forget_says_what_it_deleted(env):
     forgot = pretty(alloc_conf(forget=True, environ=env, modules={}))
     assert forgot.startswith("Allocator configuration unchanged: expandable_segments:True\n")
     assert "  saved setting:\n    deleted 'expandable_segments:True' from " in forgot
+    assert "applied through" not in forgot and "applied through" not in pretty(again)  # nothing was
+    assert "applied through:\n    environment" in pretty(alloc_conf(["max_split_size_mb=64"], environ=env, modules={}))
     assert "there was none to delete" in pretty(alloc_conf(forget=True, environ=env, modules={}))
     assert pretty(alloc_conf(reset=True, environ=env, modules={})).startswith(
         "Allocator configuration changed: (empty)\n")
@@ -363,6 +365,8 @@ def test_heading_says_unchanged_and_forget_says_what_it_deleted(env):
 def test_result_renders_as_text_html_and_json(env):
     result = alloc_conf(["max_split_size_mb=128"], environ=env, modules={})
     assert repr(result) == "<AllocConfResult set: max_split_size_mb:128; 0 warnings>"
+    warned = alloc_conf(["garbage_collection_threshold=0.6"], environ=dict(env), modules={})
+    assert len(warned.warnings) == 1 and repr(warned).endswith("; 1 warning>")
     from IPython.lib.pretty import pretty
 
     text = pretty(result)

@@ -18,6 +18,7 @@ import pathlib
 import sys
 from typing import Any, Callable, Dict, MutableMapping, Optional, Sequence, Tuple, Union
 
+from ..render import count
 from ..runtime import TorchState, torch_state
 from .parse import (AllocConfError, Settings, check_key_name, format_version, merge, parse,
                     parse_many, to_torch, validate, version_of)
@@ -72,7 +73,7 @@ class AllocConfResult:
     def __repr__(self) -> str:
         text = to_torch(self.settings) or "nothing set"
         extra = f"; {len(self.deferred)} deferred" if self.deferred else ""
-        return (f"<AllocConfResult {self.action}: {text}; {len(self.warnings)} warnings{extra}>")
+        return f"<AllocConfResult {self.action}: {text}; {count(len(self.warnings), 'warning')}{extra}>"
 
     def __str__(self) -> str:
         """The report ``%alloc_conf`` prints, so ``print(alloc_conf())`` shows it in a script."""

@@ -33,7 +33,7 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
                      or ["nothing set: torch uses its defaults"]))
     if result.in_effect is not None:
         sections.append(("torch reports in effect", [repr(result.in_effect)]))
-    if result.applied_via:
+    if result.applied_via and result.changed:  # "unchanged" applied through nothing
         sections.append(("applied through", [", ".join(result.applied_via)]))
     if result.deferred:
         lines = [f"{name}: {why}" for name, why in result.deferred]
