@@ -188,6 +188,21 @@ def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env):
     assert saved.saved.endswith("backend:cudaMallocAsync")
 
 
+def test_the_magic_once_cuda_started_says_what_waits_for_a_restart(shell, torch_env, monkeypatch, capsys):
+    """The same branch reached the way a user does: the magic reads torch's state itself, and
+    the CUDA device (absent here) is faked only at torch.cuda.is_initialized."""
+    monkeypatch.setattr(torch_env.cuda, "is_initialized", lambda: True)
+    shell.run_line_magic("config", "GPUMagics.output = 'text'")
+    try:
+        shell.run_line_magic("alloc_conf", "max_split_size_mb=128 per_process_memory_fraction=0.5")
+    finally:
+        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    out = capsys.readouterr().out
+    assert "CUDA initialized" in out and "could not change now:\n    per_process_memory_fraction: " in out
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+
+
 # --- a real Jupyter kernel ------------------------------------------------------------------
 
 @pytest.mark.kernel
