@@ -13,7 +13,7 @@ import colab_gpu
 from colab_gpu.devices import MiB, known_compute_capability, open_source
 from colab_gpu.devices.replay import ACCEPTED, ReplaySource, load_frames
 
-from conftest import DATA
+from conftest import DATA, ROOT
 
 XML = DATA / "nvidia-smi-xml"
 CSV = DATA / "nvidia-smi-csv"
@@ -308,6 +308,7 @@ def _malformed():
         ("short-row.csv", "\n".join(miris[:2] + [miris[2].rsplit(",", 2)[0]] + miris[3:5]).encode(),
          "it has 6 values on line 3 where the header names 8 columns"),
         ("unrelated.csv", b"player,score\nalice,3\n", "it is a CSV whose columns (player, score) are not nvidia-smi"),
+        ("LICENSE", (ROOT / "LICENSE").read_bytes(), "it is neither XML nor a CSV log: its first line is 'MIT License'"),
     ]
 
 
@@ -342,6 +343,14 @@ def test_a_log_cut_off_mid_line_replays_up_to_its_last_whole_line_and_says_so(tm
     whole_but_short = tmp_path / "short.csv"  # a short line that ends properly is not "cut off"
     whole_but_short.write_text("\n".join(lines[:54]) + "\n" + lines[54][:40] + "\n")
     assert "has 3 values on line 55" in ReplaySource(whole_but_short).snapshot().problem
+
+
+def test_a_log_of_one_column_replays(tmp_path):
+    """`--query-gpu=memory.used`: one column, no comma, and still a log (unlike a text file)."""
+    path = tmp_path / "memory.csv"
+    path.write_text("memory.used [MiB]\n1234 MiB\n")
+    snapshot = ReplaySource(path).snapshot()
+    assert snapshot.problem is None and snapshot.gpus[0].memory_used == 1234 * 1024 ** 2
 
 
 def test_unreadable_files_become_one_problem_line(tmp_path):

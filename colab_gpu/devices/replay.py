@@ -413,6 +413,8 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
         header = list(_HEADERLESS_LAYOUTS[shape])
         note = f"no header: columns read from their units as {', '.join(header)}"
     if not any(name in _COLUMNS for name in header):
+        if len(header) == 1:  # no comma on the first line: a text file, not a CSV log
+            raise RecordingError(f"is neither XML nor a CSV log: its first line is {titles[0][:60]!r}")
         raise RecordingError(f"is a CSV whose columns ({', '.join(header[:6])}"
                              f"{', ...' if len(header) > 6 else ''}) are not nvidia-smi --query-gpu fields")
     notes = [note] if note else []
