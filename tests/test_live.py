@@ -160,6 +160,18 @@ def test_the_terminal_line_names_a_value_it_cannot_show():
                     "GPU1 busy n/a 1 MiB/32.00 GiB 45.0 W temperature n/a")
 
 
+def test_the_terminal_line_says_memory_is_not_recorded_instead_of_n_a_slash_n_a():
+    from colab_gpu.devices import MiB
+    from colab_gpu.live.sampler import GPUReading, Sample
+    from colab_gpu.live.terminal import sample_line
+
+    # nanoGPT's 8-GPU log records no memory; plato's records memory used but not the total.
+    sample = Sample(0.0, (GPUReading(0, 100.0, None, None, 387.3, 38.0),
+                          GPUReading(1, 0.0, 1946 * MiB, None, 11.6, 27.0)))
+    gpus = sample_line(sample, {}).split("  ", 1)[1]
+    assert gpus == "GPU0 100% memory n/a 387.3 W 38 °C | GPU1   0% 1.90 GiB used 11.6 W 27 °C"
+
+
 def test_a_source_that_cannot_be_read_at_all_does_not_start_a_thread(tmp_path):
     missing = tmp_path / "missing.csv"
     with pytest.raises(SourceError, match="no such file"):

@@ -14,12 +14,22 @@ def _named(text: str, name: str) -> str:
     return f"{name} {NA}" if text == NA else text
 
 
+def _memory(used, total) -> str:
+    """"966 MiB/32.00 GiB"; a recording without the total says "966 MiB used", one without
+    memory at all "memory n/a" (not "n/a/n/a")."""
+    if used is None:
+        return f"memory {NA}"
+    if total is None:
+        return f"{size(used)} used"
+    return f"{size(used)}/{size(total)}"
+
+
 def sample_line(sample: Sample, names: Dict[int, str], replay: bool = False) -> str:
     """"12:00:01  GPU0 19% 966 MiB/32.00 GiB 45.0 W 28 °C | GPU1 ...", marked when replayed."""
     clock = time.strftime("%H:%M:%S", time.localtime(sample.time))
     gpus = " | ".join(
         f"GPU{r.index} {_named(number(r.utilization, '%'), 'busy'):>4} "
-        f"{size(r.memory_used)}/{size(r.memory_total)} {_named(number(r.power, ' W', 1), 'power')} "
+        f"{_memory(r.memory_used, r.memory_total)} {_named(number(r.power, ' W', 1), 'power')} "
         f"{_named(celsius(r.temperature), 'temperature')}" for r in sample.gpus)
     return f"{clock}  {'REPLAY  ' if replay else ''}{gpus}"
 
