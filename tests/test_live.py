@@ -249,6 +249,21 @@ def test_the_run_record_summarises_and_draws_the_whole_run():
     assert "data:image/png;base64," in html and "Live monitor stopped" in html
 
 
+IDLE_8GPU = DATA / "nvidia-smi-csv" / "8gpu-80gb-idle_gpu-glasses.csv"
+
+
+def test_the_final_chart_of_gpus_without_utilization_draws_without_a_matplotlib_warning():
+    import warnings
+
+    sampler, _ = live.start(path=str(IDLE_8GPU), interval=0.005)
+    sampler.wait(4, timeout=10)
+    record = live.stop()
+    assert record.summaries()[0].utilization_peak is None  # this log has no busy %
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "No artists with labels found to put in legend"
+        html = record._repr_html_()
+    assert "data:image/png;base64," in html
+
 def test_nvml_is_shut_down_only_after_the_sampler_thread_ended():
     """In-process: the order atexit will use (sampler.stop, then the source's close)."""
     nvml = RecordedNvml(V100, delay=0.02)

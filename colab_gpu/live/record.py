@@ -14,6 +14,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 from ..render import celsius, number, size
 from ..render.html import STYLE
+from .panel import PALETTE
 from .sampler import Sample
 
 ROW_FIELDS = ("time", "gpu", "name", "utilization", "memory_used", "memory_total", "power",
@@ -133,13 +134,16 @@ class RunRecord:
                   ("power (W)", lambda r: r.power, None),
                   ("temperature (°C)", lambda r: r.temperature, None))
         axes_grid = figure.subplots(2, 2, sharex=True)
+        legend = {}  # a line per GPU, from whichever panel has one: each GPU has one colour
         for axes, (title, value, top) in zip(axes_grid.flat, panels):
             highest = 0.0
             for index in sorted(self.gpu_names):
                 points = [(sample.time - start, value(r)) for sample in self.samples
                           for r in sample.gpus if r.index == index and value(r) is not None]
                 if points:
-                    axes.plot(*zip(*points), label=f"GPU {index}", linewidth=1.2)
+                    line, = axes.plot(*zip(*points), label=f"GPU {index}", linewidth=1.2,
+                                      color=PALETTE[index % len(PALETTE)])
+                    legend.setdefault(index, line)
                     highest = max(highest, max(y for _, y in points))
             if not axes.lines:
                 axes.text(0.5, 0.5, "not reported", ha="center", va="center", transform=axes.transAxes)
@@ -148,8 +152,9 @@ class RunRecord:
             axes.grid(alpha=0.3)
         for axes in axes_grid[1]:
             axes.set_xlabel("seconds since start")
-        if len(self.gpu_names) > 1:
-            axes_grid[0][0].legend(fontsize=8, ncol=2)
+        if len(legend) > 1:  # beside the panels, never over the lines (or empty: a warning)
+            axes_grid[0][1].legend([legend[i] for i in sorted(legend)], [f"GPU {i}" for i in sorted(legend)],
+                                   fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
         figure.suptitle(self.label, fontsize=11)
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png")
