@@ -264,6 +264,18 @@ def test_the_final_chart_of_gpus_without_utilization_draws_without_a_matplotlib_
         html = record._repr_html_()
     assert "data:image/png;base64," in html
 
+
+def test_the_final_chart_draws_a_gpu_busy_100_percent_inside_its_panel_not_on_the_frame():
+    sampler, _ = live.start(path=str(NANOGPT), interval=0.005)  # 8 GPUs at 100 % busy
+    sampler.wait(4, timeout=10)
+    figure = live.stop().chart_figure()
+    for axes in figure.axes:
+        bottom, top = axes.get_ylim()
+        for line in axes.get_lines():
+            assert all(bottom < y < top for y in line.get_ydata()), axes.get_title()
+    busy = next(axes for axes in figure.axes if axes.get_title() == "busy (%)")
+    assert max(max(line.get_ydata()) for line in busy.get_lines()) == 100
+
 def test_nvml_is_shut_down_only_after_the_sampler_thread_ended():
     """In-process: the order atexit will use (sampler.stop, then the source's close)."""
     nvml = RecordedNvml(V100, delay=0.02)

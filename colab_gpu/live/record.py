@@ -121,6 +121,12 @@ class RunRecord:
 
     def chart_png(self, dpi: int = 80) -> bytes:
         """The whole run as a PNG: busy %, memory used, power and temperature per GPU."""
+        buffer = io.BytesIO()
+        self.chart_figure(dpi).savefig(buffer, format="png")
+        return buffer.getvalue()
+
+    def chart_figure(self, dpi: int = 80):
+        """The matplotlib Figure (Agg, no pyplot) that :meth:`chart_png` saves."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -147,7 +153,10 @@ class RunRecord:
                     highest = max(highest, max(y for _, y in points))
             if not axes.lines:
                 axes.text(0.5, 0.5, "not reported", ha="center", va="center", transform=axes.transAxes)
-            axes.set_ylim(0, top or (highest * 1.1 or 1))
+            top = top or (highest * 1.1 or 1)
+            # A little room past 0 and the top: a GPU busy 100% (or idle at 0) is drawn
+            # inside the panel, not hidden under its frame.
+            axes.set_ylim(-0.03 * top, 1.05 * top)
             axes.set_title(title, fontsize=10)
             axes.grid(alpha=0.3)
         for axes in axes_grid[1]:
@@ -156,6 +165,4 @@ class RunRecord:
             axes_grid[0][1].legend([legend[i] for i in sorted(legend)], [f"GPU {i}" for i in sorted(legend)],
                                    fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
         figure.suptitle(self.label, fontsize=11)
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        return buffer.getvalue()
+        return figure
