@@ -486,14 +486,32 @@ def test_cells_prints_one_line_per_cell_and_stop_removes_the_hooks(live_config, 
     capsys.readouterr()
     live_config.run_cell("import time; time.sleep(0.3)")
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("cell GPU memory (NVML, all processes, ")
-    assert "GPU 0 peak " in line and "CUDA not started by this process" in line
+    # The demo's numbers are a recording's: the line never passes them off as this cell's GPU.
+    assert line.startswith("cell GPU memory (REPLAY of a recorded trace (v100s-pcie-32gb_miris.csv), "
+                           "not this machine's GPU, ")
+    assert "GPU 0 peak " in line and "NVML" not in line
     live_config.run_cell("%gpu_status --stop")
     capsys.readouterr()
     live_config.run_cell("x = 1")
     assert "cell GPU memory" not in capsys.readouterr().out
     assert cell_hooks(live_config) == []
 
+
+def test_cells_line_from_nvml_says_it_is_the_whole_gpu(live_config, monkeypatch, capsys):
+    import colab_gpu.devices
+
+    source = NvmlSource(nvml=RecordedNvml(V100))
+    monkeypatch.setattr(colab_gpu.devices, "default_source", lambda: source)
+    try:
+        run_live(live_config, "--live --cells --interval 0.02", live_display="widgets")
+        capsys.readouterr()
+        live_config.run_cell("import time; time.sleep(0.3)")
+        line = capsys.readouterr().out.strip().splitlines()[-1]
+        assert line.startswith("cell GPU memory (NVML, all processes, ")
+        assert "GPU 0 peak " in line and "CUDA not started by this process" in line
+    finally:
+        live.stop()
+        source.close()
 
 def test_cells_stays_quiet_after_a_cell_too_short_to_be_sampled(live_config, capsys):
     run_live(live_config, "--live --demo --cells --interval 60", live_display="widgets")

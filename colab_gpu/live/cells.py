@@ -14,6 +14,7 @@ import time
 from typing import Callable, List, Optional
 
 from ..render import size
+from .panel import is_replay, source_title
 
 
 def _signed(value: int) -> str:
@@ -86,5 +87,8 @@ class CellPeaks:
                 start = baseline.get(index)
                 change = used[-1] - (used[0] if start is None else start)
                 parts.append(f"GPU {index} peak {size(max(used))} used ({_signed(change)})")
-        return (f"cell GPU memory (NVML, all processes, {len(during)} samples; CUDA not started "
-                f"by this process): " + "; ".join(parts))
+        if is_replay(sampler.label):  # --demo / --from FILE: not this machine's GPU at all
+            source = f"{source_title(sampler.label)}, {len(during)} samples"
+        else:
+            source = f"NVML, all processes, {len(during)} samples; CUDA not started by this process"
+        return f"cell GPU memory ({source}): " + "; ".join(parts)
