@@ -142,7 +142,8 @@ class GPUMagics(Magics):
                    "labelled as a replay.")
     @argument("--cells", action="store_true",
               help="With --live: after each cell, one line with its peak GPU memory and change "
-                   "(none after a cell too short to be sampled).")
+                   "(none after a cell too short to be sampled). In a terminal the monitor then "
+                   "samples in the background instead of printing a line per sample.")
     @argument("--from", dest="path", metavar="FILE",
               help="Show the status recorded in an `nvidia-smi -q -x` XML file or an "
                    "`nvidia-smi --query-gpu=... --format=csv` log instead of the live GPUs; "

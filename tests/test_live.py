@@ -513,6 +513,16 @@ def test_cells_line_from_nvml_says_it_is_the_whole_gpu(live_config, monkeypatch,
         live.stop()
         source.close()
 
+def test_cells_in_a_terminal_samples_in_the_background_so_later_cells_get_their_line(live_config, capsys):
+    run_live(live_config, "--live --demo --cells --interval 0.02", live_display="terminal", live_lines=3)
+    out = capsys.readouterr().out
+    assert "REPLAY" not in out and "Live monitor stopped" not in out  # the prompt came back at once
+    assert "samples in the background" in out and live.running() is not None
+    live_config.run_cell("import time; time.sleep(0.3)")
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("cell GPU memory (REPLAY")
+    live_config.run_cell("%gpu_status --stop")
+    assert "Live monitor stopped" in capsys.readouterr().out and cell_hooks(live_config) == []
+
 def test_cells_stays_quiet_after_a_cell_too_short_to_be_sampled(live_config, capsys):
     run_live(live_config, "--live --demo --cells --interval 60", live_display="widgets")
     capsys.readouterr()

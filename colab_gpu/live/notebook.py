@@ -33,6 +33,11 @@ class LiveSession:
             from IPython.display import IFrame, display
 
             display(IFrame(live_url(), width="100%", height=440))
+        elif kind == "terminal" and self._hooks is not None:
+            # A line per sample holds the prompt until Ctrl-C, which stops the monitor: no
+            # later cell would ever run to get its --cells line. Sample in the background.
+            print(f"colab_gpu: the live monitor samples in the background ({sampler.label}, every "
+                  f"{sampler.interval:g} s): a line after each cell; %gpu_status --stop ends it")
         elif kind == "terminal":
             from .terminal import watch
 
