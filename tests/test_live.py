@@ -276,6 +276,23 @@ def test_the_final_chart_draws_a_gpu_busy_100_percent_inside_its_panel_not_on_th
     busy = next(axes for axes in figure.axes if axes.get_title() == "busy (%)")
     assert max(max(line.get_ydata()) for line in busy.get_lines()) == 100
 
+
+def test_the_rolling_chart_stays_small_at_a_fast_interval_and_keeps_a_short_peak():
+    import re
+
+    from colab_gpu.live.panel import chart_svg
+    from colab_gpu.live.sampler import GPUReading, Sample
+
+    # 300 s at --interval 0.1, 8 GPUs idle but for GPU 3 busy 100 % during one sample.
+    samples = [Sample(t * 0.1, tuple(GPUReading(i, 100.0 if (i, t) == (3, 1234) else 0.0, None, None, None, None)
+                                     for i in range(8))) for t in range(3000)]
+    svg = chart_svg(samples, "busy %", lambda r: r.utilization, width=320, height=110)
+    lines = re.findall(r"points='([^']*)'", svg)
+    assert len(lines) == 8
+    assert all(len(points.split()) <= 321 for points in lines)  # one point per pixel column
+    assert len(svg) < 30_000  # what each update sends to the front end (was ~240 kB)
+    assert ",0.0" in lines[3] and all(",0.0" not in points for i, points in enumerate(lines) if i != 3)
+
 def test_nvml_is_shut_down_only_after_the_sampler_thread_ended():
     """In-process: the order atexit will use (sampler.stop, then the source's close)."""
     nvml = RecordedNvml(V100, delay=0.02)

@@ -76,23 +76,28 @@ def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
               height: int = 110, seconds: float = CHART_SECONDS) -> str:
     """One 0-100 % panel: a line per GPU over the last ``seconds`` of ``samples``.
 
-    ``value(reading)`` gives the percentage to draw, or None for a gap in the line.
+    ``value(reading)`` gives the percentage to draw, or None for a gap in the line. A line
+    has at most one point per pixel column, the column's highest value (a short peak stays
+    visible): at ``--interval 0.1`` the window holds 3000 samples, and redrawing them all
+    after every sample cost the sampler thread more time than the interval.
     """
     end = samples[-1].time if samples else time.time()
     start = max(samples[0].time, end - seconds) if samples else end
     span = max(end - start, 1.0)  # the axis grows until it spans ``seconds``
-    lines: dict = {}
+    columns: dict = {}  # GPU index -> {pixel column: highest percentage}
     for sample in samples:
         if sample.time < start:
             continue
-        x = (sample.time - start) / span * width
+        column = round((sample.time - start) / span * width)
         for reading in sample.gpus:
             percent = value(reading)
             if percent is not None:
-                y = height - max(0.0, min(100.0, percent)) / 100 * height
-                lines.setdefault(reading.index, []).append(f"{x:.1f},{y:.1f}")
-    body = "".join(_polyline(points, PALETTE[index % len(PALETTE)], False)
-                   for index, points in sorted(lines.items()))
+                line = columns.setdefault(reading.index, {})
+                line[column] = max(percent, line.get(column, percent))
+    body = "".join(
+        _polyline([f"{x},{height - max(0.0, min(100.0, percent)) / 100 * height:.1f}"
+                   for x, percent in sorted(line.items())], PALETTE[index % len(PALETTE)], False)
+        for index, line in sorted(columns.items()))
     return (
         f"<svg class='cgpu-chart' width='{width}' height='{height + 14}' "
         f"viewBox='0 -12 {width} {height + 26}' role='img' aria-label='{escape(title)}'>"
