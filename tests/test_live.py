@@ -293,6 +293,14 @@ def test_the_rolling_chart_stays_small_at_a_fast_interval_and_keeps_a_short_peak
     assert len(svg) < 30_000  # what each update sends to the front end (was ~240 kB)
     assert ",0.0" in lines[3] and all(",0.0" not in points for i, points in enumerate(lines) if i != 3)
 
+
+def test_a_run_of_one_sample_says_1_sample():
+    sampler, _ = live.start(demo=True, interval=60)  # the first sample, read at the start
+    assert "sampling every 60 s, 1 sample over 0 s" in render_panel(sampler)
+    record = live.stop()
+    assert record.headline().startswith("Live monitor stopped: 1 sample every 60 s ")
+    assert repr(record).endswith(": 1 sample over 0.0 s>")
+
 def test_nvml_is_shut_down_only_after_the_sampler_thread_ended():
     """In-process: the order atexit will use (sampler.stop, then the source's close)."""
     nvml = RecordedNvml(V100, delay=0.02)

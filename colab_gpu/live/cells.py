@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Callable, List, Optional
 
-from ..render import size
+from ..render import count, size
 from .panel import is_replay, source_title
 
 
@@ -88,7 +88,7 @@ class CellPeaks:
                 change = used[-1] - (used[0] if start is None else start)
                 parts.append(f"GPU {index} peak {size(max(used))} used ({_signed(change)})")
         if is_replay(sampler.label):  # --demo / --from FILE: not this machine's GPU at all
-            source = f"{source_title(sampler.label)}, {len(during)} samples"
+            source = f"{source_title(sampler.label)}, {count(len(during), 'sample')}"
         else:
-            source = f"NVML, all processes, {len(during)} samples; CUDA not started by this process"
+            source = f"NVML, all processes, {count(len(during), 'sample')}; CUDA not started by this process"
         return f"cell GPU memory ({source}): " + "; ".join(parts)

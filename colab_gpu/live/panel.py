@@ -10,7 +10,7 @@ import time
 from html import escape
 from typing import List, Sequence
 
-from ..render import celsius, number, size
+from ..render import celsius, count, number, size
 from ..render.html import STYLE, _bar
 from .sampler import Sample
 
@@ -43,7 +43,7 @@ def source_title(label: str) -> str:
 def state_words(sampler, now: float) -> str:
     """"sampling every 1 s, 42 samples over 41 s" or why it stopped."""
     end = sampler.stopped_at or now
-    span = f"{sampler.count} samples over {end - (sampler.started_at or end):.0f} s"
+    span = f"{count(sampler.count, 'sample')} over {end - (sampler.started_at or end):.0f} s"
     if sampler.running:
         return f"sampling every {sampler.interval:g} s, {span}"
     return f"stopped, {span}"

@@ -12,7 +12,7 @@ import io
 from html import escape
 from typing import Dict, Iterator, Optional, Tuple
 
-from ..render import celsius, number, size
+from ..render import celsius, count, number, size
 from ..render.html import STYLE
 from .panel import PALETTE
 from .sampler import Sample
@@ -93,14 +93,14 @@ class RunRecord:
 
     def headline(self) -> str:
         kept = "" if self.count == len(self.samples) else f" (the last {len(self.samples)} kept)"
-        text = (f"Live monitor stopped: {self.count} samples{kept} every {self.interval:g} s "
+        text = (f"Live monitor stopped: {count(self.count, 'sample')}{kept} every {self.interval:g} s "
                 f"over {self.duration:.1f} s, {self.label}")
         if self.error:
             text += f"; it had stopped by itself: {self.error}"
         return text
 
     def __repr__(self) -> str:
-        return f"<RunRecord {self.label}: {self.count} samples over {self.duration:.1f} s>"
+        return f"<RunRecord {self.label}: {count(self.count, 'sample')} over {self.duration:.1f} s>"
 
     def __str__(self) -> str:
         """The summary ``%gpu_status --stop`` prints, so ``print(...)`` shows it in a script."""
