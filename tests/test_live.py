@@ -548,6 +548,26 @@ def test_cells_in_a_terminal_samples_in_the_background_so_later_cells_get_their_
     live_config.run_cell("%gpu_status --stop")
     assert "Live monitor stopped" in capsys.readouterr().out and cell_hooks(live_config) == []
 
+def test_cells_says_once_that_the_monitor_stopped_by_itself(live_config, monkeypatch, capsys):
+    import colab_gpu.devices
+
+    source = NvmlSource(nvml=RecordedNvml(V100, lose_gpu_after=3))
+    monkeypatch.setattr(colab_gpu.devices, "default_source", lambda: source)
+    try:
+        run_live(live_config, "--live --cells --interval 0.01", live_display="widgets")
+        wait_until(lambda: live.running() is None)  # the GPU fell off the bus
+        capsys.readouterr()
+        for cell in ("x = 1", "y = 2", "z = 3"):
+            live_config.run_cell(cell)
+        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cell GPU memory")]
+        assert lines == ["cell GPU memory: CUDA not started by this process and the live monitor has "
+                         "stopped; %gpu_status --stop shows why and ends these lines"]
+        live_config.run_cell("%gpu_status --stop")
+        assert "fallen off the bus" in capsys.readouterr().out
+    finally:
+        live.stop()
+        source.close()
+
 def test_cells_stays_quiet_after_a_cell_too_short_to_be_sampled(live_config, capsys):
     run_live(live_config, "--live --demo --cells --interval 60", live_display="widgets")
     capsys.readouterr()

@@ -39,6 +39,7 @@ class CellPeaks:
         self._sampler = sampler  # the running sampler, looked up per cell
         self._started: Optional[float] = None
         self._allocated: Optional[List[int]] = None  # per torch device at the cell's start
+        self._told_stopped = False  # the user was told the monitor stopped
 
     def before(self) -> None:
         self._started = time.time()
@@ -71,8 +72,13 @@ class CellPeaks:
 
     def _sampled_line(self, started: float) -> Optional[str]:
         sampler = self._sampler()
-        if sampler is None:
-            return "cell GPU memory: CUDA not started by this process and the live monitor is off"
+        if sampler is None:  # it stopped by itself (a lost GPU): said once, not after every cell
+            if self._told_stopped:
+                return None
+            self._told_stopped = True
+            return ("cell GPU memory: CUDA not started by this process and the live monitor has "
+                    "stopped; %gpu_status --stop shows why and ends these lines")
+        self._told_stopped = False
         recorded = sampler.samples()
         during = [s for s in recorded if s.time >= started]
         if not during:  # e.g. print("x"): a line after each such cell would only be noise
