@@ -294,6 +294,16 @@ def test_the_rolling_chart_stays_small_at_a_fast_interval_and_keeps_a_short_peak
     assert ",0.0" in lines[3] and all(",0.0" not in points for i, points in enumerate(lines) if i != 3)
 
 
+def test_the_final_chart_of_an_overflowed_buffer_counts_seconds_from_the_runs_start():
+    sampler, _ = live.start(demo=True, interval=0.01, history=5)
+    sampler.wait(30, timeout=10)
+    record = live.stop()
+    assert record.count > 30 and len(record.samples) == 5
+    first_kept = record.samples[0].time - record.started_at
+    busy = record.chart_figure().axes[0]
+    assert busy.get_lines()[0].get_xdata()[0] == pytest.approx(first_kept)
+    assert first_kept > 0.25  # about 26 samples at 0.01 s were dropped before it
+
 def test_a_run_of_one_sample_says_1_sample():
     sampler, _ = live.start(demo=True, interval=60)  # the first sample, read at the start
     assert "sampling every 60 s, 1 sample over 0 s" in render_panel(sampler)

@@ -132,7 +132,9 @@ class RunRecord:
 
         figure = Figure(figsize=(10, 5), dpi=dpi, layout="constrained")
         FigureCanvasAgg(figure)
-        start = self.samples[0].time if self.samples else 0.0
+        # The run's start, not the oldest sample kept: after the buffer overflowed, the
+        # x axis still reads as time since the monitor started.
+        start = self.started_at or (self.samples[0].time if self.samples else 0.0)
         totals = [r.memory_total for sample in self.samples for r in sample.gpus if r.memory_total]
         panels = (("busy (%)", lambda r: r.utilization, 100),
                   ("memory used (GiB)", lambda r: None if r.memory_used is None else r.memory_used / 1024 ** 3,
