@@ -291,7 +291,9 @@ def test_the_rolling_chart_stays_small_at_a_fast_interval_and_keeps_a_short_peak
     assert len(lines) == 8
     assert all(len(points.split()) <= 321 for points in lines)  # one point per pixel column
     assert len(svg) < 30_000  # what each update sends to the front end (was ~240 kB)
-    assert ",0.0" in lines[3] and all(",0.0" not in points for i, points in enumerate(lines) if i != 3)
+    heights = [{float(point.split(",")[1]) for point in points.split()} for points in lines]
+    assert len(heights[3]) == 2  # GPU 3's one-sample peak survived the per-column reduction
+    assert all(len(h) == 1 and min(heights[3]) < min(h) for i, h in enumerate(heights) if i != 3)
 
 
 def test_the_final_chart_of_an_overflowed_buffer_counts_seconds_from_the_runs_start():
@@ -310,6 +312,21 @@ def test_a_run_of_one_sample_says_1_sample():
     record = live.stop()
     assert record.headline().startswith("Live monitor stopped: 1 sample every 60 s ")
     assert repr(record).endswith(": 1 sample over 0.0 s>")
+
+
+def test_the_rolling_chart_draws_100_and_0_percent_inside_its_frame():
+    import re
+
+    from colab_gpu.live.panel import chart_svg
+    from colab_gpu.live.sampler import GPUReading, Sample
+
+    samples = [Sample(float(t), (GPUReading(0, 100.0, None, None, None, None),
+                                 GPUReading(1, 0.0, None, None, None, None))) for t in range(10)]
+    svg = chart_svg(samples, "busy %", lambda r: r.utilization, width=320, height=110)
+    busy, idle = ({float(point.split(",")[1]) for point in points.split()}
+                  for points in re.findall(r"points='([^']*)'", svg))
+    assert len(busy) == len(idle) == 1
+    assert 0 < busy.pop() < idle.pop() < 110  # the frame's edges are y=0 and y=110
 
 def test_nvml_is_shut_down_only_after_the_sampler_thread_ended():
     """In-process: the order atexit will use (sampler.stop, then the source's close)."""

@@ -72,6 +72,12 @@ def _polyline(points: List[str], colour: str, dashed: bool) -> str:
             f"stroke-width='1.5'{dash}/>")
 
 
+def _y(percent: float, height: int, inset: float = 2.0) -> float:
+    """The y of ``percent`` (clamped to 0-100), kept ``inset`` pixels inside the frame: a GPU
+    busy 100 % (or idle at 0) is a line of its own, not hidden in the frame's border."""
+    return inset + (100.0 - max(0.0, min(100.0, percent))) / 100 * (height - 2 * inset)
+
+
 def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
               height: int = 110, seconds: float = CHART_SECONDS) -> str:
     """One 0-100 % panel: a line per GPU over the last ``seconds`` of ``samples``.
@@ -95,7 +101,7 @@ def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
                 line = columns.setdefault(reading.index, {})
                 line[column] = max(percent, line.get(column, percent))
     body = "".join(
-        _polyline([f"{x},{height - max(0.0, min(100.0, percent)) / 100 * height:.1f}"
+        _polyline([f"{x},{_y(percent, height):.1f}"
                    for x, percent in sorted(line.items())], PALETTE[index % len(PALETTE)], False)
         for index, line in sorted(columns.items()))
     return (
