@@ -328,6 +328,16 @@ def test_the_rolling_chart_draws_100_and_0_percent_inside_its_frame():
     assert len(busy) == len(idle) == 1
     assert 0 < busy.pop() < idle.pop() < 110  # the frame's edges are y=0 and y=110
 
+
+def test_the_rolling_chart_of_a_value_the_source_lacks_says_not_reported():
+    from colab_gpu.live.panel import _memory_percent, _utilization, chart_svg
+
+    sampler, _ = live.start(path=str(NANOGPT), interval=60)  # nanoGPT's log has no memory
+    samples = sampler.samples()
+    assert ">not reported</text>" in chart_svg(samples, "memory used %", _memory_percent)
+    assert "not reported" not in chart_svg(samples, "busy %", _utilization)
+    assert "not reported" not in chart_svg((), "busy %", _utilization)  # nothing sampled yet
+
 def test_nvml_is_shut_down_only_after_the_sampler_thread_ended():
     """In-process: the order atexit will use (sampler.stop, then the source's close)."""
     nvml = RecordedNvml(V100, delay=0.02)

@@ -104,6 +104,8 @@ def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
         _polyline([f"{x},{_y(percent, height):.1f}"
                    for x, percent in sorted(line.items())], PALETTE[index % len(PALETTE)], False)
         for index, line in sorted(columns.items()))
+    if samples and not columns:  # e.g. a log without memory: say so, as the final chart does
+        body = f"<text x='{width / 2:g}' y='{height / 2:g}' text-anchor='middle'>not reported</text>"
     return (
         f"<svg class='cgpu-chart' width='{width}' height='{height + 14}' "
         f"viewBox='0 -12 {width} {height + 26}' role='img' aria-label='{escape(title)}'>"
