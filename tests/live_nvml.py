@@ -35,6 +35,8 @@ def _known(*values):
 
 
 class RecordedNvml:
+    NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU  # NvmlSource reads it from the module it is given
+
     def __init__(self, path, delay: float = 0.0, lose_gpu_after: int = 0):
         self.frames = load_frames(path)
         self.delay = delay  # seconds each read takes, to widen the window of a call in flight

@@ -86,6 +86,9 @@ def test_sampler_reads_nvml_through_its_real_code_path():
     source.close()
     latest = sampler.latest()
     assert len(latest.gpus) == 8 and all(r.utilization == 100 for r in latest.gpus)
+    frame = nvml.frames[(nvml.reads - 1) % len(nvml.frames)]  # the time step of the last read
+    assert [r.temperature for r in latest.gpus] == [gpu.temperature for gpu in frame.gpus]
+    assert all(r.temperature for r in latest.gpus)
     assert nvml.late_calls == []
 
 
