@@ -136,10 +136,37 @@ def test_the_live_page_chart_updates_in_chromium(browser):
         page.screenshot(path=str(ARTIFACTS / "live-page.png"), full_page=True)
         assert later[0] != first[0] and later[1] != first[1]
         live.stop()
-        page.wait_for_function("document.getElementById('cgpu-note').textContent.length > 0",
-                               timeout=10_000)
-        assert "stopped" in page.locator("#cgpu-note").inner_text()
+        page.wait_for_function("document.getElementById('cgpu-note').textContent.includes('stopped')",
+                               timeout=15_000)
         page.screenshot(path=str(ARTIFACTS / "live-page-stopped.png"), full_page=True)
+        page.close()
+    finally:
+        live.stop()
+
+
+def test_the_live_page_keeps_polling_after_one_lost_answer(browser):
+    from colab_gpu import live
+
+    sampler, _ = live.start(demo=True, interval=0.2)
+    try:
+        page = browser.new_page()
+        polls = []
+
+        def lose_the_third_answer(route):
+            polls.append(route.request.url)
+            route.abort() if len(polls) == 3 else route.continue_()
+
+        page.route("**/data.json", lose_the_third_answer)
+        page.goto(live.page_server().url)
+        page.wait_for_function("document.querySelector('.cgpu-state') !== null", timeout=20_000)
+        deadline = time.monotonic() + 20
+        while len(polls) < 6:  # the lost one and a few after it
+            assert time.monotonic() < deadline, f"the page stopped polling after {len(polls)} polls"
+            page.wait_for_timeout(100)  # (not time.sleep: Playwright routes requests meanwhile)
+        first = panel_state(page)
+        page.wait_for_timeout(1000)
+        assert panel_state(page) != first  # still moving
+        assert page.locator("#cgpu-note").inner_text() == ""
         page.close()
     finally:
         live.stop()
