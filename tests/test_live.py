@@ -182,17 +182,17 @@ def test_a_source_that_cannot_be_read_at_all_does_not_start_a_thread(tmp_path):
     assert live_threads() == []
 
 
-def test_a_broken_display_is_dropped_without_stopping_the_recording():
-    sampler = Sampler(ReplaySource(V100, follow=True), interval=0.005)
+def test_a_broken_display_is_dropped_without_stopping_the_recording_and_stop_says_why_it_froze():
+    sampler, _ = live.start(demo=True, interval=0.005)
 
     def broken(_):
         raise RuntimeError("front end went away")
 
     sampler.add_listener(broken)
-    sampler.start()
     sampler.wait(5, timeout=10)
     assert sampler.running and sampler.listener_error == "RuntimeError: front end went away"
-    sampler.stop()
+    record = live.stop()
+    assert record.headline().endswith("; a display stopped updating: RuntimeError: front end went away")
 
 
 def test_invalid_interval_and_history_are_refused():

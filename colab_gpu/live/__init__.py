@@ -94,7 +94,8 @@ def live_url() -> str:
 def record_of(sampler: Sampler) -> RunRecord:
     return RunRecord(label=sampler.label, interval=sampler.interval, samples=sampler.samples(),
                      gpu_names=dict(sampler.gpu_names), started_at=sampler.started_at,
-                     stopped_at=sampler.stopped_at, error=sampler.error, count=sampler.count)
+                     stopped_at=sampler.stopped_at, error=sampler.error, count=sampler.count,
+                     display_error=sampler.listener_error)
 
 
 def history(frame: Optional[bool] = None):

@@ -69,6 +69,7 @@ class RunRecord:
     stopped_at: Optional[float]
     error: Optional[str]
     count: int  # samples taken; more than len(samples) when the buffer overflowed
+    display_error: Optional[str] = None  # why a display (the widget) stopped following the run
 
     @property
     def duration(self) -> float:
@@ -97,6 +98,8 @@ class RunRecord:
                 f"over {self.duration:.1f} s, {self.label}")
         if self.error:
             text += f"; it had stopped by itself: {self.error}"
+        if self.display_error:  # the frozen widget was not a frozen run: say why it froze
+            text += f"; a display stopped updating: {self.display_error}"
         return text
 
     def __repr__(self) -> str:
