@@ -462,6 +462,14 @@ def test_live_from_a_file_replays_it_and_config_sets_the_defaults(live_config, c
     assert len(live.history(frame=False)) == 2
 
 
+def test_live_from_a_path_under_the_home_folder_written_with_a_tilde(live_config, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "gpu.csv").write_bytes(V100.read_bytes())
+    run_live(live_config, "--live --from ~/gpu.csv", live_lines=1, live_interval=0.03)
+    assert "REPLAY  GPU0 " in capsys.readouterr().out
+    live_config.run_line_magic("gpu_status", "--from ~/gpu.csv")
+    assert "Tesla V100S-PCIE-32GB" in capsys.readouterr().out
+
 def test_ctrl_c_ends_the_terminal_display_and_stops_the_monitor(live_config, capsys):
     import _thread
 
