@@ -3,7 +3,7 @@
 A small MLP trains on the CPU with real torch. The three settings are measured side by side
 in one run, interleaved (off, 1 s, 0.2 s, off, ...) so drift in the machine hits all alike,
 and compared by their medians. "On" means what runs during training in a notebook: the
-sampler thread plus a render of the live panel per sample (what the widget does). Where
+sampler thread plus the live widget's redraws (ipywidgets, without a front end). Where
 NVML sees no GPU, the sampler replays the bundled demo trace instead, and says so.
 
 Wall-clock throughput on a shared machine is noisy, so the monitor thread's own CPU time is
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from colab_gpu import live  # noqa: E402
-from colab_gpu.live.panel import render_panel  # noqa: E402
+from colab_gpu.live.widget import live_widget  # noqa: E402
 
 
 def make_step():
@@ -61,7 +61,7 @@ def measure(step, interval, seconds: float, demo: bool):
     if interval is None:
         return throughput(step, seconds), 0, 0.0
     sampler, _ = live.start(demo=demo, interval=interval)
-    sampler.add_listener(render_panel)
+    live_widget(sampler)  # follows the sampler from its thread, as in a notebook
     thread = sampler._thread
     try:
         rate = throughput(step, seconds)

@@ -511,6 +511,20 @@ def test_the_widget_value_changes_as_samples_arrive():
     wait_until(lambda: "stopped," in widget.value)
 
 
+def test_the_widget_redraws_at_most_twice_a_second_at_a_fast_interval_and_draws_the_end():
+    from colab_gpu.live.widget import live_widget
+
+    sampler, _ = live.start(path=str(NANOGPT), interval=0.002)
+    widget = live_widget(sampler)
+    values = []
+    widget.observe(lambda change: values.append(change["new"]), names="value")
+    started = time.monotonic()
+    sampler.wait(sampler.count + 150, timeout=10)
+    live.stop()
+    elapsed = time.monotonic() - started
+    assert len(values) <= elapsed / 0.5 + 2  # not one redraw per sample (150 of them)
+    assert "stopped," in values[-1]  # the end of the run is always drawn
+
 def test_a_display_that_cannot_be_shown_leaves_no_monitor_running(live_config, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if ipywidgets were not installed
     run_live(live_config, "--live --demo --cells", live_display="widgets")
