@@ -237,6 +237,10 @@ def test_history_as_a_dataframe():
     assert len(frame) == 8 * sampler.count and sorted(set(frame["gpu"])) == list(range(8))
     assert frame["utilization"].eq(100).all() and frame["memory_used"].isna().all()
     assert pandas.api.types.is_datetime64_any_dtype(frame["time"])
+    # The moment each sample was read, unambiguous in any time zone.
+    first = live.history(frame=False)[0].time
+    assert frame["time"].iloc[0] == pandas.Timestamp(first, unit="s", tz="UTC")
+    assert str(frame["time"].dt.tz) == "UTC"
 
 
 def test_the_run_record_summarises_and_draws_the_whole_run():

@@ -114,7 +114,8 @@ def history(frame: Optional[bool] = None):
         return samples
     names = sampler.gpu_names if sampler is not None else {}
     data = pandas.DataFrame.from_records(list(rows(samples, names)), columns=list(ROW_FIELDS))
-    data["time"] = pandas.to_datetime(data["time"], unit="s")
+    # Aware UTC: a naive time would read as local time, hours off the terminal's lines.
+    data["time"] = pandas.to_datetime(data["time"], unit="s", utc=True)
     for column in ROW_FIELDS[3:]:  # a field a GPU does not report: NaN, not None
         data[column] = pandas.to_numeric(data[column])
     return data
