@@ -313,6 +313,22 @@ def test_the_final_chart_of_an_overflowed_buffer_counts_seconds_from_the_runs_st
     assert busy.get_lines()[0].get_xdata()[0] == pytest.approx(first_kept)
     assert first_kept > 0.25  # about 26 samples at 0.01 s were dropped before it
 
+def test_the_final_chart_of_a_long_run_counts_minutes_or_hours_not_thousands_of_seconds():
+    from colab_gpu.live.record import RunRecord
+    from colab_gpu.live.sampler import GPUReading, Sample
+
+    def record(seconds, every):
+        samples = tuple(Sample(1000.0 + t, (GPUReading(0, 50.0, None, None, None, None),))
+                        for t in range(0, seconds + 1, every))
+        return RunRecord("NVML", every, samples, {0: "Tesla T4"}, 1000.0, 1000.0 + seconds, None, len(samples))
+
+    for seconds, every, label, last in ((120, 1, "seconds since start", 120),
+                                        (3600, 10, "minutes since start", 60),
+                                        (10 * 3600, 10, "hours since start", 10)):
+        busy, _, power, _ = record(seconds, every).chart_figure().axes
+        assert power.get_xlabel() == label  # the bottom row carries the x axis' label
+        assert busy.get_lines()[0].get_xdata()[-1] == pytest.approx(last)
+
 def test_a_run_of_one_sample_says_1_sample():
     sampler, _ = live.start(demo=True, interval=60)  # the first sample, read at the start
     assert "sampling every 60 s, 1 sample over 0 s" in render_panel(sampler)

@@ -39,6 +39,16 @@ def _mean(values) -> Optional[float]:
     return sum(known) / len(known) if known else None
 
 
+def _time_unit(span: float) -> Tuple[float, str]:
+    """(seconds per unit, its name) for an x axis of ``span`` seconds: an hour-long run reads
+    in minutes and a night's in hours, not as 30000 seconds."""
+    if span <= 600:
+        return 1.0, "seconds"
+    if span <= 3 * 3600:
+        return 60.0, "minutes"
+    return 3600.0, "hours"
+
+
 @dataclasses.dataclass(frozen=True)
 class GPURunSummary:
     index: int
@@ -138,6 +148,7 @@ class RunRecord:
         # The run's start, not the oldest sample kept: after the buffer overflowed, the
         # x axis still reads as time since the monitor started.
         start = self.started_at or (self.samples[0].time if self.samples else 0.0)
+        unit, unit_name = _time_unit(self.samples[-1].time - start if self.samples else 0.0)
         totals = [r.memory_total for sample in self.samples for r in sample.gpus if r.memory_total]
         panels = (("busy (%)", lambda r: r.utilization, 100),
                   ("memory used (GiB)", lambda r: None if r.memory_used is None else r.memory_used / 1024 ** 3,
@@ -149,7 +160,7 @@ class RunRecord:
         for axes, (title, value, top) in zip(axes_grid.flat, panels):
             highest = 0.0
             for index in sorted(self.gpu_names):
-                points = [(sample.time - start, value(r)) for sample in self.samples
+                points = [((sample.time - start) / unit, value(r)) for sample in self.samples
                           for r in sample.gpus if r.index == index and value(r) is not None]
                 if points:
                     line, = axes.plot(*zip(*points), label=f"GPU {index}", linewidth=1.2,
@@ -165,7 +176,7 @@ class RunRecord:
             axes.set_title(title, fontsize=10)
             axes.grid(alpha=0.3)
         for axes in axes_grid[1]:
-            axes.set_xlabel("seconds since start")
+            axes.set_xlabel(f"{unit_name} since start")
         if len(legend) > 1:  # beside the panels, never over the lines (or empty: a warning)
             axes_grid[0][1].legend([legend[i] for i in sorted(legend)], [f"GPU {i}" for i in sorted(legend)],
                                    fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
