@@ -9,7 +9,6 @@ import ast
 import contextlib
 import copy
 import functools
-import os
 import shlex
 import sys
 from collections.abc import Iterator
@@ -161,8 +160,6 @@ class GPUMagics(Magics):
         from .gpu_status import status
 
         args = _parse(self.gpu_status, line)
-        if args.path:  # no shell expands it here: --from ~/gpu.csv means the home folder's file
-            args.path = os.path.expanduser(args.path)
         if args.live or args.stop:
             return self._live(args)
         if args.interval is not None or args.demo or args.cells:

@@ -490,6 +490,7 @@ def test_live_from_a_path_under_the_home_folder_written_with_a_tilde(live_config
     live_config.run_line_magic("gpu_status", "--from ~/gpu.csv")
     assert "Tesla V100S-PCIE-32GB" in capsys.readouterr().out
 
+
 def test_ctrl_c_ends_the_terminal_display_and_stops_the_monitor(live_config, capsys):
     import _thread
 
