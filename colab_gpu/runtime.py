@@ -120,12 +120,13 @@ def current_shell(modules: Mapping[str, object] = sys.modules) -> object:
     return get_ipython() if get_ipython is not None else None
 
 
-def detect_runtime(shell: object = None, environ: Mapping[str, str] = os.environ) -> Runtime:
+def detect_runtime(shell: object = None, environ: Optional[Mapping[str, str]] = None) -> Runtime:
     """Everything about the surroundings that can be read without touching the GPU.
 
     Without ``shell``, the running IPython shell is used, so ``colab_gpu.status()`` called
-    from a notebook cell knows it is in a notebook.
+    from a notebook cell knows it is in a notebook. ``environ`` is ``os.environ`` when None.
     """
+    environ = os.environ if environ is None else environ
     platform = detect_platform(shell if shell is not None else current_shell(), environ)
     tpu = detect_tpu(environ)
     colab_gpu = environ.get("COLAB_GPU")

@@ -16,7 +16,7 @@ import json
 import os
 import pathlib
 import sys
-from typing import Any, Callable, Dict, MutableMapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 from ..render import count
 from ..runtime import TorchState, torch_state
@@ -233,8 +233,8 @@ def _refused_setting(source: str, held: Settings, version, rocm: bool, verb: str
 def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Sequence[str]] = (),
                reset: bool = False, preset: Optional[str] = None, check: Optional[str] = None,
                save: bool = False, forget: bool = False, state: Optional[TorchState] = None,
-               environ: MutableMapping[str, str] = os.environ,
-               modules=sys.modules) -> AllocConfResult:
+               environ: Optional[MutableMapping[str, str]] = None,
+               modules: Optional[Mapping[str, Any]] = None) -> AllocConfResult:
     """Show, check or change the allocator configuration; see the module docstring.
 
     ``settings`` are strings in either form (``"max_split_size_mb=128"`` or
@@ -242,8 +242,11 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     be one string. Everything is validated against the installed torch before anything
     changes; on any failure the environment is restored byte for byte and AllocConfError
     says what was wrong. ``state`` overrides the detected torch state (for callers that
-    already know it).
+    already know it). ``environ`` and ``modules`` (``os.environ`` and ``sys.modules`` when
+    None) are the environment written and the module table inspected.
     """
+    environ = os.environ if environ is None else environ
+    modules = sys.modules if modules is None else modules
     settings, unset = ((given,) if isinstance(given, str) else given for given in (settings, unset))
     if save and forget:
         raise AllocConfError("--save and --forget contradict each other: --save replaces the "

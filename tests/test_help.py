@@ -1,0 +1,18 @@
+"""What a student reads from ``help()`` and ``%magic?``: short, true, and free of this process's state."""
+from __future__ import annotations
+
+import pydoc
+
+import colab_gpu
+
+
+def test_help_of_the_package_does_not_print_the_environment_or_the_module_table(monkeypatch):
+    # A default bound to os.environ / sys.modules printed every variable (tokens included)
+    # and every loaded module into help(colab_gpu.alloc_conf) and Colab's `?` pane.
+    monkeypatch.setenv("COLAB_GPU_HELP_MARKER", "secret-looking-value")
+    text = pydoc.render_doc(colab_gpu, renderer=pydoc.plaintext)
+    assert "secret-looking-value" not in text
+    assert "<module 'sys'" not in text
+    for name in ("alloc_conf", "detect_runtime"):
+        signature = pydoc.render_doc(getattr(colab_gpu, name), renderer=pydoc.plaintext).splitlines()[2]
+        assert len(signature) < 500, signature[:200]
