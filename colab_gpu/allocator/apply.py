@@ -235,13 +235,17 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
                save: bool = False, forget: bool = False, state: Optional[TorchState] = None,
                environ: Optional[MutableMapping[str, str]] = None,
                modules: Optional[Mapping[str, Any]] = None) -> AllocConfResult:
-    """Show, check or change the allocator configuration; see the module docstring.
+    """Show, check or change the allocator configuration, as ``%alloc_conf`` does.
 
     ``settings`` are strings in either form (``"max_split_size_mb=128"`` or
     ``"max_split_size_mb:128,expandable_segments:True"``), ``unset`` key names; either may
-    be one string. Everything is validated against the installed torch before anything
-    changes; on any failure the environment is restored byte for byte and AllocConfError
-    says what was wrong. ``state`` overrides the detected torch state (for callers that
+    be one string. ``reset`` starts from nothing, ``preset`` names one of
+    ``colab_gpu.allocator.PRESETS``, ``check`` validates its string and applies nothing,
+    ``save`` / ``forget`` keep the result for ``%load_ext colab_gpu`` after a restart or
+    delete it. Before CUDA starts the settings go into the environment variables; after,
+    through torch's run-time setter (keys that cannot change any more are listed).
+    Everything is validated against the installed torch before anything changes; on any
+    failure the environment is restored byte for byte and AllocConfError says what was wrong. ``state`` overrides the detected torch state (for callers that
     already know it). ``environ`` and ``modules`` (``os.environ`` and ``sys.modules`` when
     None) are the environment written and the module table inspected.
     """
