@@ -186,6 +186,9 @@ def test_03_clear_cache_frees_what_the_failed_cell_and_the_history_held(executed
 
     ranking = shown(code_cell(notebook, "model = torch.nn.Linear"))
     assert ranking.index("optimizer") < ranking.index("model ")  # Adam's state outweighs the model
+    # What the text says of the ranking: weights and gradients, then Adam's own two states.
+    assert re.search(r"^  model +32 MiB .*all shared with other variables", ranking, re.M), ranking
+    assert re.search(r"^  optimizer +64 MiB .*32 MiB held by it alone", ranking, re.M), ranking
     freed = re.search(r"([\d,]+) bytes freed", stream(code_cell(notebook, "report = colab_gpu.clear_cache")))
     assert freed and int(freed.group(1).replace(",", "")) >= 64 * 2 ** 20
 
