@@ -640,8 +640,9 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     In order: drop the last exception's references, clear the output-history entries that hold
     tensors or modules (all of them with ``history=True``), delete the variables ``names`` (and
     nothing else), ``gc.collect()``, then, only if CUDA is already initialized, synchronize,
-    free cuBLAS's workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after each step. Raises
-    :class:`ClearCacheError` for a bad name before anything is done.
+    free cuBLAS's workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after
+    each step. A bad name raises ``colab_gpu.memory.ClearCacheError`` (a ValueError) before
+    anything is done. ``print(report)`` shows the report ``%clear_cache`` shows.
     """
     shell = shell if shell is not None else current_shell()
     names = check_names(names, shell)  # a name given twice is deleted and reported once
