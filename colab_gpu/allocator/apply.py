@@ -245,9 +245,10 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     delete it. Before CUDA starts the settings go into the environment variables; after,
     through torch's run-time setter (keys that cannot change any more are listed).
     Everything is validated against the installed torch before anything changes; on any
-    failure the environment is restored byte for byte and AllocConfError says what was wrong. ``state`` overrides the detected torch state (for callers that
-    already know it). ``environ`` and ``modules`` (``os.environ`` and ``sys.modules`` when
-    None) are the environment written and the module table inspected.
+    failure the environment is restored byte for byte and AllocConfError says what was
+    wrong. ``state`` overrides the detected torch state (for callers that already know it).
+    ``environ`` and ``modules`` (``os.environ`` and ``sys.modules`` when None) are the
+    environment written and the module table inspected.
     """
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
