@@ -165,17 +165,24 @@ def _largest_holder(gpu) -> str:
 
 
 def memory_nearly_full(status):
+    live = not status.snapshot.recorded
     for gpu in status.gpus:
         fraction = gpu.memory_used_fraction
         if fraction is None or fraction <= 0.9:
             continue
-        if not status.snapshot.recorded and not status.runtime.torch.cuda_initialized:
-            # torch here has not started CUDA, so none of this kernel's variables hold it.
-            return (f"GPU {gpu.index} is {fraction:.0%} full, not by torch in this kernel (it has "
-                    f"not started CUDA): other processes hold it{_largest_holder(gpu)}. Stop "
-                    f"them (an earlier kernel or a background job?) or restart the runtime.")
-        return (f"GPU {gpu.index} is {fraction:.0%} full: %clear_cache --vars shows which "
-                f"variables hold the memory.")
+        if live and gpu.index not in status.torch_index_of:
+            continue  # hidden from torch by CUDA_VISIBLE_DEVICES: this kernel neither uses nor frees it
+        memory = status.torch_memory_of(gpu.index)
+        if live and not status.runtime.torch.cuda_initialized:
+            why = "it has not started CUDA"  # so none of this kernel's variables hold it
+        elif live and memory is not None and not memory.reserved:
+            why = f"it holds nothing on cuda:{memory.torch_index}"  # another user's job on a shared box
+        else:
+            return (f"GPU {gpu.index} is {fraction:.0%} full: %clear_cache --vars shows which "
+                    f"variables hold the memory.")
+        return (f"GPU {gpu.index} is {fraction:.0%} full, not by torch in this kernel ({why}): "
+                f"other processes hold it{_largest_holder(gpu)}. Stop them (an earlier kernel or "
+                f"a background job?) or restart the runtime.")
 
 
 def other_processes(status):

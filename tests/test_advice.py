@@ -136,6 +136,26 @@ def test_memory_nearly_full__held_by_another_process_when_this_kernel_has_not_st
     assert "not by torch in this kernel" in message and "pid 999 python3, 14.45 GiB" in message
 
 
+def test_memory_nearly_full__a_gpu_this_kernel_does_not_use_is_not_blamed_on_its_variables():
+    """A shared box: another user's job fills GPU 0. With CUDA_VISIBLE_DEVICES=1 this kernel
+    cannot even see it; without, torch runs on cuda:1 and holds nothing on cuda:0. Either way
+    %clear_cache --vars would list nothing."""
+    full = dataclasses.replace(T4, memory_used=14900 * MiB, memory_free=72 * MiB,
+                               processes=(GPUProcess(pid=4242, name="python3", used_memory=14000 * MiB),))
+    mine = dataclasses.replace(T4, index=1, uuid="GPU-t4-1")
+    hidden = make_status([full, mine], visible="1",
+                         memory=[TorchMemory(0, 1, GiB, 2 * GiB, GiB, 2 * GiB, 0, 0, 0)])
+    hidden = dataclasses.replace(hidden, torch_index_of={1: 0})
+    assert "memory_nearly_full" not in fired(hidden)
+    unused = make_status([full, mine], memory=[TorchMemory(0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                               TorchMemory(1, 1, GiB, 2 * GiB, GiB, 2 * GiB, 0, 0, 0)])
+    message = fired(unused)["memory_nearly_full"]
+    assert "%clear_cache" not in message
+    assert "not by torch in this kernel (it holds nothing on cuda:0)" in message and "pid 4242" in message
+    used = make_status([full, mine], memory=[TorchMemory(0, 0, GiB, 13 * GiB, GiB, 13 * GiB, 0, 0, 0)])
+    assert "%clear_cache --vars" in fired(used)["memory_nearly_full"]
+
+
 def test_other_processes():
     part = MemoryBreakdown(nvml_index=0, total=15 * GiB, driver_reserved=None, other_processes=3 * GiB,
                            context_and_non_torch=300 * MiB, torch_cache=0, torch_tensors=0, free=11 * GiB)
