@@ -16,6 +16,7 @@ from __future__ import annotations
 import bdb
 import builtins
 import collections
+import contextlib
 import dataclasses
 import gc
 import itertools
@@ -569,22 +570,27 @@ def empty_cuda_cache(torch) -> List[str]:
     GPU) as allocated blocks of the caching allocator, which empty_cache() leaves alone; torch
     frees them with the private ``_cuda_clearCublasWorkspaces()`` (its own leak checks do) and
     makes them again at the next matrix product. ``empty_cache()`` then releases the unused
-    cached blocks of every device.
+    cached blocks of every device. It runs with a device in use as the current one: called
+    while the current device has no context (a model on cuda:1, the current device still 0)
+    it creates one there (pytorch#25752, #144025), hundreds of MiB on a GPU that may be
+    another user's.
     """
     has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
-    synchronized = []
-    for device in range(torch.cuda.device_count()):
-        used = (has_context(device) if has_context is not None
-                else torch.cuda.memory_stats(device).get("reserved_bytes.all.peak", 0) > 0)
-        if used:
-            torch.cuda.synchronize(device)
-            synchronized.append(f"cuda:{device}")
-    clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear_workspaces is not None:
-        clear_workspaces()
-    torch.cuda.empty_cache()
-    torch.cuda.ipc_collect()
-    return synchronized
+    in_use = [device for device in range(torch.cuda.device_count())
+              if (has_context(device) if has_context is not None
+                  else torch.cuda.memory_stats(device).get("reserved_bytes.all.peak", 0) > 0)]
+    for device in in_use:
+        torch.cuda.synchronize(device)
+    current = torch.cuda.current_device()
+    with contextlib.ExitStack() as stack:
+        if in_use and current not in in_use:
+            stack.enter_context(torch.cuda.device(in_use[0]))  # leaving it sets no device without a context
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
+        torch.cuda.empty_cache()
+        torch.cuda.ipc_collect()
+    return [f"cuda:{device}" for device in in_use]
 
 
 # ----------------------------------------------------------------------------- the report

@@ -1,6 +1,7 @@
 """%clear_cache in the real IPython shell: real tensors, real references, checked with weakrefs."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -327,8 +328,16 @@ class FakeCuda:
             empty_cache=lambda: self.calls.append(("empty_cache",)),
             ipc_collect=lambda: self.calls.append(("ipc_collect",)),
             memory_stats=lambda device: {"reserved_bytes.all.peak": 2 * MiB if device == 0 else 0},
+            current_device=lambda: 0,
+            device=self._device,
         )
         self._C = types.SimpleNamespace()
+
+    @contextlib.contextmanager
+    def _device(self, index):
+        self.calls.append(("current device", index))
+        yield
+        self.calls.append(("current device back", 0))
 
 
 def test_empty_cuda_cache_never_touches_a_device_without_a_context():
@@ -342,6 +351,16 @@ def test_empty_cuda_cache_never_touches_a_device_without_a_context():
     fake = FakeCuda()
     fake._C._cuda_hasPrimaryContext = lambda device: device == 1
     assert empty_cuda_cache(fake) == ["cuda:1"]
+
+
+def test_empty_cuda_cache_runs_on_a_device_in_use_not_on_a_current_device_without_a_context():
+    """A model on cuda:1 leaves the current device at 0; empty_cache() there would create a
+    context on GPU 0 (pytorch#144025), on a shared box maybe another user's full GPU."""
+    fake = FakeCuda()
+    fake._C._cuda_hasPrimaryContext = lambda device: device == 1
+    empty_cuda_cache(fake)
+    assert fake.calls == [("synchronize", 1), ("current device", 1), ("empty_cache",), ("ipc_collect",),
+                          ("current device back", 0)]
 
 
 PLAIN_PYTHON = """
