@@ -561,6 +561,14 @@ def delete_variables(shell: Any, names: Iterable[str]) -> List[str]:
     return names
 
 
+def cuda_devices_in_use(torch) -> List[int]:
+    """The CUDA devices with a context (CUDA already initialized); asking creates none."""
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    return [device for device in range(torch.cuda.device_count())
+            if (has_context(device) if has_context is not None
+                else torch.cuda.memory_stats(device).get("reserved_bytes.all.peak", 0) > 0)]
+
+
 def empty_cuda_cache(torch) -> List[str]:
     """synchronize() each device CUDA already runs on, free cuBLAS's workspaces, then
     empty_cache() and ipc_collect().
@@ -575,10 +583,7 @@ def empty_cuda_cache(torch) -> List[str]:
     it creates one there (pytorch#25752, #144025), hundreds of MiB on a GPU that may be
     another user's.
     """
-    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
-    in_use = [device for device in range(torch.cuda.device_count())
-              if (has_context(device) if has_context is not None
-                  else torch.cuda.memory_stats(device).get("reserved_bytes.all.peak", 0) > 0)]
+    in_use = cuda_devices_in_use(torch)
     for device in in_use:
         torch.cuda.synchronize(device)
     current = torch.cuda.current_device()

@@ -3,6 +3,7 @@ real memory curves and on a real CPU allocator failure, and the notebook left as
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import random
@@ -434,6 +435,40 @@ def test_a_torch_device_or_an_index_names_the_device():
     assert result.answer == 8 and result.device == "cpu"
     with pytest.raises(SearchError, match="--device cuda:0: this machine has no CUDA device"):
         find_batch(lambda size: None, device=0, progress=False)
+
+
+def test_auto_measures_the_gpu_the_model_is_on_when_that_is_not_the_current_device(monkeypatch):
+    """`model.to("cuda:1")` starts CUDA on GPU 1 only; the current device stays 0. The CUDA
+    device is faked at its boundary: two T4s, a context on cuda:1 only."""
+    import torch
+
+    touched = []
+    peaks = {0: 0, 1: 3 * GiB}
+
+    def on(name, answer=None):
+        return lambda index=None, *args: touched.append((name, index)) or answer(index)
+
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda index: index == 1, raising=False)
+    monkeypatch.setattr(cuda, "get_device_name", on("get_device_name", lambda index: "Tesla T4"))
+    monkeypatch.setattr(cuda, "mem_get_info", on("mem_get_info", lambda index: (10 * GiB, 15 * GiB)))
+    monkeypatch.setattr(cuda, "memory_reserved", on("memory_reserved", lambda index: 4 * GiB))
+    monkeypatch.setattr(cuda, "get_per_process_memory_fraction", on("fraction", lambda index: 1.0))
+    monkeypatch.setattr(cuda, "max_memory_allocated", on("max_memory_allocated", peaks.get))
+    monkeypatch.setattr(cuda, "reset_peak_memory_stats", on("reset_peak_memory_stats", lambda index: None))
+    monkeypatch.setattr(cuda, "synchronize", on("synchronize", lambda index: None))
+    monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(cuda, "ipc_collect", lambda: None)
+    monkeypatch.setattr(cuda, "get_rng_state_all", lambda: [])
+    monkeypatch.setattr(cuda, "set_rng_state_all", lambda states: None)
+    monkeypatch.setattr(cuda, "device", lambda index: contextlib.nullcontext())
+    result = find_batch(lambda size: None, device="auto", max=4, progress=False)
+    assert result.device == "cuda:1 (Tesla T4)"
+    assert {index for _, index in touched} == {1}, touched  # GPU 0 is never read, nor given a context
+    assert result.trials[0].peak_memory == 3 * GiB and result.trials[0].capacity == 14 * GiB
 
 
 def test_failed_trial_frames_are_dropped():
