@@ -175,6 +175,24 @@ def test_the_terminal_line_says_memory_is_not_recorded_instead_of_n_a_slash_n_a(
     assert gpus == "GPU0 100% memory n/a 387.3 W 38 °C | GPU1   0% 1.90 GiB used 11.6 W 27 °C"
 
 
+def test_eight_gpus_fit_the_terminal_one_gpu_under_another():
+    """An 8-GPU sample on one 370-column line wraps in an 80- or 120-column terminal, the GPUs
+    cut in the middle; each line now stays within the width, the GPUs aligned under the first."""
+    import re
+
+    from colab_gpu.live.sampler import Sample, reading_of
+    from colab_gpu.live.terminal import sample_line
+
+    frame = load_frames(DATA / "nvidia-smi-csv" / "8gpu-80gb-idle_gpu-glasses.csv")[0]
+    sample = Sample(0.0, tuple(reading_of(gpu) for gpu in frame.gpus))
+    for width in (80, 120):
+        lines = sample_line(sample, {}, replay=True, width=width).splitlines()
+        assert len(lines) > 1 and all(len(line) <= width for line in lines)
+        assert re.findall(r"GPU(\d)", "\n".join(lines)) == list("01234567")
+        assert len({line.index("GPU") for line in lines}) == 1  # one column
+    assert "\n" not in sample_line(sample, {}, replay=True)  # no width: one line, as before
+
+
 def test_a_source_that_cannot_be_read_at_all_does_not_start_a_thread(tmp_path):
     missing = tmp_path / "missing.csv"
     with pytest.raises(SourceError, match="no such file"):

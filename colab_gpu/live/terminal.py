@@ -1,8 +1,9 @@
 """The terminal display: a compact line per sample, in the foreground, until Ctrl-C."""
 from __future__ import annotations
 
+import shutil
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from ..render import NA, celsius, number, size
 from .panel import is_replay
@@ -24,27 +25,38 @@ def _memory(used, total) -> str:
     return f"{size(used)}/{size(total)}"
 
 
-def sample_line(sample: Sample, names: Dict[int, str], replay: bool = False) -> str:
-    """"12:00:01  GPU0 19% 966 MiB/32.00 GiB 45.0 W 28 °C | GPU1 ...", marked when replayed."""
-    clock = time.strftime("%H:%M:%S", time.localtime(sample.time))
-    gpus = " | ".join(
-        f"GPU{r.index} {_named(number(r.utilization, '%'), 'busy'):>4} "
-        f"{_memory(r.memory_used, r.memory_total)} {_named(number(r.power, ' W', 1), 'power')} "
-        f"{_named(celsius(r.temperature), 'temperature')}" for r in sample.gpus)
-    return f"{clock}  {'REPLAY  ' if replay else ''}{gpus}"
+def sample_line(sample: Sample, names: Dict[int, str], replay: bool = False, width: int = 0) -> str:
+    """"12:00:01  GPU0 19% 966 MiB/32.00 GiB 45.0 W 28 °C | GPU1 ...", marked when replayed.
+
+    Wider than ``width`` (0: no limit), as on an 8-GPU server, the GPUs go on as many lines as
+    they need, indented under the first: a terminal that wraps one long line mixes them up."""
+    prefix = f"{time.strftime('%H:%M:%S', time.localtime(sample.time))}  {'REPLAY  ' if replay else ''}"
+    parts = [f"GPU{r.index} {_named(number(r.utilization, '%'), 'busy'):>4} "
+             f"{_memory(r.memory_used, r.memory_total)} {_named(number(r.power, ' W', 1), 'power')} "
+             f"{_named(celsius(r.temperature), 'temperature')}" for r in sample.gpus]
+    lines = [prefix + (parts[0] if parts else "")]
+    for part in parts[1:]:
+        if width and len(lines[-1]) + len(" | " + part) > width:
+            lines.append(" " * len(prefix) + part)
+        else:
+            lines[-1] += " | " + part
+    return "\n".join(lines)
 
 
-def watch(sampler: Sampler, write: Callable[[str], None], max_lines: int = 0) -> int:
+def watch(sampler: Sampler, write: Callable[[str], None], max_lines: int = 0,
+          width: Optional[int] = None) -> int:
     """Write a line per sample until the sampler ends or ``max_lines`` (0: no limit) were
-    written; Ctrl-C (KeyboardInterrupt) reaches the caller. Returns the lines written."""
+    written; Ctrl-C (KeyboardInterrupt) reaches the caller. Returns the lines written.
+    ``width``: the terminal's columns, read from it when not given."""
     replay = is_replay(sampler.label)
+    width = shutil.get_terminal_size().columns if width is None else width
     seen = max(0, sampler.count - 1)  # start with the latest sample at once
     written = 0
     while True:
         sampler.wait(seen, timeout=max(1.0, 2 * sampler.interval))
         seen, new = sampler.samples_after(seen)
         for sample in new:
-            write(sample_line(sample, sampler.gpu_names, replay))
+            write(sample_line(sample, sampler.gpu_names, replay, width))
             written += 1
             if max_lines and written >= max_lines:
                 return written
