@@ -170,7 +170,7 @@ def memory_nearly_full(status):
         fraction = gpu.memory_used_fraction
         if fraction is None or fraction <= 0.9:
             continue
-        if live and gpu.index not in status.torch_index_of:
+        if live and status.cuda_numbering_known and gpu.index not in status.torch_index_of:
             continue  # hidden from torch by CUDA_VISIBLE_DEVICES: this kernel neither uses nor frees it
         memory = status.torch_memory_of(gpu.index)
         if live and not status.runtime.torch.cuda_initialized:

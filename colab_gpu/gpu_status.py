@@ -12,7 +12,7 @@ import sys
 from typing import Any, Dict, Optional, Tuple
 
 from .devices import GPU, DeviceSource, Snapshot, default_source, open_source
-from .runtime import Runtime, detect_runtime, torch_indices
+from .runtime import Runtime, cuda_numbering_known, detect_runtime, torch_indices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +66,9 @@ class Status:
     torch_memory: Tuple[TorchMemory, ...] = ()
     breakdown: Tuple[MemoryBreakdown, ...] = ()
     advice: Tuple[Advice, ...] = ()
+    # False on a box of different GPUs numbered fastest first: torch_index_of is then a guess,
+    # and torch's figures are not put on any NVML GPU.
+    cuda_numbering_known: bool = True
 
     @property
     def gpus(self) -> Tuple[GPU, ...]:
@@ -173,12 +176,13 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
     # say nothing about it.
     visible = None if snapshot.recorded else runtime.cuda_visible_devices
     index_of = torch_indices(visible, snapshot.gpus)
+    known = snapshot.recorded or cuda_numbering_known(visible, runtime.cuda_device_order, snapshot.gpus)
     live_torch = runtime.torch.cuda_initialized and not snapshot.recorded
-    memory = torch_memory(index_of) if live_torch else ()
+    memory = torch_memory(index_of if known else {}) if live_torch else ()
     by_nvml = {m.nvml_index: m for m in memory}
     parts = tuple(part for part in (breakdown(gpu, by_nvml.get(gpu.index), os.getpid())
                                     for gpu in snapshot.gpus if gpu.index in by_nvml)
                   if part is not None)
     result = Status(runtime=runtime, snapshot=snapshot, torch_index_of=index_of,
-                    torch_memory=memory, breakdown=parts)
+                    torch_memory=memory, breakdown=parts, cuda_numbering_known=known)
     return dataclasses.replace(result, advice=advise(result))

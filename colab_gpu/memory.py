@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 from .devices import DeviceSource
 from .gpu_status import MemoryBreakdown, breakdown, torch_memory
 from .render import count
-from .runtime import current_shell, torch_indices
+from .runtime import cuda_numbering_known, current_shell, torch_indices
 
 # IPython's own names in the user namespace: the output and input history and its helpers.
 _OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
@@ -327,7 +327,10 @@ def _namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 def _gpu_view(snapshot, torch):
     """NVML's GPUs, NVML index -> torch index, and torch's allocator view once CUDA runs."""
     gpus = snapshot.gpus if snapshot is not None and snapshot.ok else ()
-    index_of = torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    index_of = torch_indices(visible, gpus)
+    if not cuda_numbering_known(visible, os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST"), gpus):
+        index_of = {}  # which GPU is cuda:N is unknown: torch's figures stand on their own
     memory = torch_memory(index_of) if torch is not None and _cuda_initialized(torch) else ()
     return gpus, index_of, memory
 
@@ -335,7 +338,9 @@ def _gpu_view(snapshot, torch):
 def _outside_torch(snapshot, torch) -> Tuple[MemoryBreakdown, ...]:
     """Per GPU: other processes and this process's non-torch memory (context, other libraries)."""
     gpus, _, memory = _gpu_view(snapshot, torch)
-    by_nvml = {m.nvml_index: m for m in memory}
+    by_nvml = {m.nvml_index: m for m in memory if m.nvml_index is not None}
+    if memory and not by_nvml:
+        return ()  # torch's memory cannot be told apart from the rest on any GPU
     parts = (breakdown(gpu, by_nvml.get(gpu.index), os.getpid()) for gpu in gpus)
     return tuple(part for part in parts if part is not None)
 

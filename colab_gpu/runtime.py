@@ -167,6 +167,20 @@ def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> d
     return mapping
 
 
+def cuda_numbering_known(cuda_visible_devices: Optional[str], cuda_device_order: str,
+                         gpus: Sequence[GPU]) -> bool:
+    """Whether CUDA numbers these GPUs as :func:`torch_indices` assumes: in NVML's PCI bus order.
+
+    CUDA's default order (FASTEST_FIRST) puts the fastest GPU first, so on a box of different
+    GPUs cuda:0 (and ordinal N in CUDA_VISIBLE_DEVICES) may be another GPU than NVML's 0.
+    Identical GPUs keep bus order; UUIDs in CUDA_VISIBLE_DEVICES name their GPU in any order.
+    """
+    if cuda_device_order == "PCI_BUS_ID" or len({gpu.name for gpu in gpus}) <= 1:
+        return True
+    entries = [part.strip() for part in (cuda_visible_devices or "").split(",")] if cuda_visible_devices else []
+    return bool(entries) and all(entry.startswith(("GPU-", "MIG-")) for entry in entries)
+
+
 def _resolve_visible_entry(entry: str, gpus: Sequence[Tuple[int, Optional[str]]]) -> Optional[int]:
     if entry.lstrip("-").isdigit():
         ordinal = int(entry)

@@ -88,6 +88,14 @@ def mig_note(gpu) -> str:
     return ", MIG on" if gpu.mig_enabled else ""
 
 
+def seen_as(status, gpu) -> str:
+    """How torch names an NVML GPU: "cuda:1", "hidden from torch", or why that is unknown."""
+    if not status.cuda_numbering_known:
+        return "cuda:? - CUDA numbers these different GPUs fastest first"
+    torch_index = status.torch_index_of.get(gpu.index)
+    return f"cuda:{torch_index}" if torch_index is not None else "hidden from torch"
+
+
 def process_name(name: Optional[str], width: int = 60) -> str:
     """A process's name cut to ``width`` characters: nvidia-smi records whole command lines
     (a browser's GPU process runs to 400 characters), which overflowed the card."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import (NA, allocator_summary, celsius, mig_note, number, pcie_link, power, process_name, ratio, size, torch_summary,
+from . import (NA, allocator_summary, celsius, mig_note, number, pcie_link, power, process_name, ratio, seen_as, size, torch_summary,
                unrecorded_rows, words)
 
 STYLE = """
@@ -61,11 +61,9 @@ def _breakdown_bar(part) -> str:
 
 
 def _gpu(status, gpu) -> str:
-    torch_index = status.torch_index_of.get(gpu.index)
     title = f"GPU {gpu.index} &middot; {escape(gpu.name)}"
     if gpu.error:
         return f"<h4>{title}</h4><p>{escape(gpu.error)}</p>"
-    seen_as = f"cuda:{torch_index}" if torch_index is not None else "hidden from torch"
     cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else NA
     busy = None if gpu.utilization_gpu is None else gpu.utilization_gpu / 100
     processes = NA if gpu.processes is None else (
@@ -93,7 +91,7 @@ def _gpu(status, gpu) -> str:
         rows.append(("torch", escape(allocator_summary(memory))))
     if part:
         rows.append(("where", _breakdown_bar(part)))
-    return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as)}, compute capability {cc}"
+    return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as(status, gpu))}, compute capability {cc}"
             f"{mig_note(gpu)}</span></h4>" + _rows(rows))
 
 

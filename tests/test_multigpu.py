@@ -1,0 +1,80 @@
+"""Several GPUs: which one torch calls cuda:N, as a user of a mixed box reads it.
+
+The GPUs come from real recordings through the NVML stand-in; the CUDA device is faked only
+at its boundary (is_initialized, device_count, memory_stats)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import colab_gpu
+from colab_gpu.devices import GiB
+from colab_gpu.devices.nvml import NvmlSource
+from colab_gpu.devices.replay import ReplaySource
+from conftest import DATA
+from nvml_recording import RecordedNvml
+
+XML = DATA / "nvidia-smi-xml"
+
+
+def box(*recordings):
+    """A machine of these GPUs, on consecutive PCI buses in the order given."""
+    gpus = [dataclasses.replace(ReplaySource(XML / name).snapshot().gpus[0], index=index,
+                                uuid=f"GPU-{index:08d}-0000-0000-0000-000000000000",
+                                bus_id=f"00000000:{0x10 + index:02X}:00.0")
+            for index, name in enumerate(recordings)]
+    recorded = ReplaySource(XML / recordings[0]).snapshot()
+    return NvmlSource(nvml=RecordedNvml(dataclasses.replace(recorded, gpus=tuple(gpus))))
+
+
+@pytest.fixture
+def cuda_on_cuda0(monkeypatch):
+    """torch started CUDA and holds 10 GiB on cuda:0 of two devices."""
+    import torch
+
+    stats = {0: {"allocated_bytes.all.current": 10 * GiB, "reserved_bytes.all.current": 11 * GiB}, 1: {}}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: stats[device])
+    # what %clear_cache's last step calls
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda device: device == 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for name in ("synchronize", "empty_cache", "ipc_collect"):
+        monkeypatch.setattr(torch.cuda, name, lambda *device: None)
+
+
+def test_a_mixed_box_numbered_fastest_first_does_not_claim_which_gpu_is_cuda0(clean_env, cuda_on_cuda0):
+    """An RTX 3060 on the first bus, a 3090 on the second: CUDA's default order makes the 3090
+    cuda:0. The card said "GPU 0 RTX 3060 (cuda:0)" and put cuda:0's 10 GiB of tensors on it."""
+    status = colab_gpu.status(box("rtx-3060-v12.xml", "rtx-3090-v12.xml"))
+    text = str(status)
+    assert "(cuda:0" not in text and "(cuda:1" not in text
+    assert "GPU 0  NVIDIA GeForce RTX 3060  (cuda:? - CUDA numbers these different GPUs fastest first" in text
+    assert "torch cuda:0  allocated 10.00 GiB" in text  # torch's figures, on no NVML GPU
+    assert status.breakdown == () and "where " not in text
+    assert "cuda:? - CUDA numbers" in status._repr_html_()
+    assert "device_order_differs" in {advice.rule for advice in status.advice}
+
+    clean_env.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    status = colab_gpu.status(box("rtx-3060-v12.xml", "rtx-3090-v12.xml"))
+    assert "GPU 0  NVIDIA GeForce RTX 3060  (cuda:0," in str(status)
+    assert status.torch_memory_of(0).allocated == 10 * GiB
+
+
+def test_identical_gpus_and_uuids_keep_a_known_numbering(clean_env, cuda_on_cuda0):
+    """Kaggle's two T4s: identical GPUs stay in bus order. UUIDs name their GPU in any order."""
+    status = colab_gpu.status(box("tesla-t4.xml", "tesla-t4.xml"))
+    assert "GPU 1  Tesla T4  (cuda:1," in str(status) and status.torch_memory_of(0).allocated == 10 * GiB
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001,GPU-00000000")
+    status = colab_gpu.status(box("rtx-3060-v12.xml", "rtx-3090-v12.xml"))
+    assert "GPU 1  NVIDIA GeForce RTX 3090  (cuda:0," in str(status)
+    assert status.torch_memory_of(1).allocated == 10 * GiB
+
+
+def test_clear_cache_does_not_give_a_mixed_box_gpu_torchs_figures_of_another(clean_env, cuda_on_cuda0):
+    report = colab_gpu.clear_cache(source=box("rtx-3060-v12.xml", "rtx-3090-v12.xml"))
+    devices = [reading.device for reading in report.before]
+    assert devices == ["cpu", "GPU 0", "GPU 1", "cuda:0", "cuda:1"]
+    assert report.before[3].allocated == 10 * GiB
+    assert report.holders.outside_torch == ()  # torch's share of each GPU is unknown
