@@ -379,6 +379,28 @@ def test_the_rolling_chart_of_a_value_the_source_lacks_says_not_reported():
     assert "not reported" not in chart_svg(samples, "busy %", _utilization)
     assert "not reported" not in chart_svg((), "busy %", _utilization)  # nothing sampled yet
 
+
+def test_the_chart_names_each_gpu_when_utilization_is_not_reported(monkeypatch):
+    """8 idle A100s whose log has no utilization: the legend sat on the empty "busy" panel, so
+    the eight lines went unnamed and matplotlib printed "No artists with labels found"."""
+    import warnings
+
+    from matplotlib.figure import Figure
+
+    drawn = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *args, **kwargs: (
+        drawn.append(figure), save(figure, *args, **kwargs))[1])
+    sampler, _ = live.start(path=str(DATA / "nvidia-smi-csv" / "8gpu-80gb-idle_gpu-glasses.csv"), interval=0.005)
+    sampler.wait(3, timeout=10)
+    record = live.stop()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        record.chart_png()
+    (legend,) = [axes.get_legend() for axes in drawn[0].axes if axes.get_legend() is not None]
+    assert [text.get_text() for text in legend.get_texts()] == [f"GPU {index}" for index in range(8)]
+
+
 def test_nvml_is_shut_down_only_after_the_sampler_thread_ended():
     """In-process: the order atexit will use (sampler.stop, then the source's close)."""
     nvml = RecordedNvml(V100, delay=0.02)
