@@ -267,6 +267,16 @@ def test_warnings_where_torch_is_surprising(env):
     assert not any("per-process memory fraction" in w for w in quiet.warnings)
 
 
+def test_the_memory_fraction_hints_say_the_call_caps_one_gpu(env):
+    """torch.cuda.set_per_process_memory_fraction(f) caps the current GPU only: on a 2-GPU
+    box the model on cuda:1 got no fraction, so garbage_collection_threshold did nothing."""
+    result = alloc_conf(["garbage_collection_threshold=0.6"], environ=env, modules={})
+    (hint,) = [w for w in result.warnings if "set_per_process_memory_fraction" in w]
+    assert "(fraction, device), once per GPU" in hint and "current one only" in hint
+    assert "0.95, device) for each GPU in use" in PRESETS["reclaim"][1]
+    assert "(fraction, device) for each GPU in use" in BY_NAME["per_process_memory_fraction"].runtime_reason
+
+
 def test_torch_29_warns_that_pytorch_alloc_conf_is_ignored(env):
     from colab_gpu.allocator.apply import _warnings
 

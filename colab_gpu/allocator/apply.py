@@ -193,7 +193,8 @@ def _warnings(settings: Settings, version: Optional[Tuple[int, int]], env_before
     if "garbage_collection_threshold" in values and \
             float(values.get("per_process_memory_fraction", "1")) >= 1:
         found.append("garbage_collection_threshold does nothing unless a per-process memory "
-                     "fraction below 1 is set (torch.cuda.set_per_process_memory_fraction())")
+                     "fraction below 1 is set (torch.cuda.set_per_process_memory_fraction(fraction, "
+                     "device), once per GPU: without device it caps the current one only)")
     if "max_split_size_mb" in values and values.get("expandable_segments") == "True":
         found.append("max_split_size_mb with expandable_segments: expandable segments already "
                      "fight fragmentation and max_split_size_mb can slow allocation; keep one")

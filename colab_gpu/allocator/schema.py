@@ -156,7 +156,8 @@ KEYS: Tuple[Key, ...] = (
         "GPU's memory (like torch.cuda.set_per_process_memory_fraction)", "1.0", _v("2.10"),
         minimum=((OLDEST, 0.0, False),), maximum=1.0, runtime=False,
         runtime_reason="read when each device's allocator starts; call "
-                       "torch.cuda.set_per_process_memory_fraction() instead"),
+                       "torch.cuda.set_per_process_memory_fraction(fraction, device) for "
+                       "each GPU in use instead"),
     Key("large_segment_size_mb", INTEGER, "size of the segments large requests are packed "
         "into (the split minimums follow it)", "20", _v("2.11"), minimum=((OLDEST, 10, True),),
         maximum=INT_LIMIT, general=True, native_only=True, runtime=False,
@@ -200,7 +201,8 @@ PRESETS = {
         "garbage_collection_threshold:0.8",
         "Free unused cached blocks once 80% of the allowed memory is in use, instead of "
         "waiting for an out-of-memory retry. It only acts under a per-process memory "
-        "fraction below 1: call torch.cuda.set_per_process_memory_fraction(0.95)."),
+        "fraction below 1: call torch.cuda.set_per_process_memory_fraction(0.95, device) "
+        "for each GPU in use (without device it caps the current GPU only)."),
     "async": (
         "backend:cudaMallocAsync",
         "Use CUDA's own stream-ordered pool allocator instead of torch's. It ignores the "
