@@ -336,11 +336,15 @@ def _gpu_view(snapshot, torch):
 
 
 def _outside_torch(snapshot, torch) -> Tuple[MemoryBreakdown, ...]:
-    """Per GPU: other processes and this process's non-torch memory (context, other libraries)."""
-    gpus, _, memory = _gpu_view(snapshot, torch)
+    """Per GPU this process can use: other processes and this process's non-torch memory
+    (context, other libraries). A GPU CUDA_VISIBLE_DEVICES hides holds nothing of this
+    process: whatever is used there is other processes' (another user's job on a shared box)."""
+    gpus, index_of, memory = _gpu_view(snapshot, torch)
     by_nvml = {m.nvml_index: m for m in memory if m.nvml_index is not None}
     if memory and not by_nvml:
         return ()  # torch's memory cannot be told apart from the rest on any GPU
+    if index_of:  # else unknown which GPU is which (MIG instances, mixed GPUs): keep them all
+        gpus = [gpu for gpu in gpus if gpu.index in index_of]
     parts = (breakdown(gpu, by_nvml.get(gpu.index), os.getpid()) for gpu in gpus)
     return tuple(part for part in parts if part is not None)
 

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 import colab_gpu
-from colab_gpu.devices import GiB
+from colab_gpu.devices import GPUProcess, GiB, MiB
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource
 from conftest import DATA
@@ -18,11 +18,11 @@ from nvml_recording import RecordedNvml
 XML = DATA / "nvidia-smi-xml"
 
 
-def box(*recordings):
+def box(*recordings, change=lambda gpu: gpu):
     """A machine of these GPUs, on consecutive PCI buses in the order given."""
-    gpus = [dataclasses.replace(ReplaySource(XML / name).snapshot().gpus[0], index=index,
-                                uuid=f"GPU-{index:08d}-0000-0000-0000-000000000000",
-                                bus_id=f"00000000:{0x10 + index:02X}:00.0")
+    gpus = [change(dataclasses.replace(ReplaySource(XML / name).snapshot().gpus[0], index=index,
+                                       uuid=f"GPU-{index:08d}-0000-0000-0000-000000000000",
+                                       bus_id=f"00000000:{0x10 + index:02X}:00.0"))
             for index, name in enumerate(recordings)]
     recorded = ReplaySource(XML / recordings[0]).snapshot()
     return NvmlSource(nvml=RecordedNvml(dataclasses.replace(recorded, gpus=tuple(gpus))))
@@ -78,3 +78,18 @@ def test_clear_cache_does_not_give_a_mixed_box_gpu_torchs_figures_of_another(cle
     assert devices == ["cpu", "GPU 0", "GPU 1", "cuda:0", "cuda:1"]
     assert report.before[3].allocated == 10 * GiB
     assert report.holders.outside_torch == ()  # torch's share of each GPU is unknown
+
+
+def test_clear_cache_does_not_count_another_users_job_on_a_hidden_gpu_as_this_process(clean_env, shell):
+    """Kaggle-like pair of T4s, this kernel on GPU 1 (CUDA_VISIBLE_DEVICES=1), someone's job
+    holding 14 GiB of GPU 0: "Outside torch" said this process held 14.45 GiB on GPU 0."""
+    def others_on_gpu0(gpu):
+        if gpu.index:
+            return gpu
+        return dataclasses.replace(gpu, memory_used=14800 * MiB, memory_free=560 * MiB,
+                                   processes=(GPUProcess(4242, "python3", 14 * GiB),))
+
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "1")
+    holders = colab_gpu.memory_holders(shell=shell, source=box("tesla-t4.xml", "tesla-t4.xml", change=others_on_gpu0))
+    assert [part.nvml_index for part in holders.outside_torch] == [1]
+    assert "14.45 GiB" not in str(holders)
