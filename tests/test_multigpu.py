@@ -5,6 +5,7 @@ at its boundary (is_initialized, device_count, memory_stats)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
@@ -93,3 +94,15 @@ def test_clear_cache_does_not_count_another_users_job_on_a_hidden_gpu_as_this_pr
     holders = colab_gpu.memory_holders(shell=shell, source=box("tesla-t4.xml", "tesla-t4.xml", change=others_on_gpu0))
     assert [part.nvml_index for part in holders.outside_torch] == [1]
     assert "14.45 GiB" not in str(holders)
+
+
+def test_the_card_marks_which_gpu_this_kernel_runs_on(clean_env):
+    """A shared 2-GPU box: another user's job on GPU 0, this kernel's on GPU 1."""
+    def jobs(gpu):
+        pid, name = (4242, "python3") if gpu.index == 0 else (os.getpid(), "python")
+        return dataclasses.replace(gpu, processes=(GPUProcess(pid, name, 2 * GiB),))
+
+    status = colab_gpu.status(box("tesla-t4.xml", "tesla-t4.xml", change=jobs))
+    gpu1 = str(status).split("GPU 1  Tesla T4")[1]
+    assert str(status).count("(this process)") == 1 and f"{os.getpid()}    2.00 GiB  python (this process)" in gpu1
+    assert status._repr_html_().count("(this process)") == 1

@@ -4,6 +4,7 @@ Shared here: the few formatting rules every renderer must agree on (sizes, n/a).
 """
 from __future__ import annotations
 
+import os
 from typing import Optional, Sequence
 
 NA = "n/a"
@@ -94,6 +95,12 @@ def seen_as(status, gpu) -> str:
         return "cuda:? - CUDA numbers these different GPUs fastest first"
     torch_index = status.torch_index_of.get(gpu.index)
     return f"cuda:{torch_index}" if torch_index is not None else "hidden from torch"
+
+
+def this_process(status, process) -> str:
+    """" (this process)" after the row of this kernel's own process: on a shared box, which
+    GPU is mine. NVML's host pid matches only outside containers; a recording is not this machine."""
+    return " (this process)" if not status.snapshot.recorded and process.pid == os.getpid() else ""
 
 
 def process_name(name: Optional[str], width: int = 60) -> str:

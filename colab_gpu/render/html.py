@@ -10,7 +10,7 @@ from html import escape
 from typing import List
 
 from . import (NA, allocator_summary, celsius, mig_note, number, pcie_link, power, process_name, ratio, seen_as, size, torch_summary,
-               unrecorded_rows, words)
+               this_process, unrecorded_rows, words)
 
 STYLE = """
 <style>
@@ -68,7 +68,7 @@ def _gpu(status, gpu) -> str:
     busy = None if gpu.utilization_gpu is None else gpu.utilization_gpu / 100
     processes = NA if gpu.processes is None else (
         "<br>".join(f"{p.pid} <span title='{escape(p.name or NA)}'>{escape(process_name(p.name))}</span> "
-                    f"&middot; {size(p.used_memory)}" for p in gpu.processes)
+                    f"&middot; {size(p.used_memory)}{this_process(status, p)}" for p in gpu.processes)
         or "none visible")
     rows = [
         ("memory", _bar(gpu.memory_used_fraction) + escape(

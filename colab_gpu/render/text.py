@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import List
 
 from . import (NA, allocator_summary, breakdown_summary, celsius, mig_note, number, pcie_link, power, process_name,
-               ratio, seen_as, size, torch_summary, unrecorded_rows, words)
+               ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
 
 
 def _gpu_lines(status, gpu) -> List[str]:
@@ -27,7 +27,8 @@ def _gpu_lines(status, gpu) -> List[str]:
          if not gpu.processes else None),
     ]
     rows += [("processes", f"  process     {process.pid:>7}  {size(process.used_memory):>10}  "
-                           f"{process_name(process.name)}") for process in gpu.processes or ()]
+                           f"{process_name(process.name)}{this_process(status, process)}")
+             for process in gpu.processes or ()]
     left_out = unrecorded_rows(status.snapshot, gpu)
     lines = [line for row, line in rows if line is not None and row not in left_out]
     memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
