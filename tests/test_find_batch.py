@@ -437,6 +437,19 @@ def test_a_torch_device_or_an_index_names_the_device():
         find_batch(lambda size: None, device=0, progress=False)
 
 
+def test_a_mig_instance_in_cuda_visible_devices_is_not_refused_as_no_cuda_device(clean_env):
+    """NVML lists an A100's GPU, not its MIG instances: a MIG-<uuid> entry matched none of
+    them, and --device cuda was refused before CUDA started with "this machine has no CUDA
+    device". (This machine has no NVML at all: the count comes out 0 either way.)"""
+    from colab_gpu.batch import checked_device
+
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "MIG-4f2b0b4e-6f4a-5b8e-9d4b-2b7c1a3e5f60")
+    assert checked_device("cuda") == "cuda"
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(SearchError, match="this machine has no CUDA device"):
+        checked_device("cuda")
+
+
 def test_auto_measures_the_gpu_the_model_is_on_when_that_is_not_the_current_device(monkeypatch):
     """`model.to("cuda:1")` starts CUDA on GPU 1 only; the current device stays 0. The CUDA
     device is faked at its boundary: two T4s, a context on cuda:1 only."""

@@ -26,17 +26,21 @@ _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 THROUGHPUT_TIMED = 0.1
 
 
-def _cuda_devices() -> int:
+def _cuda_devices() -> Optional[int]:
     """CUDA devices torch can use, counted through NVML so that the check never starts CUDA
-    (torch.cuda.device_count() would, before ``%alloc_conf`` has had its say)."""
+    (torch.cuda.device_count() would, before ``%alloc_conf`` has had its say). None when
+    NVML cannot tell: MIG instances in CUDA_VISIBLE_DEVICES are not among NVML's GPUs."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return torch.cuda.device_count()
     from ..devices import default_source
     from ..runtime import torch_indices
 
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and "MIG-" in visible:
+        return None
     gpus = default_source().snapshot().gpus
-    return len(torch_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus))
+    return len(torch_indices(visible, gpus))
 
 
 def checked_device(device: Union[str, int, Any, None]) -> str:
@@ -49,7 +53,7 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
     torch = sys.modules.get("torch")
     if spec.startswith("cuda") and not getattr(getattr(torch, "version", None), "hip", None):
         index, available = int(spec.partition(":")[2] or 0), _cuda_devices()
-        if index >= available:
+        if available is not None and index >= available:
             seen = (f"{count(available, 'CUDA device')} (cuda:0 to cuda:{available - 1})"
                     if available else "no CUDA device")
             raise SearchError(f"--device {spec}: this machine has {seen}; use --device auto or cpu")
