@@ -106,3 +106,14 @@ def test_the_card_marks_which_gpu_this_kernel_runs_on(clean_env):
     gpu1 = str(status).split("GPU 1  Tesla T4")[1]
     assert str(status).count("(this process)") == 1 and f"{os.getpid()}    2.00 GiB  python (this process)" in gpu1
     assert status._repr_html_().count("(this process)") == 1
+
+
+def test_a_mig_gpu_is_not_called_hidden_when_cuda_visible_devices_names_a_mig_instance(clean_env):
+    """CUDA_VISIBLE_DEVICES=MIG-<uuid> is how a slice of an A100 is picked; the card called the
+    A100 carrying it "hidden from torch"."""
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "MIG-4f2b0b4e-6f4a-5b8e-9d4b-2b7c1a3e5f60")
+    status = colab_gpu.status(box("a100-sxm4-v12.xml", "tesla-t4.xml"))
+    text = str(status)
+    assert "GPU 0  NVIDIA A100-SXM4-80GB  (hidden from torch unless the MIG instance in CUDA_VISIBLE_DEVICES is on it," in text
+    assert "GPU 1  Tesla T4  (hidden from torch," in text  # no MIG there: the instance cannot be on it
+    assert "unless the MIG instance" in status._repr_html_()

@@ -94,7 +94,13 @@ def seen_as(status, gpu) -> str:
     if not status.cuda_numbering_known:
         return "cuda:? - CUDA numbers these different GPUs fastest first"
     torch_index = status.torch_index_of.get(gpu.index)
-    return f"cuda:{torch_index}" if torch_index is not None else "hidden from torch"
+    if torch_index is not None:
+        return f"cuda:{torch_index}"
+    visible = status.runtime.cuda_visible_devices
+    if gpu.mig_enabled and visible and "MIG-" in visible and not status.snapshot.recorded:
+        # NVML lists the GPU, not its instances: which one holds the instance is not known here
+        return "hidden from torch unless the MIG instance in CUDA_VISIBLE_DEVICES is on it"
+    return "hidden from torch"
 
 
 def this_process(status, process) -> str:
