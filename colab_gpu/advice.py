@@ -146,11 +146,11 @@ def fragmentation(status):
 
 
 def had_oom(status):
-    for memory in status.torch_memory:
-        if memory.num_ooms:
-            return (f"cuda:{memory.torch_index} ran out of memory {count(memory.num_ooms, 'time')}: "
-                    f"%clear_cache frees what the failed cell still holds; %%find_batch finds a "
-                    f"batch size that fits.")
+    failed = [f"cuda:{memory.torch_index} ran out of memory {count(memory.num_ooms, 'time')}"
+              for memory in status.torch_memory if memory.num_ooms]
+    if failed:  # every device: on several GPUs each may have its own batch or model part
+        return (f"{', '.join(failed)}: %clear_cache frees what the failed cell still holds; "
+                f"%%find_batch finds a batch size that fits.")
 
 
 def _largest_holder(gpu) -> str:
@@ -194,11 +194,15 @@ def other_processes(status):
 
 def throttled(status):
     serious = {"power cap", "thermal (software)", "thermal (hardware)", "hardware slowdown", "power brake"}
-    for gpu in status.gpus:
-        active = serious.intersection(gpu.clock_event_reasons or ())
-        if active:
-            return (f"GPU {gpu.index} is slowing its clocks ({', '.join(sorted(active))}): "
-                    f"expect lower throughput than its peak.")
+    slowed = [(gpu.index, ", ".join(sorted(serious.intersection(gpu.clock_event_reasons or ()))))
+              for gpu in status.gpus]
+    slowed = [(index, reasons) for index, reasons in slowed if reasons]
+    if len(slowed) == 1:
+        return (f"GPU {slowed[0][0]} is slowing its clocks ({slowed[0][1]}): "
+                f"expect lower throughput than its peak.")
+    if slowed:  # all of them named: in a multi-GPU run the slowest GPU sets the pace
+        return (f"GPUs {', '.join(f'{index} ({reasons})' for index, reasons in slowed)} are slowing "
+                f"their clocks: expect lower throughput than their peak.")
 
 
 def mig_mode(status):

@@ -171,6 +171,21 @@ def test_throttled():
     assert "throttled" not in fired(make_status([idle]))
 
 
+def test_throttled__every_slowed_gpu_of_a_server_is_named():
+    """8 GPUs, 3 and 6 held back: naming GPU 3 alone hid the other one pacing the whole run."""
+    reasons = {3: ("power cap",), 6: ("thermal (software)", "power cap")}
+    gpus = [dataclasses.replace(T4, index=i, clock_event_reasons=reasons.get(i, ())) for i in range(8)]
+    assert fired(make_status(gpus))["throttled"] == (
+        "GPUs 3 (power cap), 6 (power cap, thermal (software)) are slowing their clocks: "
+        "expect lower throughput than their peak.")
+
+
+def test_had_oom__on_each_gpu_that_ran_out():
+    memories = [memory(num_ooms=2), dataclasses.replace(memory(num_ooms=1), torch_index=1, nvml_index=1)]
+    assert fired(make_status([T4, dataclasses.replace(T4, index=1)], memory=memories))["had_oom"].startswith(
+        "cuda:0 ran out of memory 2 times, cuda:1 ran out of memory 1 time: ")
+
+
 def test_several_gpus():
     """Kaggle's "GPU T4 x2": torch uses the second T4 only when told to."""
     two = [T4, dataclasses.replace(T4, index=1, uuid="GPU-t4-2")]
