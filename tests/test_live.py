@@ -736,6 +736,37 @@ def test_cells_uses_torchs_own_peak_counters_once_cuda_is_initialized(monkeypatc
                              "(+200 MiB kept), 1.00 GiB reserved")
 
 
+class EightFakeCudas(FakeCuda):
+    """8 GPUs; the user's model lives on cuda:2 only."""
+
+    def device_count(self):
+        return 8
+
+    def memory_allocated(self, device):
+        return self.allocated if device == 2 else 0
+
+    def max_memory_allocated(self, device):
+        return self.peak if device == 2 else 0
+
+    def max_memory_reserved(self, device):
+        return self.reserved if device == 2 else 0
+
+
+def test_cells_on_eight_gpus_names_only_those_that_held_memory(monkeypatch):
+    from colab_gpu.live.cells import CellPeaks
+
+    cuda = EightFakeCudas()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    peaks = CellPeaks(lambda: None)
+    peaks.before()
+    cuda.peak, cuda.allocated = 700 * 2 ** 20, 300 * 2 ** 20
+    assert peaks.after() == ("cell GPU memory (torch): cuda:2 peak 700 MiB allocated "
+                             "(+200 MiB kept), 1.00 GiB reserved")
+    cuda.reserved = cuda.allocated = 0
+    peaks.before()
+    assert peaks.after() == "cell GPU memory (torch): nothing held on any of the 8 GPUs"
+
+
 @pytest.mark.parametrize("line, message", [
     ("--demo", "--interval, --demo and --cells go with --live"),
     ("--live --interval 0", "--interval must be a positive number of seconds"),

@@ -61,14 +61,17 @@ class CellPeaks:
         return self._sampled_line(started)
 
     def _torch_line(self, torch) -> str:
+        """Devices that held nothing during the cell are left out: on an 8-GPU box a model on
+        one GPU would otherwise add seven "peak 0 B" parts to every cell's line."""
         parts = []
-        for device in range(torch.cuda.device_count()):
+        devices = torch.cuda.device_count()
+        for device in range(devices):
             before = self._allocated[device] if self._allocated and device < len(self._allocated) else 0
-            now = torch.cuda.memory_allocated(device)
-            parts.append(f"cuda:{device} peak {size(torch.cuda.max_memory_allocated(device))} allocated "
-                         f"({_signed(now - before)} kept), {size(torch.cuda.max_memory_reserved(device))} "
-                         f"reserved")
-        return "cell GPU memory (torch): " + "; ".join(parts)
+            now, reserved = torch.cuda.memory_allocated(device), torch.cuda.max_memory_reserved(device)
+            if devices == 1 or reserved or now or before:
+                parts.append(f"cuda:{device} peak {size(torch.cuda.max_memory_allocated(device))} "
+                             f"allocated ({_signed(now - before)} kept), {size(reserved)} reserved")
+        return "cell GPU memory (torch): " + ("; ".join(parts) or f"nothing held on any of the {devices} GPUs")
 
     def _sampled_line(self, started: float) -> Optional[str]:
         sampler = self._sampler()
