@@ -325,26 +325,27 @@ def _namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
 
 def _gpu_view(snapshot, torch):
-    """NVML's GPUs, NVML index -> torch index, and torch's allocator view once CUDA runs."""
+    """The GPUs this process can use (NVML's), NVML index -> torch index, and torch's
+    allocator view once CUDA runs. A GPU CUDA_VISIBLE_DEVICES hides is left out: nothing of
+    this process is there, and another user's job on it would read as memory freed or grown."""
     gpus = snapshot.gpus if snapshot is not None and snapshot.ok else ()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     index_of = torch_indices(visible, gpus)
     if not cuda_numbering_known(visible, os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST"), gpus):
         index_of = {}  # which GPU is cuda:N is unknown: torch's figures stand on their own
+    if index_of:  # else unknown which GPU is which (MIG instances, mixed GPUs): keep them all
+        gpus = tuple(gpu for gpu in gpus if gpu.index in index_of)
     memory = torch_memory(index_of) if torch is not None and _cuda_initialized(torch) else ()
     return gpus, index_of, memory
 
 
 def _outside_torch(snapshot, torch) -> Tuple[MemoryBreakdown, ...]:
     """Per GPU this process can use: other processes and this process's non-torch memory
-    (context, other libraries). A GPU CUDA_VISIBLE_DEVICES hides holds nothing of this
-    process: whatever is used there is other processes' (another user's job on a shared box)."""
-    gpus, index_of, memory = _gpu_view(snapshot, torch)
+    (context, other libraries)."""
+    gpus, _, memory = _gpu_view(snapshot, torch)
     by_nvml = {m.nvml_index: m for m in memory if m.nvml_index is not None}
     if memory and not by_nvml:
         return ()  # torch's memory cannot be told apart from the rest on any GPU
-    if index_of:  # else unknown which GPU is which (MIG instances, mixed GPUs): keep them all
-        gpus = [gpu for gpu in gpus if gpu.index in index_of]
     parts = (breakdown(gpu, by_nvml.get(gpu.index), os.getpid()) for gpu in gpus)
     return tuple(part for part in parts if part is not None)
 
@@ -387,7 +388,7 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
 class Reading:
     """One device's memory at one moment; ``None`` where it cannot be read."""
 
-    device: str  # "cpu", "cuda:0", or "GPU 1" for a GPU torch does not see
+    device: str  # "cpu", "cuda:0", or "GPU 1" where which cuda:N it is cannot be told
     allocated: Optional[int]  # cpu: bytes of live CPU tensors; cuda: torch's memory_allocated
     reserved: Optional[int] = None  # torch's memory_reserved (cuda, once CUDA is initialized)
     nvml_used: Optional[int] = None  # the whole GPU's used memory, every process included
@@ -423,7 +424,7 @@ def _snapshot(source: Optional[DeviceSource]):
 
 
 def read_memory(torch, source: Optional[DeviceSource]) -> Tuple[Reading, ...]:
-    """cpu (if torch is imported) and every GPU NVML sees, with torch's view where CUDA runs."""
+    """cpu (if torch is imported) and every GPU this process can use, with torch's view where CUDA runs."""
     readings: List[Reading] = []
     if torch is not None:
         readings.append(Reading("cpu", cpu_tensor_bytes(torch)))

@@ -117,3 +117,28 @@ def test_a_mig_gpu_is_not_called_hidden_when_cuda_visible_devices_names_a_mig_in
     assert "GPU 0  NVIDIA A100-SXM4-80GB  (hidden from torch unless the MIG instance in CUDA_VISIBLE_DEVICES is on it," in text
     assert "GPU 1  Tesla T4  (hidden from torch," in text  # no MIG there: the instance cannot be on it
     assert "unless the MIG instance" in status._repr_html_()
+
+
+class BusyNeighbour:
+    """Two T4s; another user's job on GPU 0 frees 1 GiB between any two readings."""
+
+    def __init__(self):
+        self.source, self.reads = box("tesla-t4.xml", "tesla-t4.xml"), 0
+
+    def snapshot(self):
+        self.reads += 1
+        snapshot = self.source.snapshot()
+        gpu0 = dataclasses.replace(snapshot.gpus[0], memory_used=(12 - self.reads) * GiB)
+        return dataclasses.replace(snapshot, gpus=(gpu0,) + snapshot.gpus[1:])
+
+    def close(self):
+        self.source.close()
+
+
+def test_clear_cache_does_not_report_another_users_gpu_as_freed(clean_env, shell):
+    """CUDA_VISIBLE_DEVICES=1: GPU 0 is not this kernel's; its neighbour freeing memory there
+    read as "clear_cache: freed GPU 0 NVML used 4.00 GiB"."""
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "1")
+    report = colab_gpu.clear_cache(shell=shell, source=BusyNeighbour())
+    assert [reading.device for reading in report.before if reading.device != "cpu"] == ["cuda:0"]
+    assert "GPU 0" not in str(report)
