@@ -514,11 +514,13 @@ def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys)
     assert live.running() is None and live_threads() == []
 
 
-def test_live_from_a_file_replays_it_and_config_sets_the_defaults(live_config, capsys):
+def test_live_from_a_file_replays_it_and_config_sets_the_defaults(live_config, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # the terminal's width: an 8-GPU sample takes 3 lines
     run_live(live_config, f"--live --from {NANOGPT}", live_lines=4, live_interval=0.03, live_history=2)
     lines = capsys.readouterr().out.splitlines()
-    assert all(" | GPU7 100% " in line for line in lines[:4])
-    assert lines[4].startswith("Live monitor stopped: ") and "(the last 2 kept) every 0.03 s" in lines[4]
+    assert [line.count(" 100% ") for line in lines[:12]] == [3, 3, 2] * 4  # 4 samples of 8 GPUs
+    assert all("GPU7 100% " in line for line in lines[2:12:3]) and all(len(line) <= 120 for line in lines[:12])
+    assert lines[12].startswith("Live monitor stopped: ") and "(the last 2 kept) every 0.03 s" in lines[12]
     assert len(live.history(frame=False)) == 2
 
 
