@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -56,6 +57,7 @@ def no_monitor_left():
 
 
 # --- the sampler ---------------------------------------------------------------------------
+
 
 def test_sampler_fills_a_bounded_buffer_with_the_recorded_steps_then_stops():
     frames = load_frames(V100)
@@ -178,8 +180,6 @@ def test_the_terminal_line_says_memory_is_not_recorded_instead_of_n_a_slash_n_a(
 def test_eight_gpus_fit_the_terminal_one_gpu_under_another():
     """An 8-GPU sample on one 370-column line wraps in an 80- or 120-column terminal, the GPUs
     cut in the middle; each line now stays within the width, the GPUs aligned under the first."""
-    import re
-
     from colab_gpu.live.sampler import Sample, reading_of
     from colab_gpu.live.terminal import sample_line
 
@@ -222,6 +222,7 @@ def test_invalid_interval_and_history_are_refused():
 
 
 # --- one sampler per process, history ---------------------------------------------------------
+
 
 def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
     sampler, started = live.start(demo=True, interval=0.005)
@@ -303,8 +304,6 @@ def test_the_final_chart_draws_a_gpu_busy_100_percent_inside_its_panel_not_on_th
 
 
 def test_the_rolling_chart_stays_small_at_a_fast_interval_and_keeps_a_short_peak():
-    import re
-
     from colab_gpu.live.panel import chart_svg
     from colab_gpu.live.sampler import GPUReading, Sample
 
@@ -331,6 +330,7 @@ def test_the_final_chart_of_an_overflowed_buffer_counts_seconds_from_the_runs_st
     assert busy.get_lines()[0].get_xdata()[0] == pytest.approx(first_kept)
     assert first_kept > 0.25  # about 26 samples at 0.01 s were dropped before it
 
+
 def test_the_final_chart_of_a_long_run_counts_minutes_or_hours_not_thousands_of_seconds():
     from colab_gpu.live.record import RunRecord
     from colab_gpu.live.sampler import GPUReading, Sample
@@ -347,6 +347,7 @@ def test_the_final_chart_of_a_long_run_counts_minutes_or_hours_not_thousands_of_
         assert power.get_xlabel() == label  # the bottom row carries the x axis' label
         assert busy.get_lines()[0].get_xdata()[-1] == pytest.approx(last)
 
+
 def test_a_run_of_one_sample_says_1_sample():
     sampler, _ = live.start(demo=True, interval=60)  # the first sample, read at the start
     assert "sampling every 60 s, 1 sample over 0 s" in render_panel(sampler)
@@ -356,8 +357,6 @@ def test_a_run_of_one_sample_says_1_sample():
 
 
 def test_the_rolling_chart_draws_100_and_0_percent_inside_its_frame():
-    import re
-
     from colab_gpu.live.panel import chart_svg
     from colab_gpu.live.sampler import GPUReading, Sample
 
@@ -451,6 +450,7 @@ def test_interpreter_exit_with_the_sampler_running_is_clean():
 
 # --- the live page ------------------------------------------------------------------------
 
+
 def fetch(url):
     with urllib.request.urlopen(url, timeout=5) as response:
         return response.status, response.headers["Content-Type"], response.read()
@@ -488,6 +488,7 @@ def test_the_page_server_listens_on_localhost_only_and_serves_only_its_paths():
 
 # --- %gpu_status --live in the real IPython shell -----------------------------------------------
 
+
 def run_live(shell, line, **config):
     for name, value in config.items():
         shell.run_line_magic("config", f"GPUMagics.{name} = {value!r}")
@@ -518,9 +519,20 @@ def test_live_from_a_file_replays_it_and_config_sets_the_defaults(live_config, c
     monkeypatch.setenv("COLUMNS", "120")  # the terminal's width: an 8-GPU sample takes 3 lines
     run_live(live_config, f"--live --from {NANOGPT}", live_lines=4, live_interval=0.03, live_history=2)
     lines = capsys.readouterr().out.splitlines()
-    assert [line.count(" 100% ") for line in lines[:12]] == [3, 3, 2] * 4  # 4 samples of 8 GPUs
-    assert all("GPU7 100% " in line for line in lines[2:12:3]) and all(len(line) <= 120 for line in lines[:12])
-    assert lines[12].startswith("Live monitor stopped: ") and "(the last 2 kept) every 0.03 s" in lines[12]
+    end = next(number for number, line in enumerate(lines) if line.startswith("Live monitor stopped: "))
+    samples = []  # each sample: its first line (the clock) and the lines indented under it
+    for line in lines[:end]:
+        if re.match(r"\d\d:\d\d:\d\d  ", line):
+            samples.append([line])
+        else:
+            assert line.startswith(" " * 10) and samples, line
+            samples[-1].append(line)
+    assert len(samples) == 4 and all(len(sample) > 1 for sample in samples)  # 8 GPUs need several lines
+    for sample in samples:
+        assert all(len(line) <= 120 for line in sample)
+        text = " ".join(sample)
+        assert re.findall(r"GPU(\d) 100% ", text) == [str(index) for index in range(8)]
+    assert "(the last 2 kept) every 0.03 s" in lines[end]
     assert len(live.history(frame=False)) == 2
 
 
@@ -587,6 +599,7 @@ def test_the_widget_redraws_at_most_twice_a_second_at_a_fast_interval_and_draws_
     elapsed = time.monotonic() - started
     assert len(values) <= elapsed / 0.5 + 2  # not one redraw per sample (150 of them)
     assert "stopped," in values[-1]  # the end of the run is always drawn
+
 
 def test_a_display_that_cannot_be_shown_leaves_no_monitor_running(live_config, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if ipywidgets were not installed
@@ -663,6 +676,7 @@ def test_cells_line_from_nvml_says_it_is_the_whole_gpu(live_config, monkeypatch,
         live.stop()
         source.close()
 
+
 def test_cells_in_a_terminal_samples_in_the_background_so_later_cells_get_their_line(live_config, capsys):
     run_live(live_config, "--live --demo --cells --interval 0.02", live_display="terminal", live_lines=3)
     out = capsys.readouterr().out
@@ -672,6 +686,7 @@ def test_cells_in_a_terminal_samples_in_the_background_so_later_cells_get_their_
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("cell GPU memory (REPLAY")
     live_config.run_cell("%gpu_status --stop")
     assert "Live monitor stopped" in capsys.readouterr().out and cell_hooks(live_config) == []
+
 
 def test_cells_says_once_that_the_monitor_stopped_by_itself(live_config, monkeypatch, capsys):
     import colab_gpu.devices
@@ -692,6 +707,7 @@ def test_cells_says_once_that_the_monitor_stopped_by_itself(live_config, monkeyp
     finally:
         live.stop()
         source.close()
+
 
 def test_cells_stays_quiet_after_a_cell_too_short_to_be_sampled(live_config, capsys):
     run_live(live_config, "--live --demo --cells --interval 60", live_display="widgets")
