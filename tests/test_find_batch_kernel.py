@@ -116,3 +116,16 @@ def test_ctrl_c_between_trials_and_the_users_error_end_as_reports():
     traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))
     assert error.ename == "ValueError" and 'raise ValueError("my bug")' in traceback
     assert "search_batch" not in traceback and "run_trial" not in traceback
+
+
+def test_dash_o_with_the_users_error_keeps_the_report_above_the_traceback():
+    import nbformat
+
+    cells = [SETUP, FAILING.replace("--max 64", "--max 64 -o")]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    notebook.cells[-1].metadata["tags"] = ["raises-exception"]
+    failed = kernel_execute(notebook, timeout=60).cells[1]
+    # Nothing is returned, so the progress table is the only place the report can stay.
+    assert [output.output_type for output in failed.outputs] == ["display_data", "error"]
+    assert bundles(failed)[0]["text/plain"].startswith(
+        "no batch_size found: batch_size=2 raised ValueError: my bug")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..runtime import current_shell
 from .render import trial_line
+from .result import ERROR
 
 
 def in_notebook() -> bool:
@@ -36,8 +37,9 @@ class NotebookProgress:
 
     def finish(self, result) -> None:
         """Replace the progress table by the final report, or empty it when the report is
-        shown elsewhere (``%%find_batch -o``: the cell's Out)."""
-        if self.keep_report:
+        shown elsewhere (``%%find_batch -o``: the cell's Out). The user's error is raised,
+        not the result returned: then the report stays, the only record of what ran."""
+        if self.keep_report or (result.trials and result.trials[-1].outcome == ERROR):
             self._show(result)
         elif self.handle is not None:
             self.handle.update({"text/plain": ""}, raw=True)
