@@ -9,6 +9,7 @@ import ast
 import contextlib
 import copy
 import functools
+import io
 import shlex
 import sys
 from collections.abc import Iterator
@@ -381,15 +382,13 @@ class GPUMagics(Magics):
                   f"this iterator and the search cannot put them back; create it again afterwards",
                   file=sys.stderr)
 
-        from IPython.utils.capture import capture_output
-
-        runs = []  # for each run, whether it printed or displayed: shown for the first run only
+        later_runs = _LaterRuns(self.shell)  # the cell's output is shown for its first run only
 
         def step(size: int) -> None:
             __tracebackhide__ = True
             namespace[args.var] = size
-            with capture_output() if runs else contextlib.nullcontext() as captured:
-                runs.append(captured)
+            with later_runs.silenced() if later_runs.first_done else contextlib.nullcontext():
+                later_runs.first_done = True
                 exec(code, namespace)
 
         notebook = in_notebook() and self.output != "text"
@@ -405,7 +404,7 @@ class GPUMagics(Magics):
             raise UsageError(str(error)) from None
         if result.answer is not None:
             namespace[args.var] = result.answer
-        hidden = sum(bool(run.stdout or run.stderr or run.outputs) for run in runs[1:])
+        hidden = later_runs.with_output
         if hidden:
             print(f"colab_gpu: the cell's output is shown for its first run; "
                   f"{count(hidden, 'later run')} had output too, hidden", file=sys.stderr)
@@ -413,6 +412,33 @@ class GPUMagics(Magics):
             return result
         if not notebook:  # in a notebook the progress display has become the report
             self._show(result)
+
+
+class _LaterRuns:
+    """Drops what the cell prints or displays after its first run, counting the runs that did.
+
+    One display publisher serves every run: IPython's ``capture_output`` builds one per run
+    (a traitlets object, 50-90 µs), which throughput mode would time as part of each step.
+    """
+
+    def __init__(self, shell):
+        from IPython.core.displaypub import CapturingDisplayPublisher
+
+        self.shell, self.publisher = shell, CapturingDisplayPublisher()
+        self.first_done, self.with_output = False, 0
+
+    @contextlib.contextmanager
+    def silenced(self):
+        streams, publisher = (sys.stdout, sys.stderr), self.shell.display_pub
+        sys.stdout, sys.stderr = out, err = io.StringIO(), io.StringIO()
+        self.shell.display_pub = self.publisher
+        try:
+            yield
+        finally:
+            sys.stdout, sys.stderr = streams
+            self.shell.display_pub = publisher
+            self.with_output += bool(out.getvalue() or err.getvalue() or self.publisher.outputs)
+            self.publisher.outputs.clear()
 
 
 def _loaded(shell) -> "GPUMagics | None":
