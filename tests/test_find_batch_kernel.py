@@ -129,3 +129,16 @@ def test_dash_o_with_the_users_error_keeps_the_report_above_the_traceback():
     assert [output.output_type for output in failed.outputs] == ["display_data", "error"]
     assert bundles(failed)[0]["text/plain"].startswith(
         "no batch_size found: batch_size=2 raised ValueError: my bug")
+
+
+def test_the_api_as_a_cells_last_expression_shows_its_report_once():
+    step = "lambda size: model(torch.randn(size, 64)).sum().backward()"
+    notebook = run_cells([SETUP, f"import colab_gpu\ncolab_gpu.find_batch({step}, max=8)",
+                          f"result = colab_gpu.find_batch({step}, max=8)"], timeout=60)
+    reports = [bundle for bundle in bundles(notebook.cells[1]) if bundle.get("text/plain")]
+    # The cell's Out is the report; the progress display that became the same report is emptied.
+    assert [bundle["text/plain"].split(" (")[0] for bundle in reports] == ["batch_size = 8"]
+    assert notebook.cells[1].outputs[-1].output_type == "execute_result"
+    # Assigned, nothing is returned: the progress display stays the report.
+    (kept,) = bundles(notebook.cells[2])
+    assert kept["text/plain"].startswith("batch_size = 8 (largest fitting") and "<img" in kept["text/html"]

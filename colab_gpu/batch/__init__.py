@@ -128,9 +128,12 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
         restore = [restore]  # one model (or tensor: iterable, but one object)
     objects = restore if isinstance(restore, dict) else {
         f"{type(obj).__name__}#{index}": obj for index, obj in enumerate(restore)}
-    from .progress import reporter
+    from .progress import NotebookProgress, reporter
 
-    return search_batch(fn, Snapshot(objects=objects), variable=variable, mode=mode, start=start,
-                        maximum=max, steps=steps, headroom=headroom, multiple_of=multiple_of,
-                        device=device, measure_memory=measure_memory,
-                        progress=reporter() if progress else None)
+    shown = reporter() if progress else None
+    result = search_batch(fn, Snapshot(objects=objects), variable=variable, mode=mode, start=start,
+                          maximum=max, steps=steps, headroom=headroom, multiple_of=multiple_of,
+                          device=device, measure_memory=measure_memory, progress=shown)
+    if isinstance(shown, NotebookProgress):
+        shown.empty_if_out(result)
+    return result

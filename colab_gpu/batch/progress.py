@@ -41,7 +41,24 @@ class NotebookProgress:
         not the result returned: then the report stays, the only record of what ran."""
         if self.keep_report or (result.trials and result.trials[-1].outcome == ERROR):
             self._show(result)
-        elif self.handle is not None:
+        else:
+            self._empty()
+
+    def empty_if_out(self, result) -> None:
+        """``colab_gpu.find_batch(...)`` as a cell's last expression shows the same report
+        again as the cell's Out: then this one is emptied once the cell has ended, so the
+        report (and its chart) is shown, and saved, once. Assigned, it stays."""
+        shell = current_shell()
+
+        def at_cell_end(*args) -> None:  # IPython passes the cell's ExecutionResult
+            shell.events.unregister("post_run_cell", at_cell_end)
+            if args and getattr(args[0], "result", None) is result:
+                self._empty()
+
+        shell.events.register("post_run_cell", at_cell_end)
+
+    def _empty(self) -> None:
+        if self.handle is not None:
             self.handle.update({"text/plain": ""}, raw=True)
 
     def _show(self, result) -> None:
