@@ -324,8 +324,8 @@ class GPUMagics(Magics):
     @argument("--max", type=int, dest="maximum", help="Largest size tried (default 65536).")
     @argument("--steps", type=int, default=3,
               help="Runs of the cell per trial, the first not timed unless it is the only one "
-                   "(default 3); in throughput "
-                   "mode a fast cell runs until 0.1 s is timed, at most 1000 runs.")
+                   "(default 3); in throughput mode a fast cell runs until 0.1 s is timed, at "
+                   "most 1000 runs.")
     @argument("--headroom", default="0",
               help="Memory kept free: bytes like 512MiB, or a percentage of device memory like 10%%.")
     @argument("--multiple-of", type=int, default=1, dest="multiple_of", metavar="K",
