@@ -332,9 +332,9 @@ def _gpu_view(snapshot, torch):
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     index_of = torch_indices(visible, gpus)
     if not cuda_numbering_known(visible, os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST"), gpus):
-        index_of = {}  # which GPU is cuda:N is unknown: torch's figures stand on their own
-    if index_of:  # else unknown which GPU is which (MIG instances, mixed GPUs): keep them all
-        gpus = tuple(gpu for gpu in gpus if gpu.index in index_of)
+        index_of = {}  # which GPU is cuda:N is unknown: torch's figures stand on their own; keep all
+    elif not (visible and "MIG-" in visible):  # NVML lists no MIG instance, so keep all then
+        gpus = tuple(gpu for gpu in gpus if gpu.index in index_of)  # "" or -1: none at all
     memory = torch_memory(index_of) if torch is not None and _cuda_initialized(torch) else ()
     return gpus, index_of, memory
 

@@ -142,3 +142,13 @@ def test_clear_cache_does_not_report_another_users_gpu_as_freed(clean_env, shell
     report = colab_gpu.clear_cache(shell=shell, source=BusyNeighbour())
     assert [reading.device for reading in report.before if reading.device != "cpu"] == ["cuda:0"]
     assert "GPU 0" not in str(report)
+
+
+@pytest.mark.parametrize("hidden_all", ["", "-1"])
+def test_clear_cache_with_every_gpu_hidden_reports_none_of_them(clean_env, shell, hidden_all):
+    """CUDA_VISIBLE_DEVICES="" or -1, the usual ways to keep a kernel on the CPU: no GPU is this
+    kernel's, yet the neighbour freeing memory on GPU 0 still read as this kernel's gain."""
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", hidden_all)
+    report = colab_gpu.clear_cache(shell=shell, source=BusyNeighbour())
+    assert [reading.device for reading in report.before if reading.device != "cpu"] == []
+    assert "GPU 0" not in str(report)
