@@ -74,7 +74,7 @@ def test_all_eight_gpus_of_a_server_are_listed():
 
 @pytest.mark.parametrize("name", INIT_FAILURES)
 def test_init_failures_become_the_snapshot_problem(name, monkeypatch):
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: False, raising=False)
+    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: False)
     code = INIT_FAILURES[name]
     assert type(pynvml.NVMLError(code)).__name__ == name  # the real class, made as pynvml makes it
     nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", code)
@@ -88,7 +88,7 @@ def test_a_loaded_driver_without_its_nvml_library_is_not_called_missing(monkeypa
     """A container started without the driver's utility libraries, or WSL with /usr/lib/wsl/lib
     off the loader's path: the GPU is there, so "no NVIDIA driver is installed" was false."""
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: True, raising=False)
+    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: True)
     nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     problem = NvmlSource(nvml=nvml).snapshot().problem
     assert "no NVIDIA driver is installed" not in problem
