@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 from .devices import GiB
 from .devices.nvml import NO_PYNVML
 from .render import count
-from .runtime import COLAB, KAGGLE
+from .runtime import COLAB, KAGGLE, names_mig_instances
 
 if TYPE_CHECKING:
     from .gpu_status import Advice, Status
@@ -76,7 +76,7 @@ def tpu_runtime(status):
 def visible_devices_hide_all(status):
     visible = status.runtime.cuda_visible_devices
     # MIG instances' UUIDs are not among NVML's GPUs: CUDA resolves them, this cannot.
-    if status.gpus and visible is not None and not status.torch_index_of and "MIG-" not in visible:
+    if status.gpus and visible is not None and not status.torch_index_of and not names_mig_instances(visible):
         return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from torch: unset it or "
                 f"list GPU indices or UUIDs, before torch starts CUDA.")
 

@@ -167,6 +167,12 @@ def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> d
     return mapping
 
 
+def names_mig_instances(cuda_visible_devices: Optional[str]) -> bool:
+    """Whether CUDA_VISIBLE_DEVICES picks MIG instances: NVML lists their GPUs, not them, so
+    which GPU torch runs on (and how many devices it sees) cannot be told from NVML's list."""
+    return bool(cuda_visible_devices) and "MIG-" in cuda_visible_devices
+
+
 def cuda_numbering_known(cuda_visible_devices: Optional[str], cuda_device_order: str,
                          gpus: Sequence[GPU]) -> bool:
     """Whether CUDA numbers these GPUs as :func:`torch_indices` assumes: in NVML's PCI bus order.

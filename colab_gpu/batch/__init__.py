@@ -34,10 +34,10 @@ def _cuda_devices() -> Optional[int]:
     if torch is not None and torch.cuda.is_initialized():
         return torch.cuda.device_count()
     from ..devices import default_source
-    from ..runtime import torch_indices
+    from ..runtime import names_mig_instances, torch_indices
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and "MIG-" in visible:
+    if names_mig_instances(visible):
         return None
     gpus = default_source().snapshot().gpus
     return len(torch_indices(visible, gpus))

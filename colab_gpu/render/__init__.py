@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence
 
+from ..runtime import names_mig_instances
+
 NA = "n/a"
 
 
@@ -97,7 +99,7 @@ def seen_as(status, gpu) -> str:
     if torch_index is not None:
         return f"cuda:{torch_index}"
     visible = status.runtime.cuda_visible_devices
-    if gpu.mig_enabled and visible and "MIG-" in visible and not status.snapshot.recorded:
+    if gpu.mig_enabled and names_mig_instances(visible) and not status.snapshot.recorded:
         # NVML lists the GPU, not its instances: which one holds the instance is not known here
         return "hidden from torch unless the MIG instance in CUDA_VISIBLE_DEVICES is on it"
     return "hidden from torch"
