@@ -82,7 +82,8 @@ def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
               height: int = 110, seconds: float = CHART_SECONDS) -> str:
     """One 0-100 % panel: a line per GPU over the last ``seconds`` of ``samples``.
 
-    ``value(reading)`` gives the percentage to draw, or None for a gap in the line. A line
+    ``value(reading)`` gives the percentage to draw, or None where there is none (the line
+    joins the points either side). A line
     has at most one point per pixel column, the column's highest value (a short peak stays
     visible): at ``--interval 0.1`` the window holds 3000 samples, and redrawing them all
     after every sample cost the sampler thread more time than the interval.

@@ -1,8 +1,8 @@
 """The notebook display (Jupyter, JupyterLab, VS Code): one ipywidgets HTML widget.
 
 It holds the live panel (bars per GPU and the rolling SVG chart) and is updated from the
-sampler thread after each sample. ``ipywidgets.HTML`` exists with the same meaning in 7.x and
-8.x, and swapping its HTML redraws without a flicker.
+sampler thread, at most every MIN_REDRAW seconds and once at the end. ``ipywidgets.HTML``
+exists with the same meaning in 7.x and 8.x, and swapping its HTML redraws without a flicker.
 """
 from __future__ import annotations
 
