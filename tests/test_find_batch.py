@@ -210,7 +210,7 @@ def test_a_max_below_the_first_size_names_what_set_that_size(options, message):
 def test_throughput_with_one_step_says_when_a_time_includes_the_warm_up():
     slow = find_batch(lambda size: time.sleep(0.1), mode="throughput", max=4, steps=1, progress=False)
     assert [t.runs for t in slow.trials] == [1, 1]
-    assert any(note.startswith("--steps 1: a step of 0.1 s or more ran once") for note in slow.notes)
+    assert any(note.startswith("--steps 1: a step of 0.05 s or more ran once or twice") for note in slow.notes)
     assert "warm-up" in str(slow)
     fast = find_batch(lambda size: None, mode="throughput", max=8, steps=1, progress=False)
     assert not fast.notes and all(t.runs > 1 for t in fast.trials)  # many runs: the median is warm
@@ -751,3 +751,12 @@ def test_chart_is_a_png_with_memory_and_throughput():
     device = ReplayDevice(*next((c, cap) for _, c, cap in problems()))
     png = chart_png(Search(device).run())
     assert png.startswith(b"\x89PNG")
+
+
+def test_throughput_with_one_step_of_two_runs_says_the_time_includes_the_warm_up():
+    """--steps 1 and a 0.06 s step: two runs reach 0.1 s, and the median of two times is their
+    mean, the warm-up half of it; the note said nothing then. Two steps time warm runs only."""
+    one = find_batch(lambda size: time.sleep(0.06), mode="throughput", max=4, steps=1, progress=False)
+    assert [t.runs for t in one.trials] == [2, 2] and any("warm-up" in note for note in one.notes)
+    two = find_batch(lambda size: time.sleep(0.11), mode="throughput", max=4, steps=2, progress=False)
+    assert [t.runs for t in two.trials] == [2, 2] and not two.notes

@@ -92,11 +92,13 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
                         multiple_of=multiple_of, headroom=headroom, tolerance=tolerance,
                         device=device_label(device), on_trial=progress or (lambda search: None))
         search.run()
-        if mode == "throughput" and any(trial.fits and trial.runs == 1 for trial in search.trials):
-            search.notes.append(f"--steps 1: a step of {THROUGHPUT_TIMED:g} s or more ran once, so its "
-                                f"time includes the trial's warm-up (allocation, optimizer state, "
-                                f"autotuning), which weighs most on small sizes; --steps 3 or more "
-                                f"times warm runs only")
+        # With --steps 1 the first run is timed too: alone, or as half of a median of two.
+        warm_up_timed = steps == 1 and any(trial.fits and trial.runs <= 2 for trial in search.trials)
+        if mode == "throughput" and warm_up_timed:
+            search.notes.append(f"--steps 1: a step of {THROUGHPUT_TIMED / 2:g} s or more ran once or "
+                                f"twice, so its time includes the trial's warm-up (allocation, "
+                                f"optimizer state, autotuning), which weighs most on small sizes; "
+                                f"--steps 3 or more times warm runs only")
         result = search.result()
     if progress is not None:
         progress.finish(result)
