@@ -388,8 +388,7 @@ class GPUMagics(Magics):
         def step(size: int) -> None:
             __tracebackhide__ = True
             namespace[args.var] = size
-            with later_runs.silenced() if later_runs.first_done else contextlib.nullcontext():
-                later_runs.first_done = True
+            with later_runs.around_run():
                 exec(code, namespace)
 
         notebook = in_notebook() and self.output != "text"
@@ -427,6 +426,13 @@ class _LaterRuns:
 
         self.shell, self.publisher = shell, CapturingDisplayPublisher()
         self.first_done, self.with_output = False, 0
+
+    def around_run(self):
+        """Nothing for the first run, whose output the user sees; silenced() for the others."""
+        if self.first_done:
+            return self.silenced()
+        self.first_done = True
+        return contextlib.nullcontext()
 
     @contextlib.contextmanager
     def silenced(self):
