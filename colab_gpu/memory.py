@@ -579,6 +579,13 @@ def cuda_devices_in_use(torch) -> List[int]:
                 else torch.cuda.memory_stats(device).get("reserved_bytes.all.peak", 0) > 0)]
 
 
+def working_device(current: int, in_use: List[int]) -> int:
+    """The device the user's code runs on: the current one, unless only others have a context
+    (a model moved to cuda:1 leaves the current device at 0, and working there would create a
+    context on a GPU the user never touched)."""
+    return current if not in_use or current in in_use else in_use[0]
+
+
 def empty_cuda_cache(torch) -> List[str]:
     """synchronize() each device CUDA already runs on, free cuBLAS's workspaces, then
     empty_cache() and ipc_collect().
@@ -597,9 +604,9 @@ def empty_cuda_cache(torch) -> List[str]:
     for device in in_use:
         torch.cuda.synchronize(device)
     current = torch.cuda.current_device()
-    with contextlib.ExitStack() as stack:
-        if in_use and current not in in_use:
-            stack.enter_context(torch.cuda.device(in_use[0]))  # leaving it sets no device without a context
+    working = working_device(current, in_use)
+    # leaving torch.cuda.device sets no device without a context
+    with torch.cuda.device(working) if working != current else contextlib.nullcontext():
         clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
         if clear_workspaces is not None:
             clear_workspaces()

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Optional, Tuple
 
-from ..memory import cuda_devices_in_use, empty_cuda_cache
+from ..memory import cuda_devices_in_use, empty_cuda_cache, working_device
 from .oom import ErrorKind, classify
 from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial
 
@@ -32,20 +32,15 @@ def _cuda_initialized() -> bool:
 def _cuda_index(device: str) -> Optional[int]:
     """The CUDA device a spec means, or None when it is not (yet) a CUDA device.
 
-    ``auto`` is the device the user's code runs on: the current one, unless only others have
-    a context (a model moved to cuda:1 leaves the current device at 0, and measuring there
-    would read the wrong GPU and create a context on it)."""
+    ``auto`` is the device the user's code runs on (see working_device): measuring the bare
+    current device would read the wrong GPU and create a context on it."""
     if device == "cpu" or not _cuda_initialized():
         return None
     torch = sys.modules["torch"]
     if device.startswith("cuda:"):
         return int(device.split(":", 1)[1])
     current = torch.cuda.current_device()
-    if device == "auto":
-        in_use = cuda_devices_in_use(torch)
-        if in_use and current not in in_use:
-            return in_use[0]
-    return current
+    return working_device(current, cuda_devices_in_use(torch)) if device == "auto" else current
 
 
 class CudaGauge:
