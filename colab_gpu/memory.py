@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 from .devices import DeviceSource
 from .gpu_status import MemoryBreakdown, breakdown, torch_memory
 from .render import count
-from .runtime import cuda_numbering_known, current_shell, names_mig_instances, torch_indices
+from .runtime import cuda_device_order, cuda_numbering_known, current_shell, names_mig_instances, torch_indices
 
 # IPython's own names in the user namespace: the output and input history and its helpers.
 _OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
@@ -331,7 +331,7 @@ def _gpu_view(snapshot, torch):
     gpus = snapshot.gpus if snapshot is not None and snapshot.ok else ()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     index_of = torch_indices(visible, gpus)
-    if not cuda_numbering_known(visible, os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST"), gpus):
+    if not cuda_numbering_known(visible, cuda_device_order(os.environ), gpus):
         index_of = {}  # which GPU is cuda:N is unknown: torch's figures stand on their own; keep all
     elif not names_mig_instances(visible):  # NVML lists no MIG instance, so keep all then
         gpus = tuple(gpu for gpu in gpus if gpu.index in index_of)  # "" or -1: none at all

@@ -144,8 +144,13 @@ def detect_runtime(shell: object = None, environ: Optional[Mapping[str, str]] = 
         tpu_type=tpu,
         torch=torch_state(),
         cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
-        cuda_device_order=environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST"),
+        cuda_device_order=cuda_device_order(environ),
     )
+
+
+def cuda_device_order(environ: Mapping[str, str]) -> str:
+    """How CUDA numbers GPUs: CUDA_DEVICE_ORDER, else CUDA's default, FASTEST_FIRST."""
+    return environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
 
 
 def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> dict:
@@ -183,7 +188,7 @@ def cuda_numbering_known(cuda_visible_devices: Optional[str], cuda_device_order:
     """
     if cuda_device_order == "PCI_BUS_ID" or len({gpu.name for gpu in gpus}) <= 1:
         return True
-    entries = [part.strip() for part in (cuda_visible_devices or "").split(",")] if cuda_visible_devices else []
+    entries = [part.strip() for part in cuda_visible_devices.split(",")] if cuda_visible_devices else []
     return bool(entries) and all(entry.startswith(("GPU-", "MIG-")) for entry in entries)
 
 
