@@ -22,12 +22,8 @@ from ..render import count
 from ..runtime import TorchState, torch_state
 from .parse import (AllocConfError, Settings, check_key_name, format_version, merge, parse,
                     parse_many, to_torch, validate, version_of)
-from .schema import BY_NAME, NEWEST, OLDEST, PRESETS
+from .schema import BY_NAME, ENV_NAMES, HIP_ENV_SINCE, NEWEST, OLDEST, PRESETS, ROCM_ENV_NAMES
 
-ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch 2.10+ reads them in this order
-# ROCm builds read PYTORCH_HIP_ALLOC_CONF when PYTORCH_CUDA_ALLOC_CONF is unset (2.8+)
-HIP_ENV_SINCE = (2, 8)
-ROCM_ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 SAVED_NAME = "alloc_conf.txt"
 
 

@@ -14,7 +14,8 @@ import sys
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
-                     OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ZERO_DIVISIONS, Key, Version)
+                     OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ROCM_ENV_NAMES, ZERO_DIVISIONS, Key,
+                     Version)
 
 Settings = Tuple[Tuple[str, str], ...]  # (key, canonical value) in the order given
 
@@ -22,7 +23,6 @@ _SEPARATORS = ",:=[]"
 _INTEGER = re.compile(r"\d+")
 _DECIMAL = re.compile(r"\d+(\.\d*)?|\.\d+")  # no sign, no exponent, no inf/nan
 _INTERVAL_LIMIT = 2 ** 62
-_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
 
 class AllocConfError(ValueError):
@@ -104,7 +104,7 @@ def parse(text: str) -> Settings:
     """
     reader = _Reader(text)
     variable = reader.peek()
-    if variable in _VARIABLES:  # a shell line pasted whole: PYTORCH_CUDA_ALLOC_CONF=...
+    if variable in ROCM_ENV_NAMES:  # every variable's name: a shell line pasted whole, NAME=...
         value = text.split("=", 1)[1].strip() if "=" in text else ""
         raise AllocConfError(f"{variable} is the environment variable, not an allocator key: "
                              f"give only its value ({value or 'e.g. expandable_segments:True'}); "

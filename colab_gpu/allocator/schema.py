@@ -53,6 +53,10 @@ Version = Tuple[int, int]
 
 OLDEST: Version = (1, 13)
 NEWEST: Version = (2, 15)
+ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch 2.10+ reads them in this order
+# ROCm builds read PYTORCH_HIP_ALLOC_CONF when PYTORCH_CUDA_ALLOC_CONF is unset (2.8+)
+HIP_ENV_SINCE: Version = (2, 8)
+ROCM_ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 INT_LIMIT = 2 ** 31 - 1  # old parsers read integers with stoi: keep every value within int
 
 INTEGER = "integer"
