@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import itertools
 import os
 import signal
 import statistics
@@ -259,17 +258,15 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
         gauge.reset()
     timings, runs, error = [], 0, None
     try:
-        for index in itertools.count():
-            if _enough(runs, steps, timings, min_timed):
-                break
+        while not _enough(runs, steps, timings, min_timed):
             runs += 1
             began = time.perf_counter()
             with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
                 step(size)
             synchronize(device)
-            if index > 0 or steps == 1:
+            if runs > 1 or steps == 1:  # the first run is warm-up, unless it is all there is
                 timings.append(time.perf_counter() - began)
-            if index == 0 and not isinstance(gauge, CudaGauge) and _cuda_index(device) is not None:
+            if runs == 1 and not isinstance(gauge, CudaGauge) and _cuda_index(device) is not None:
                 gauge = open_gauge(device, measure)  # the first run started CUDA
                 gauge.reset()
     except BaseException as caught:  # Ctrl-C is a trial outcome too
