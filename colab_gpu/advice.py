@@ -164,24 +164,46 @@ def _largest_holder(gpu) -> str:
     return f" (largest: pid {who}, {largest.used_memory / GiB:.2f} GiB)"
 
 
+def _memories(status):
+    """(name, fraction used, GPU, torch memory or None, hidden from torch) of each memory this
+    kernel could fill: a GPU's, or on a GPU split into MIG instances each instance's (the
+    parent's total means nothing to a process given one instance)."""
+    live_and_known = not status.snapshot.recorded and status.cuda_numbering_known
+    named = status.mig_torch_index_of
+    for gpu in status.gpus:
+        if not gpu.mig_instances:
+            hidden = live_and_known and gpu.index not in status.torch_index_of
+            yield f"GPU {gpu.index}", gpu.memory_used_fraction, gpu, status.torch_memory_of(gpu.index), hidden
+            continue
+        for mig in gpu.mig_instances:
+            torch_index = named.get((gpu.index, mig.index))
+            if named:  # CUDA_VISIBLE_DEVICES picks instances: the others are not this kernel's
+                hidden = torch_index is None
+            else:  # unset, whole GPUs, or instances whose UUIDs NVML did not give
+                hidden = live_and_known and gpu.index not in status.torch_index_of \
+                    and not names_mig_instances(status.runtime.cuda_visible_devices)
+            memory = next((m for m in status.torch_memory if m.torch_index == torch_index), None)
+            yield f"MIG instance {mig.index} of GPU {gpu.index}", mig.memory_used_fraction, gpu, memory, hidden
+
+
 def memory_nearly_full(status):
     live = not status.snapshot.recorded
-    for gpu in status.gpus:
-        fraction = gpu.memory_used_fraction
+    for name, fraction, gpu, memory, hidden in _memories(status):
         if fraction is None or fraction <= 0.9:
             continue
-        if live and status.cuda_numbering_known and gpu.index not in status.torch_index_of:
+        if hidden:
             continue  # hidden from torch by CUDA_VISIBLE_DEVICES: this kernel neither uses nor frees it
-        memory = status.torch_memory_of(gpu.index)
         if live and not status.runtime.torch.cuda_initialized:
             why = "it has not started CUDA"  # so none of this kernel's variables hold it
         elif live and memory is not None and not memory.reserved:
             why = f"it holds nothing on cuda:{memory.torch_index}"  # another user's job on a shared box
         else:
-            return (f"GPU {gpu.index} is {fraction:.0%} full: %clear_cache --vars shows which "
+            return (f"{name} is {fraction:.0%} full: %clear_cache --vars shows which "
                     f"variables hold the memory.")
-        return (f"GPU {gpu.index} is {fraction:.0%} full, not by torch in this kernel ({why}): "
-                f"other processes hold it{_largest_holder(gpu)}. Stop them (an earlier kernel or "
+        # A MIG GPU's process list spans all its instances: no holder is named for one instance.
+        holder = "" if gpu.mig_instances else _largest_holder(gpu)
+        return (f"{name} is {fraction:.0%} full, not by torch in this kernel ({why}): "
+                f"other processes hold it{holder}. Stop them (an earlier kernel or "
                 f"a background job?) or restart the runtime.")
 
 

@@ -12,7 +12,7 @@ import sys
 from typing import Any, Dict, Optional, Tuple
 
 from .devices import GPU, DeviceSource, Snapshot, default_source, open_source
-from .runtime import Runtime, cuda_numbering_known, detect_runtime, torch_indices
+from .runtime import Runtime, cuda_numbering_known, detect_runtime, mig_torch_indices, torch_indices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +69,8 @@ class Status:
     # False on a box of different GPUs numbered fastest first: torch_index_of is then a guess,
     # and torch's figures are not put on any NVML GPU.
     cuda_numbering_known: bool = True
+    # (NVML index, MIG index) -> torch index of each MIG instance CUDA_VISIBLE_DEVICES names
+    mig_torch_index_of: Dict[Tuple[int, int], int] = dataclasses.field(default_factory=dict)
 
     @property
     def gpus(self) -> Tuple[GPU, ...]:
@@ -88,6 +90,7 @@ class Status:
     def to_dict(self) -> Dict[str, Any]:
         data = dataclasses.asdict(self)
         data["torch_index_of"] = {str(k): v for k, v in self.torch_index_of.items()}
+        data["mig_torch_index_of"] = {f"{gpu}:{mig}": v for (gpu, mig), v in self.mig_torch_index_of.items()}
         return data
 
     def to_json(self, indent: Optional[int] = 2) -> str:
@@ -184,5 +187,6 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
                                     for gpu in snapshot.gpus if gpu.index in by_nvml)
                   if part is not None)
     result = Status(runtime=runtime, snapshot=snapshot, torch_index_of=index_of,
-                    torch_memory=memory, breakdown=parts, cuda_numbering_known=known)
+                    torch_memory=memory, breakdown=parts, cuda_numbering_known=known,
+                    mig_torch_index_of=mig_torch_indices(visible, snapshot.gpus))
     return dataclasses.replace(result, advice=advise(result))

@@ -178,6 +178,28 @@ def names_mig_instances(cuda_visible_devices: Optional[str]) -> bool:
     return bool(cuda_visible_devices) and "MIG-" in cuda_visible_devices
 
 
+def mig_torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> dict:
+    """Map the MIG instances CUDA_VISIBLE_DEVICES names, as ``(GPU index, MIG index)``, to the
+    torch index each gets: its entry's position, CUDA resolving entries in order and stopping
+    at the first it cannot resolve, as :func:`torch_indices` does. Instances whose UUID NVML
+    did not give cannot be matched (a recording holds none)."""
+    if not names_mig_instances(cuda_visible_devices):
+        return {}
+    instances = [((gpu.index, mig.index), mig.uuid) for gpu in gpus for mig in gpu.mig_instances or ()]
+    whole_gpus = [(gpu.index, gpu.uuid) for gpu in gpus]
+    mapping: dict = {}
+    for position, entry in enumerate(part.strip() for part in cuda_visible_devices.split(",")):
+        if not entry.startswith("MIG-"):
+            if _resolve_visible_entry(entry, whole_gpus) is None:
+                break
+            continue
+        match = _resolve_visible_entry(entry, instances)
+        if match is None or match in mapping:
+            break
+        mapping[match] = position
+    return mapping
+
+
 def cuda_numbering_known(cuda_visible_devices: Optional[str], cuda_device_order: str,
                          gpus: Sequence[GPU]) -> bool:
     """Whether CUDA numbers these GPUs as :func:`torch_indices` assumes: in NVML's PCI bus order.
@@ -192,7 +214,8 @@ def cuda_numbering_known(cuda_visible_devices: Optional[str], cuda_device_order:
     return bool(entries) and all(entry.startswith(("GPU-", "MIG-")) for entry in entries)
 
 
-def _resolve_visible_entry(entry: str, gpus: Sequence[Tuple[int, Optional[str]]]) -> Optional[int]:
+def _resolve_visible_entry(entry: str, gpus: Sequence[Tuple[object, Optional[str]]]) -> Optional[object]:
+    """The key of the one (key, uuid) pair an entry names: by ordinal, or by a UUID prefix."""
     if entry.lstrip("-").isdigit():
         ordinal = int(entry)
         return ordinal if any(index == ordinal for index, _ in gpus) else None

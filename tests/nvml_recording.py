@@ -18,12 +18,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import pynvml
 
-from colab_gpu.devices import GPU, Snapshot
+from colab_gpu.devices import GPU, MigInstance, Snapshot
 from colab_gpu.devices.nvml import CLOCK_EVENT_REASONS
 from colab_gpu.devices.replay import ReplaySource
 
 # nvidia-smi's XML does not record the compute capability; NVML does. These are NVIDIA's figures.
 COMPUTE_CAPABILITY = {"Tesla T4": (7, 5), "NVIDIA A100-SXM4-80GB": (8, 0)}
+# Nor how many MIG devices a GPU can hold (nvmlDeviceGetMaxMigDeviceCount): NVIDIA's figure, 7 on an A100.
+MAX_MIG_DEVICES = {"NVIDIA A100-SXM4-80GB": 7}
 
 
 def nvml_error(code: int) -> pynvml.NVMLError:
@@ -46,16 +48,26 @@ class _Handle:
         self.index = index
 
 
+class _MigHandle(_Handle):
+    """A MIG device's handle (``nvmlDeviceGetMigDeviceHandleByIndex``); ``index`` is its GPU's."""
+
+    def __init__(self, index: int, instance: MigInstance):
+        super().__init__(index)
+        self.instance = instance
+
+
 def _nvml_call(function: Callable) -> Callable:
-    """Record the call, refuse it before nvmlInit, raise an injected failure or hold it."""
+    """Record the call (``"<name> on MIG"`` for a MIG device's), refuse it before nvmlInit,
+    raise an injected failure or hold it."""
     name = function.__name__
 
     @functools.wraps(function)
     def call(self, *args, **kwargs):
-        self.calls.append(name)
+        handle = next((arg for arg in args if isinstance(arg, _Handle)), None)
+        # A call on a MIG device is logged apart, so a GPU's calls can still be counted.
+        self.calls.append(f"{name} on MIG" if isinstance(handle, _MigHandle) else name)
         if not self.initialized and name != "nvmlInit":
             raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
-        handle = next((arg for arg in args if isinstance(arg, _Handle)), None)
         index = handle.index if handle is not None else (args[0] if name == "nvmlDeviceGetHandleByIndex" else None)
         code = self._failures.get((name, index), self._failures.get((name, None)))
         if code is not None:
@@ -125,6 +137,10 @@ class RecordedNvml:
     def _gpu(self, handle: _Handle) -> GPU:
         return self.snapshot.gpus[handle.index]
 
+    def _device(self, handle: _Handle):
+        """What a handle reads: its MIG instance, or its GPU."""
+        return handle.instance if isinstance(handle, _MigHandle) else self._gpu(handle)
+
     @staticmethod
     def _value(value):
         """A recorded value, or the NOT_SUPPORTED NVML returns for what the device lacks."""
@@ -166,7 +182,7 @@ class RecordedNvml:
 
     @_nvml_call
     def nvmlDeviceGetUUID(self, handle):
-        return self._text(self._value(self._gpu(handle).uuid))
+        return self._text(self._value(self._device(handle).uuid))
 
     @_nvml_call
     def nvmlDeviceGetPciInfo(self, handle) -> pynvml.nvmlPciInfo_t:
@@ -180,13 +196,14 @@ class RecordedNvml:
 
     @_nvml_call
     def nvmlDeviceGetMemoryInfo(self, handle, version=None):
-        gpu = self._gpu(handle)
-        total, used, free = (self._value(value) for value in (gpu.memory_total, gpu.memory_used, gpu.memory_free))
+        device = self._device(handle)
+        total, used, free = (self._value(value)
+                             for value in (device.memory_total, device.memory_used, device.memory_free))
         if not version:  # v1 counts the driver's reserve as used
             return pynvml.c_nvmlMemory_t(total=total, free=free, used=total - free)
         if not self.memory_v2:
             raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=self._value(gpu.memory_reserved),
+        return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=self._value(device.memory_reserved),
                                         free=free, used=used)
 
     @_nvml_call
@@ -242,6 +259,45 @@ class RecordedNvml:
         enabled = self._value(self._gpu(handle).mig_enabled)
         mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
         return [mode, mode]
+
+    def _max_mig_devices(self, handle) -> int:
+        """0 where MIG is off, as NVML answers; else the most instances the GPU can hold."""
+        gpu = self._gpu(handle)
+        return 0 if gpu.mig_instances is None else self._value(MAX_MIG_DEVICES.get(gpu.name))
+
+    @staticmethod
+    def _instance(handle) -> MigInstance:
+        """The MIG instance of a MIG handle; a GPU's handle is refused, as NVML refuses it."""
+        if not isinstance(handle, _MigHandle):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handle.instance
+
+    @_nvml_call
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle) -> int:
+        return self._max_mig_devices(handle)
+
+    @_nvml_call
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, index: int) -> _MigHandle:
+        """The recorded instance at ``index``; a slot no instance fills answers NOT_FOUND."""
+        if not 0 <= index < self._max_mig_devices(handle):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for instance in self._gpu(handle).mig_instances:
+            if instance.index == index:
+                return _MigHandle(handle.index, instance)
+        raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    @_nvml_call
+    def nvmlDeviceGetGpuInstanceId(self, handle) -> int:
+        return self._value(self._instance(handle).gpu_instance_id)
+
+    @_nvml_call
+    def nvmlDeviceGetComputeInstanceId(self, handle) -> int:
+        return self._value(self._instance(handle).compute_instance_id)
+
+    @_nvml_call
+    def nvmlDeviceGetAttributes(self, handle) -> pynvml.c_nvmlDeviceAttributes:
+        """Only the multiprocessor count is recorded; the struct's other fields stay 0."""
+        return pynvml.c_nvmlDeviceAttributes(multiprocessorCount=self._value(self._instance(handle).multiprocessors))
 
     @_nvml_call
     def nvmlDeviceGetPerformanceState(self, handle) -> int:

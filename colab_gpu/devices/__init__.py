@@ -29,6 +29,33 @@ class GPUProcess:
     kind: str = "compute"  # "compute" or "graphics"
 
 
+def used_fraction(used: Optional[int], total: Optional[int]) -> Optional[float]:
+    """used / total, or None where either is unknown."""
+    if not total or used is None:
+        return None
+    return used / total
+
+
+@dataclasses.dataclass(frozen=True)
+class MigInstance:
+    """One MIG instance of a GPU: the slice a process given ``CUDA_VISIBLE_DEVICES=MIG-<uuid>``
+    runs on, with its own memory. NVML reports no utilization for it."""
+
+    index: int  # the MIG device's index on its GPU, as nvidia-smi numbers it
+    uuid: Optional[str] = None  # "MIG-..."; nvidia-smi's XML does not record it
+    gpu_instance_id: Optional[int] = None
+    compute_instance_id: Optional[int] = None
+    multiprocessors: Optional[int] = None  # SMs in the instance
+    memory_total: Optional[int] = None
+    memory_used: Optional[int] = None
+    memory_free: Optional[int] = None
+    memory_reserved: Optional[int] = None
+
+    @property
+    def memory_used_fraction(self) -> Optional[float]:
+        return used_fraction(self.memory_used, self.memory_total)
+
+
 @dataclasses.dataclass(frozen=True)
 class GPU:
     """One GPU as NVML or nvidia-smi reports it, in NVML's (PCI bus) order."""
@@ -59,13 +86,12 @@ class GPU:
     pcie_width: Optional[int] = None
     pcie_width_max: Optional[int] = None
     processes: Optional[Tuple[GPUProcess, ...]] = None
+    mig_instances: Optional[Tuple[MigInstance, ...]] = None  # MIG on: its instances; else None
     error: Optional[str] = None  # set when the device itself failed (e.g. fell off the bus)
 
     @property
     def memory_used_fraction(self) -> Optional[float]:
-        if not self.memory_total or self.memory_used is None:
-            return None
-        return self.memory_used / self.memory_total
+        return used_fraction(self.memory_used, self.memory_total)
 
 
 @dataclasses.dataclass(frozen=True)

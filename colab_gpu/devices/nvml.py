@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import GPU, GPUProcess, Snapshot
+from . import GPU, GPUProcess, MigInstance, Snapshot
 
 # nvml.h's clocks-event reason bits, in words a notebook user understands.
 CLOCK_EVENT_REASONS = (
@@ -201,7 +201,6 @@ class NvmlSource:
     def _read_fields(self, index: int, handle: Any, name: str, fixed: Dict[str, Any]) -> GPU:
         nvml = self._nvml
         field = self._field
-        memory = field(lambda: self._memory(handle))
         utilization = field(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
         power = field(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
         limit = field(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
@@ -210,10 +209,7 @@ class NvmlSource:
         return GPU(
             index=index,
             name=name,
-            memory_total=memory and memory[0],
-            memory_used=memory and memory[1],
-            memory_free=memory and memory[2],
-            memory_reserved=memory and memory[3],
+            **self._memory_fields(handle),
             utilization_gpu=utilization and float(utilization.gpu),
             utilization_memory=utilization and float(utilization.memory),
             temperature=field(lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
@@ -226,8 +222,14 @@ class NvmlSource:
             pcie_generation=field(lambda: nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)),
             pcie_width=field(lambda: nvml.nvmlDeviceGetCurrPcieLinkWidth(handle)),
             processes=field(lambda: self._processes(handle)),
+            mig_instances=field(lambda: self._mig_instances(handle)) if fixed["mig_enabled"] else None,
             **fixed,
         )
+
+    def _memory_fields(self, handle: Any) -> Dict[str, Optional[int]]:
+        """memory_total/used/free/reserved of a GPU or MIG device, all None where unreadable."""
+        names = ("memory_total", "memory_used", "memory_free", "memory_reserved")
+        return dict(zip(names, self._field(lambda: self._memory(handle)) or (None,) * len(names)))
 
     def _memory(self, handle: Any) -> Tuple[int, int, int, Optional[int]]:
         """(total, used, free, reserved): v2 keeps the driver's reserve out of "used"."""
@@ -241,6 +243,25 @@ class NvmlSource:
                 pass  # drivers before 510 have no v2: fall back to v1 below
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
         return int(info.total), int(info.used), int(info.free), None
+
+    def _mig_instances(self, handle: Any) -> Tuple[MigInstance, ...]:
+        """The GPU's MIG instances, read anew each time: they are made and destroyed
+        (nvidia-smi mig -cgi/-dgi) without a GPU reset. An empty slot answers NotFound."""
+        nvml, field = self._nvml, self._field
+        instances = []
+        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            mig = field(lambda: nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+            if mig is None:
+                continue
+            instances.append(MigInstance(
+                index=slot,
+                uuid=field(lambda: _text(nvml.nvmlDeviceGetUUID(mig))),
+                gpu_instance_id=field(lambda: int(nvml.nvmlDeviceGetGpuInstanceId(mig))),
+                compute_instance_id=field(lambda: int(nvml.nvmlDeviceGetComputeInstanceId(mig))),
+                multiprocessors=field(lambda: int(nvml.nvmlDeviceGetAttributes(mig).multiprocessorCount)),
+                **self._memory_fields(mig),
+            ))
+        return tuple(instances)
 
     def _clock_event_mask(self, handle: Any) -> int:
         nvml = self._nvml

@@ -25,7 +25,7 @@ import threading
 import xml.etree.ElementTree as ElementTree
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import GPU, GPUProcess, MiB, Snapshot, known_compute_capability
+from . import GPU, GPUProcess, MiB, MigInstance, Snapshot, known_compute_capability
 from .nvml import decode_clock_event_reasons
 
 ACCEPTED = ("accepted: an `nvidia-smi -q -x` XML file or an "
@@ -166,6 +166,32 @@ def _xml_processes(gpu) -> Optional[Tuple[GPUProcess, ...]]:
     return tuple(result)
 
 
+def _xml_memory(element) -> Dict[str, Optional[int]]:
+    """memory_total/used/free/reserved of a GPU's or a MIG device's ``<fb_memory_usage>``."""
+    return {f"memory_{name}": _bytes(_find(element, f"fb_memory_usage/{name}"))
+            for name in ("total", "used", "free", "reserved")}
+
+
+def _xml_mig_instance(position: int, device) -> MigInstance:
+    recorded_index = _int(_find(device, "index"))
+    return MigInstance(
+        index=position if recorded_index is None else recorded_index,
+        gpu_instance_id=_int(_find(device, "gpu_instance_id")),
+        compute_instance_id=_int(_find(device, "compute_instance_id")),
+        multiprocessors=_int(_find(device, "device_attributes/shared/multiprocessor_count")),
+        **_xml_memory(device),
+    )
+
+
+def _xml_mig_instances(gpu) -> Optional[Tuple[MigInstance, ...]]:
+    """The GPU's MIG instances from ``<mig_devices>``; None for a GPU without MIG on."""
+    devices = gpu.find("mig_devices")
+    if devices is None or _enabled(_find(gpu, "mig_mode/current_mig")) is not True:
+        return None
+    return tuple(_xml_mig_instance(position, device)
+                 for position, device in enumerate(devices.findall("mig_device")))
+
+
 def _xml_gpu(index: int, gpu) -> GPU:
     power = "power_readings", "gpu_power_readings"
     reasons = gpu.find("clocks_event_reasons")
@@ -182,10 +208,7 @@ def _xml_gpu(index: int, gpu) -> GPU:
         mig_enabled=_enabled(_find(gpu, "mig_mode/current_mig")),
         uuid=_find(gpu, "uuid"),
         bus_id=_find(gpu, "pci/pci_bus_id") or _text(gpu.get("id")),
-        memory_total=_bytes(_find(gpu, "fb_memory_usage/total")),
-        memory_used=_bytes(_find(gpu, "fb_memory_usage/used")),
-        memory_free=_bytes(_find(gpu, "fb_memory_usage/free")),
-        memory_reserved=_bytes(_find(gpu, "fb_memory_usage/reserved")),
+        **_xml_memory(gpu),
         utilization_gpu=_float(_find(gpu, "utilization/gpu_util")),
         utilization_memory=_float(_find(gpu, "utilization/memory_util")),
         temperature=_float(_find(gpu, "temperature/gpu_temp")),
@@ -204,6 +227,7 @@ def _xml_gpu(index: int, gpu) -> GPU:
         pcie_width=_int(_find(gpu, "pci/pci_gpu_link_info/link_widths/current_link_width")),
         pcie_width_max=_int(_find(gpu, "pci/pci_gpu_link_info/link_widths/max_link_width")),
         processes=_xml_processes(gpu),
+        mig_instances=_xml_mig_instances(gpu),
     )
 
 

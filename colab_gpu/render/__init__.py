@@ -100,9 +100,35 @@ def seen_as(status, gpu) -> str:
         return f"cuda:{torch_index}"
     visible = status.runtime.cuda_visible_devices
     if gpu.mig_enabled and names_mig_instances(visible) and not status.snapshot.recorded:
-        # NVML lists the GPU, not its instances: which one holds the instance is not known here
-        return "hidden from torch unless the MIG instance in CUDA_VISIBLE_DEVICES is on it"
+        named = sorted(mig for index, mig in status.mig_torch_index_of if index == gpu.index)
+        if named:
+            return f"torch runs on its MIG instance {', '.join(map(str, named))}"
+        if not gpu.mig_instances or not all(mig.uuid for mig in gpu.mig_instances):
+            # the instances' UUIDs are unknown: which GPU holds the named one cannot be told
+            return "hidden from torch unless the MIG instance in CUDA_VISIBLE_DEVICES is on it"
     return "hidden from torch"
+
+
+def short_uuid(uuid: Optional[str]) -> str:
+    """"MIG-4f2b0b4e": the prefix CUDA_VISIBLE_DEVICES also accepts; n/a when unknown."""
+    if uuid is None:
+        return NA
+    prefix, _, rest = uuid.partition("-")
+    return f"{prefix}-{rest[:8]}" if rest else uuid
+
+
+def mig_instance_summary(status, gpu, mig) -> str:
+    """One MIG instance: its memory, ids and size, its UUID and whether torch runs on it."""
+    parts = [f"{size(mig.memory_used)} used of {size(mig.memory_total)}",
+             f"GPU instance {number(mig.gpu_instance_id)}, compute instance {number(mig.compute_instance_id)}"]
+    if mig.multiprocessors is not None:
+        parts.append(f"{mig.multiprocessors} SMs")
+    if mig.uuid is not None or not status.snapshot.recorded:  # nvidia-smi's XML never has it
+        parts.append(f"uuid {short_uuid(mig.uuid)}")
+    torch_index = status.mig_torch_index_of.get((gpu.index, mig.index))
+    if torch_index is not None:
+        parts.append(f"cuda:{torch_index} of this process (CUDA_VISIBLE_DEVICES)")
+    return ", ".join(parts)
 
 
 def this_process(status, process) -> str:

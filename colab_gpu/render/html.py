@@ -9,8 +9,8 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import (NA, allocator_summary, celsius, mig_note, number, pcie_link, power, process_name, ratio, seen_as, size, torch_summary,
-               this_process, unrecorded_rows, words)
+from . import (NA, allocator_summary, celsius, mig_instance_summary, mig_note, number, pcie_link, power, process_name,
+               ratio, seen_as, size, torch_summary, this_process, unrecorded_rows, words)
 
 STYLE = """
 <style>
@@ -86,6 +86,8 @@ def _gpu(status, gpu) -> str:
     ]
     left_out = unrecorded_rows(status.snapshot, gpu)
     rows = [(label, value) for label, value in rows if label not in left_out]
+    rows += [(f"MIG {mig.index}", _bar(mig.memory_used_fraction) + escape(mig_instance_summary(status, gpu, mig)))
+             for mig in gpu.mig_instances or ()]
     memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
     if memory:
         rows.append(("torch", escape(allocator_summary(memory))))

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import List
 
-from . import (NA, allocator_summary, breakdown_summary, celsius, mig_note, number, pcie_link, power, process_name,
-               ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
+from . import (NA, allocator_summary, breakdown_summary, celsius, mig_instance_summary, mig_note, number, pcie_link,
+               power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
 
 
 def _gpu_lines(status, gpu) -> List[str]:
@@ -31,6 +31,7 @@ def _gpu_lines(status, gpu) -> List[str]:
              for process in gpu.processes or ()]
     left_out = unrecorded_rows(status.snapshot, gpu)
     lines = [line for row, line in rows if line is not None and row not in left_out]
+    lines += [f"  MIG {mig.index:<8}{mig_instance_summary(status, gpu, mig)}" for mig in gpu.mig_instances or ()]
     memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
     if memory:
         lines.append(f"  torch       {allocator_summary(memory)}")
