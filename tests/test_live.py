@@ -335,6 +335,32 @@ def test_the_final_chart_of_a_long_run_counts_minutes_or_hours_not_thousands_of_
         assert busy.get_lines()[0].get_xdata()[-1] == pytest.approx(last)
 
 
+def test_the_final_chart_of_an_hour_on_eight_gpus_draws_no_more_points_than_pixels_and_keeps_spikes():
+    """3600 samples x 8 GPUs were drawn point by point (3.5-5 s at --stop); at most two points
+    per pixel column, its lowest and highest, look the same, a one-sample spike and dip included."""
+    from colab_gpu.live.record import RunRecord
+    from colab_gpu.live.sampler import GPUReading, Sample
+
+    def busy(index, t):
+        return {(3, 1234): 100.0, (5, 2345): 0.0}.get((index, t), 50.0 + (t % 7))
+
+    samples = tuple(Sample(1000.0 + t, tuple(GPUReading(i, busy(i, t), None, None, 70.0, 40.0) for i in range(8)))
+                    for t in range(3600))
+    record = RunRecord("NVML", 1.0, samples, {i: "Tesla T4" for i in range(8)}, 1000.0, 4600.0, None, 3600)
+    figure = record.chart_figure()
+    figure.canvas.draw()
+    for axes in figure.axes:
+        pixels = axes.get_window_extent().width
+        assert all(len(line.get_xdata()) <= 2 * pixels for line in axes.get_lines()), axes.get_title()
+    lines = figure.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == [f"GPU {i}" for i in range(8)]
+    assert max(lines[3].get_ydata()) == 100 and min(lines[5].get_ydata()) == 0
+    spike = lines[3].get_xdata()[list(lines[3].get_ydata()).index(100)]
+    assert spike == pytest.approx(1234 / 60)  # where it happened, in minutes since the start
+    assert min(lines[0].get_ydata()) == 50 and max(lines[0].get_ydata()) == 56
+    assert list(lines[0].get_xdata()) == sorted(lines[0].get_xdata())  # in time order
+
+
 def test_a_run_of_one_sample_says_1_sample():
     sampler, _ = live.start(demo=True, interval=60)  # the first sample, read at the start
     assert "sampling every 60 s, 1 sample over 0 s" in render_panel(sampler)
