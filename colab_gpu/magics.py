@@ -272,7 +272,7 @@ class GPUMagics(Magics):
         if args.stop:
             if args.live or args.json or args.demo or args.cells or args.path or args.interval is not None:
                 raise UsageError("--stop takes no other option: %gpu_status --stop")
-            record = self._live_session().stop()
+            record = self._live_session().stop("%gpu_status --stop")
             if record is None:
                 print("colab_gpu: the live monitor is not running")
             else:
@@ -314,8 +314,14 @@ class GPUMagics(Magics):
             from .live.notebook import LiveSession
 
             self._session = LiveSession(self.shell, self._show)
-            self.add_cleanup(self._session.stop)
+            self.add_cleanup(self._stop_live_on_unload)
         return self._session
+
+    def _stop_live_on_unload(self) -> None:
+        """%unload_ext / %reload_ext end the monitor: show the summary --stop would have shown."""
+        record = self._session.stop("%unload_ext or %reload_ext colab_gpu")
+        if record is not None:
+            self._show(record)
 
     @magic_arguments("%find_batch")  # usage reads %%find_batch: it is a cell magic
     @argument("--var", default="batch_size", metavar="NAME",

@@ -135,9 +135,13 @@ def test_the_live_page_chart_updates_in_chromium(browser):
         later = panel_state(page)
         page.screenshot(path=str(ARTIFACTS / "live-page.png"), full_page=True)
         assert later[0] != first[0] and later[1] != first[1]
-        live.stop()
+        live.stop("%gpu_status --stop")
         page.wait_for_function("document.getElementById('cgpu-note').textContent.includes('stopped')",
                                timeout=15_000)
+        # the header the page keeps says when and why, not "sampling" (nor "its server is gone")
+        header = page.locator(".cgpu-state").inner_text()
+        assert "sampling" not in header and " by %gpu_status --stop, " in header, header
+        assert page.locator("#cgpu-note").inner_text() == "The monitor has stopped."
         page.screenshot(path=str(ARTIFACTS / "live-page-stopped.png"), full_page=True)
         page.close()
     finally:

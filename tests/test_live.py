@@ -597,7 +597,7 @@ def test_the_widget_value_changes_as_samples_arrive():
     sampler.wait(sampler.count + 3, timeout=10)
     wait_until(lambda: widget.value != first)
     live.stop()
-    wait_until(lambda: "stopped," in widget.value)
+    wait_until(lambda: re.search(r"stopped at \d\d:\d\d:\d\d, \d+ samples", widget.value))
 
 
 def test_the_widget_redraws_at_most_twice_a_second_at_a_fast_interval_and_draws_the_end():
@@ -612,7 +612,7 @@ def test_the_widget_redraws_at_most_twice_a_second_at_a_fast_interval_and_draws_
     live.stop()
     elapsed = time.monotonic() - started
     assert len(values) <= elapsed / 0.5 + 2  # not one redraw per sample (150 of them)
-    assert "stopped," in values[-1]  # the end of the run is always drawn
+    assert "stopped at " in values[-1]  # the end of the run is always drawn
 
 
 def test_a_display_that_cannot_be_shown_leaves_no_monitor_running(live_config, monkeypatch, capsys):
@@ -623,14 +623,31 @@ def test_a_display_that_cannot_be_shown_leaves_no_monitor_running(live_config, m
     assert cell_hooks(live_config) == []
 
 
-def test_unload_ext_stops_the_monitor(live_config):
+def test_unload_ext_stops_the_monitor_and_shows_its_summary(live_config, capsys):
     run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
-    assert live.running() is not None
+    sampler = live.running()
+    sampler.wait(3, timeout=10)
+    capsys.readouterr()
     live_config.run_line_magic("unload_ext", "colab_gpu")
     try:
         assert live.running() is None and live_threads() == []
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].startswith(f"Live monitor stopped: {sampler.count} samples every 0.02 s")
+        assert out[1].startswith("GPU 0 Tesla V100S-PCIE-32GB: busy")
+        assert len(live.history(frame=False)) == sampler.count  # the samples stay
     finally:
         live_config.run_line_magic("load_ext", "colab_gpu")
+
+
+def test_reload_ext_shows_the_summary_of_the_run_it_stopped(live_config, capsys):
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    live.running().wait(3, timeout=10)
+    capsys.readouterr()
+    live_config.run_line_magic("reload_ext", "colab_gpu")
+    assert live.running() is None
+    assert capsys.readouterr().out.startswith("Live monitor stopped: ")
+    run_live(live_config, "--stop")  # the reloaded extension has nothing left to stop
+    assert capsys.readouterr().out == "colab_gpu: the live monitor is not running\n"
 
 
 def test_colab_shows_the_live_page_through_the_kernel_port(live_config, monkeypatch, capsys):
@@ -648,8 +665,42 @@ def test_colab_shows_the_live_page_through_the_kernel_port(live_config, monkeypa
     status, _, body = fetch(f"http://127.0.0.1:{served[0]}/data.json")
     assert json.loads(body)["label"] == "replay of v100s-pcie-32gb_miris.csv"
     run_live(live_config, "--stop")
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", served[0]), timeout=2)
+    assert live.running() is None
+    wait_until(lambda: refused(served[0]), timeout=live.FINAL_STATE_SECONDS + 5)  # a few seconds later
+
+
+def live_port(url: str) -> int:
+    return int(url.rstrip("/").rsplit(":", 1)[1])
+
+
+def refused(port) -> bool:
+    """Whether 127.0.0.1:``port`` refuses connections (its server has closed)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_after_stop_the_live_page_says_when_and_why_the_run_stopped(live_config, monkeypatch, capsys):
+    """The page kept the last "sampling every 0.02 s" header after --stop: its server closed
+    before the page could poll the end of the run."""
+    monkeypatch.setattr(live, "FINAL_STATE_SECONDS", 0.5, raising=False)
+    run_live(live_config, "--live --demo --interval 0.02", live_display="page")
+    url = live.page_server().url
+    assert not refused(live_port(url))
+    state = json.loads(fetch(url + "data.json")[2])
+    assert state["running"] and "sampling every 0.02 s" in state["panel"]
+    live.running().wait(3, timeout=10)
+    run_live(live_config, "--stop")
+    summary = capsys.readouterr().out
+    state = json.loads(fetch(url + "data.json")[2])  # what the page's next poll gets
+    assert not state["running"] and "sampling" not in state["panel"]
+    header = re.search(r"stopped at (\d\d:\d\d:\d\d) by %gpu_status --stop, (\d+) samples", state["panel"])
+    assert header, state["panel"]
+    assert abs(time.time() - time.mktime(time.strptime(time.strftime("%Y-%m-%d ") + header[1], "%Y-%m-%d %H:%M:%S"))) < 5
+    assert f"Live monitor stopped: {header[2]} samples" in summary  # the same run --stop summarised
+    wait_until(lambda: refused(live_port(url)), timeout=5)  # then the server goes
 
 
 def cell_hooks(shell):

@@ -14,6 +14,10 @@ from typing import Any, Optional, Tuple
 from .record import ROW_FIELDS, RunRecord, rows
 from .sampler import Sampler, SourceError
 
+# How long the live page is still served after a stop: an open page polls at least once a
+# second, so it shows when and why the run stopped instead of "sampling" and a lost server.
+FINAL_STATE_SECONDS = 3.0
+
 DEMO_TRACE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
                           "v100s-pcie-32gb_miris.csv")
 
@@ -55,19 +59,20 @@ def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
         return sampler, True
 
 
-def stop() -> Optional[RunRecord]:
-    """Stop the sampler and the live page; the record of the whole run, also when the sampler
-    had stopped by itself (a lost GPU); None when there is no run left to stop."""
+def stop(reason: Optional[str] = None) -> Optional[RunRecord]:
+    """Stop the sampler, then the live page once it has shown how the run ended; the record of
+    the whole run, also when the sampler had stopped by itself (a lost GPU); None when there is
+    no run left to stop. ``reason``: what stopped it ("%gpu_status --stop"), for the page."""
     global _server
     with _lock:
+        sampler, record = _sampler, None
+        if sampler is not None and not sampler.stop_requested:
+            sampler.stop(reason)
+            record = record_of(sampler)
         if _server is not None:
-            _server.stop()
+            _server.stop_after(FINAL_STATE_SECONDS)
             _server = None
-        sampler = _sampler
-        if sampler is None or sampler.stop_requested:
-            return None
-        sampler.stop()
-        return record_of(sampler)
+        return record
 
 
 def page_server():

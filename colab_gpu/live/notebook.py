@@ -41,11 +41,12 @@ class LiveSession:
         elif kind == "terminal":
             from .terminal import watch
 
+            reason = None
             try:
                 watch(sampler, print, lines)
             except KeyboardInterrupt:
-                pass
-            record = self.stop()
+                reason = "Ctrl-C"
+            record = self.stop(reason)
             if record is not None:
                 self._show(record)
         else:
@@ -75,11 +76,12 @@ class LiveSession:
         self.shell.events.register("post_run_cell", post)
         self._hooks = (pre, post)
 
-    def stop(self) -> Optional[RunRecord]:
-        """Remove the cell hooks, stop the sampler and the page; the run's record, if any."""
+    def stop(self, reason: Optional[str] = None) -> Optional[RunRecord]:
+        """Remove the cell hooks, stop the sampler and the page; the run's record, if any.
+        ``reason``: what stopped it, for the live page ("%gpu_status --stop")."""
         if self._hooks is not None:
             pre, post = self._hooks
             self.shell.events.unregister("pre_run_cell", pre)
             self.shell.events.unregister("post_run_cell", post)
             self._hooks = None
-        return stop()
+        return stop(reason)

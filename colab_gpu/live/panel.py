@@ -41,12 +41,16 @@ def source_title(label: str) -> str:
 
 
 def state_words(sampler, now: float) -> str:
-    """"sampling every 1 s, 42 samples over 41 s" or why it stopped."""
+    """"sampling every 1 s, 42 samples over 41 s", or when and why it stopped: "stopped at
+    12:03:04 by %gpu_status --stop, 42 samples over 41 s" (a lost GPU: "stopped by itself")."""
     end = sampler.stopped_at or now
     span = f"{count(sampler.count, 'sample')} over {end - (sampler.started_at or end):.0f} s"
     if sampler.running:
         return f"sampling every {sampler.interval:g} s, {span}"
-    return f"stopped, {span}"
+    clock = time.strftime("%H:%M:%S", time.localtime(end))
+    if sampler.error:
+        return f"stopped by itself at {clock}, {span}"
+    return f"stopped at {clock}{f' by {sampler.stop_reason}' if sampler.stop_reason else ''}, {span}"
 
 
 def _gpu_row(index: int, name: str, reading, colour: str) -> str:

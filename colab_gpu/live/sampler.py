@@ -89,6 +89,7 @@ class Sampler:
         self.interval = check_interval(interval)
         self.close_source = close_source  # a source this sampler opened itself (a replay)
         self.error: Optional[str] = None  # why the sampler stopped by itself
+        self.stop_reason: Optional[str] = None  # what stopped it on request ("%gpu_status --stop")
         self.listener_error: Optional[str] = None  # why a display was dropped
         self.gpu_names: Dict[int, str] = {}
         self.started_at: Optional[float] = None
@@ -135,8 +136,11 @@ class Sampler:
         atexit.register(self.stop)
         return self
 
-    def stop(self) -> None:
-        """End the thread, wait for its read in flight, close a source it owns. Idempotent."""
+    def stop(self, reason: Optional[str] = None) -> None:
+        """End the thread, wait for its read in flight, close a source it owns. Idempotent.
+        ``reason``: what asked for it, for the displays that outlive the run; the first kept."""
+        if not self._stop.is_set():
+            self.stop_reason = reason
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():

@@ -52,6 +52,7 @@ class LiveServer:
         self.sampler = sampler
         self._httpd: Optional[ThreadingHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
+        self._stopping = threading.Lock()
 
     @property
     def port(self) -> int:
@@ -100,12 +101,19 @@ class LiveServer:
         atexit.register(self.stop)  # after the sampler's: runs first at exit
         return self
 
+    def stop_after(self, seconds: float) -> None:
+        """Keep serving (the sampler's final state) for ``seconds``, then :meth:`stop`."""
+        timer = threading.Timer(seconds, self.stop)
+        timer.name, timer.daemon = "colab_gpu-live-page-close", True
+        timer.start()
+
     def stop(self) -> None:
         """Stop serving and close the socket: the port refuses connections afterwards."""
         atexit.unregister(self.stop)
-        if self._httpd is None:
-            return
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
-        self._httpd = None
+        with self._stopping:  # the timer of stop_after and atexit may both get here
+            if self._httpd is None:
+                return
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._thread.join()
+            self._httpd = None
