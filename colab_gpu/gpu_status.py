@@ -173,20 +173,24 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
         source, path = None, source
     if source is None:
         source = open_source(path) if path is not None else default_source()
-    snapshot = source.snapshot()
-    runtime = detect_runtime(shell)
-    # A recording comes from another machine: this one's CUDA_VISIBLE_DEVICES and torch
-    # say nothing about it.
-    visible = None if snapshot.recorded else runtime.cuda_visible_devices
-    index_of = torch_indices(visible, snapshot.gpus)
-    known = snapshot.recorded or cuda_numbering_known(visible, runtime.cuda_device_order, snapshot.gpus)
-    live_torch = runtime.torch.cuda_initialized and not snapshot.recorded
-    memory = torch_memory(index_of if known else {}) if live_torch else ()
+    view = torch_view(source.snapshot(), detect_runtime(shell))
+    # A recording comes from another machine: this one's torch says nothing about it.
+    live_torch = view.runtime.torch.cuda_initialized and not view.snapshot.recorded
+    memory = torch_memory(view.torch_index_of if view.cuda_numbering_known else {}) if live_torch else ()
     by_nvml = {m.nvml_index: m for m in memory}
     parts = tuple(part for part in (breakdown(gpu, by_nvml.get(gpu.index), os.getpid())
-                                    for gpu in snapshot.gpus if gpu.index in by_nvml)
+                                    for gpu in view.gpus if gpu.index in by_nvml)
                   if part is not None)
-    result = Status(runtime=runtime, snapshot=snapshot, torch_index_of=index_of,
-                    torch_memory=memory, breakdown=parts, cuda_numbering_known=known,
-                    mig_torch_index_of=mig_torch_indices(visible, snapshot.gpus))
+    result = dataclasses.replace(view, torch_memory=memory, breakdown=parts)
     return dataclasses.replace(result, advice=advise(result))
+
+
+def torch_view(snapshot: Snapshot, runtime: Runtime) -> Status:
+    """The status of ``snapshot`` without torch's figures or advice: how torch numbers each GPU
+    under ``runtime``'s CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, which every display labels
+    its GPUs by (the card, and the live monitor from its first sample)."""
+    # A recording comes from another machine: this one's CUDA_VISIBLE_DEVICES says nothing about it.
+    visible = None if snapshot.recorded else runtime.cuda_visible_devices
+    known = snapshot.recorded or cuda_numbering_known(visible, runtime.cuda_device_order, snapshot.gpus)
+    return Status(runtime=runtime, snapshot=snapshot, torch_index_of=torch_indices(visible, snapshot.gpus),
+                  cuda_numbering_known=known, mig_torch_index_of=mig_torch_indices(visible, snapshot.gpus))

@@ -267,7 +267,7 @@ def test_the_run_record_summarises_and_draws_the_whole_run():
     sampler.wait(4, timeout=10)
     record = live.stop()
     assert len(record.summaries()) == 8
-    assert record.summaries()[0].line().startswith("GPU 0 name not recorded: busy 100% on average")
+    assert record.summaries()[0].line().startswith("GPU 0 name not recorded (cuda:0): busy 100% on average")
     assert str(record).splitlines()[1] == record.summaries()[0].line()  # what print() shows
     png = record.chart_png()
     assert png.startswith(b"\x89PNG")
@@ -525,7 +525,7 @@ def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys)
     assert "GPU0" in samples[0] and "32.00 GiB" in samples[0]
     assert all(" power n/a " in line for line in samples)  # the trace records no power
     assert lines[3].startswith("Live monitor stopped: ") and "replay of v100s" in lines[3]
-    assert lines[4].startswith("GPU 0 Tesla V100S-PCIE-32GB: busy")
+    assert lines[4].startswith("GPU 0 Tesla V100S-PCIE-32GB (cuda:0): busy")
     assert live.running() is None and live_threads() == []
 
 
@@ -545,9 +545,109 @@ def test_live_from_a_file_replays_it_and_config_sets_the_defaults(live_config, c
     for sample in samples:
         assert all(len(line) <= 120 for line in sample)
         text = " ".join(sample)
-        assert re.findall(r"GPU(\d) 100% ", text) == [str(index) for index in range(8)]
+        assert re.findall(r"GPU(\d) cuda:\1 100% ", text) == [str(index) for index in range(8)]
     assert "(the last 2 kept) every 0.03 s" in lines[end]
     assert len(live.history(frame=False)) == 2
+
+
+def card_labels(card: str) -> dict:
+    """GPU -> how the static card names it: "GPU 1  Tesla T4  (cuda:0, compute capability ..."."""
+    return {int(index): label for index, label in re.findall(r"^GPU (\d+)  .+?  \((.+?), compute capability", card, re.M)}
+
+
+def line_labels(text: str) -> dict:
+    """GPU -> its label in the live terminal lines: "GPU1 cuda:0  19% ..."."""
+    return {int(index): label for index, label in re.findall(r"GPU(\d+) (cuda:\d+|cuda:\?|hidden from torch) ", text)}
+
+
+def panel_labels(panel: str) -> dict:
+    """GPU -> its label in a live panel row: "GPU 1 <span ...>Tesla T4 &middot; cuda:0</span>"."""
+    return {int(index): label for index, label in re.findall(r"GPU (\d+) <span class='cgpu-muted'>[^<]*? &middot; ([^<]+)</span>", panel)}
+
+
+def test_a_replay_labels_its_gpus_as_the_card_does_whatever_this_machines_cuda_visible_devices(
+        live_config, capsys, monkeypatch):
+    """The live views said GPU0..GPU7 where the card of the same recording says cuda:0..cuda:7;
+    a recording is another machine's, so CUDA_VISIBLE_DEVICES here hides none of its GPUs, on
+    the card or in the live views."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("COLUMNS", "400")
+    live_config.run_line_magic("gpu_status", f"--from {NANOGPT}")
+    card = card_labels(capsys.readouterr().out)
+    assert card == {index: f"cuda:{index}" for index in range(8)}
+    run_live(live_config, f"--live --from {NANOGPT}", live_lines=2, live_interval=0.02)
+    out = capsys.readouterr().out
+    assert line_labels(out) == card
+    assert {int(i): label for i, label in re.findall(r"^GPU (\d) name not recorded \((.+?)\): busy", out, re.M)} == card
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")  # the panel
+    try:
+        live_config.run_line_magic("gpu_status", f"--from {live.DEMO_TRACE}")
+        assert panel_labels(render_panel(live.running())) == card_labels(capsys.readouterr().out) == {0: "cuda:0"}
+    finally:
+        live.stop()
+
+
+@pytest.fixture
+def nvml_box(monkeypatch):
+    """Makes ``%gpu_status`` and ``--live`` read this NVML box (real recordings through the
+    pynvml stand-in) instead of this machine's NVML."""
+    import colab_gpu.devices
+    import colab_gpu.gpu_status
+    from test_multigpu import box
+
+    sources = []
+
+    def use(*recordings):
+        source = box(*recordings)
+        sources.append(source)
+        for module in (colab_gpu.devices, colab_gpu.gpu_status):
+            monkeypatch.setattr(module, "default_source", lambda: source)
+
+    yield use
+    live.stop()
+    for source in sources:
+        source.close()
+
+
+def test_gpus_hidden_by_cuda_visible_devices_are_marked_as_the_card_marks_them(live_config, capsys, monkeypatch, nvml_box):
+    """Kaggle's two T4s, this kernel on GPU 1 (CUDA_VISIBLE_DEVICES=1): the card says GPU 0 is
+    hidden from torch and GPU 1 is cuda:0; the live panel, lines, --cells and summary said
+    "GPU 0" and "GPU 1" as if both were this kernel's."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    nvml_box("tesla-t4.xml", "tesla-t4.xml")
+    live_config.run_line_magic("gpu_status", "")
+    card = card_labels(capsys.readouterr().out)
+    assert card == {0: "hidden from torch", 1: "cuda:0"}
+    run_live(live_config, "--live", live_lines=2, live_interval=0.02)
+    out = capsys.readouterr().out
+    assert line_labels(out) == card and "REPLAY" not in out
+    assert "GPU 0 Tesla T4 (hidden from torch): busy" in out and "GPU 1 Tesla T4 (cuda:0): busy" in out
+    run_live(live_config, "--live --cells", live_display="widgets", live_interval=0.02)
+    assert panel_labels(render_panel(live.running())) == card
+    capsys.readouterr()
+    live_config.run_cell("import time; time.sleep(0.2)")
+    cell_line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "GPU 0 (hidden from torch) peak " in cell_line and "GPU 1 (cuda:0) peak " in cell_line
+
+
+def test_a_mixed_box_numbered_fastest_first_says_cuda_unknown_and_why_as_the_card_does(
+        live_config, capsys, monkeypatch, nvml_box):
+    """An RTX 3060 and a 3090, CUDA_DEVICE_ORDER unset: the card cannot tell which is cuda:0."""
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml_box("rtx-3060-v12.xml", "rtx-3090-v12.xml")
+    live_config.run_line_magic("gpu_status", "")
+    card = card_labels(capsys.readouterr().out)
+    why = "cuda:? - CUDA numbers these different GPUs fastest first"
+    assert card == {0: why, 1: why}
+    run_live(live_config, "--live", live_lines=1, live_interval=0.02)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == why and line_labels("\n".join(out[1:])) == {0: "cuda:?", 1: "cuda:?"}  # the why once
+    assert sum(why in line for line in out) == 2  # ... and once under the summary
+    run_live(live_config, "--live", live_display="widgets", live_interval=0.02)
+    panel = render_panel(live.running())
+    assert panel_labels(panel) == {0: "cuda:?", 1: "cuda:?"} and panel.count(why) == 1
+    assert str(live.stop()).splitlines()[-1] == why
 
 
 def test_live_from_a_path_under_the_home_folder_written_with_a_tilde(live_config, capsys, monkeypatch, tmp_path):
@@ -633,7 +733,7 @@ def test_unload_ext_stops_the_monitor_and_shows_its_summary(live_config, capsys)
         assert live.running() is None and live_threads() == []
         out = capsys.readouterr().out.splitlines()
         assert out[0].startswith(f"Live monitor stopped: {sampler.count} samples every 0.02 s")
-        assert out[1].startswith("GPU 0 Tesla V100S-PCIE-32GB: busy")
+        assert out[1].startswith("GPU 0 Tesla V100S-PCIE-32GB (cuda:0): busy")
         assert len(live.history(frame=False)) == sampler.count  # the samples stay
     finally:
         live_config.run_line_magic("load_ext", "colab_gpu")
@@ -717,7 +817,7 @@ def test_cells_prints_one_line_per_cell_and_stop_removes_the_hooks(live_config, 
     # The demo's numbers are a recording's: the line never passes them off as this cell's GPU.
     assert line.startswith("cell GPU memory (REPLAY of a recorded trace (v100s-pcie-32gb_miris.csv), "
                            "not this machine's GPU, ")
-    assert "GPU 0 peak " in line and "NVML" not in line
+    assert "GPU 0 (cuda:0) peak " in line and "NVML" not in line
     live_config.run_cell("%gpu_status --stop")
     capsys.readouterr()
     live_config.run_cell("x = 1")
@@ -736,7 +836,7 @@ def test_cells_line_from_nvml_says_it_is_the_whole_gpu(live_config, monkeypatch,
         live_config.run_cell("import time; time.sleep(0.3)")
         line = capsys.readouterr().out.strip().splitlines()[-1]
         assert line.startswith("cell GPU memory (NVML, all processes, ")
-        assert "GPU 0 peak " in line and "CUDA not started by this process" in line
+        assert "GPU 0 (cuda:0) peak " in line and "CUDA not started by this process" in line
     finally:
         live.stop()
         source.close()

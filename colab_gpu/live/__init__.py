@@ -11,6 +11,7 @@ import os
 import threading
 from typing import Any, Optional, Tuple
 
+from .panel import numbering_note, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
 from .sampler import Sampler, SourceError
 
@@ -100,7 +101,8 @@ def record_of(sampler: Sampler) -> RunRecord:
     return RunRecord(label=sampler.label, interval=sampler.interval, samples=sampler.samples(),
                      gpu_names=dict(sampler.gpu_names), started_at=sampler.started_at,
                      stopped_at=sampler.stopped_at, error=sampler.error, count=sampler.count,
-                     display_error=sampler.listener_error)
+                     display_error=sampler.listener_error, torch_labels=torch_labels(sampler),
+                     numbering_note=numbering_note(sampler))
 
 
 def history(frame: Optional[bool] = None):

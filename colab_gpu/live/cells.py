@@ -14,7 +14,7 @@ import time
 from typing import Callable, List, Optional
 
 from ..render import count, size
-from .panel import is_replay, source_title
+from .panel import is_replay, source_title, torch_labels
 
 
 def _signed(value: int) -> str:
@@ -88,14 +88,15 @@ class CellPeaks:
             return None
         before = [s for s in recorded if s.time < started]
         baseline = {r.index: r.memory_used for r in (before[-1] if before else during[0]).gpus}
-        parts = []
+        parts, labels = [], torch_labels(sampler)
         for index in sorted({r.index for s in during for r in s.gpus}):
             used = [r.memory_used for s in during for r in s.gpus
                     if r.index == index and r.memory_used is not None]
             if used:
                 start = baseline.get(index)
                 change = used[-1] - (used[0] if start is None else start)
-                parts.append(f"GPU {index} peak {size(max(used))} used ({_signed(change)})")
+                named = f"GPU {index} ({labels[index]})" if index in labels else f"GPU {index}"
+                parts.append(f"{named} peak {size(max(used))} used ({_signed(change)})")
         if is_replay(sampler.label):  # --demo / --from FILE: not this machine's GPU at all
             source = f"{source_title(sampler.label)}, {count(len(during), 'sample')}"
         else:

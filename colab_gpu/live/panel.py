@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 from html import escape
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence
 
-from ..render import celsius, count, number, size
+from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
 from ..render.html import STYLE, _bar
 from .sampler import Sample
 
@@ -40,6 +40,19 @@ def source_title(label: str) -> str:
     return f"live from {label}"
 
 
+def torch_labels(sampler) -> Dict[int, str]:
+    """NVML index -> how torch names that GPU, in the card's words ("cuda:0", "hidden from
+    torch", "cuda:?" where :func:`numbering_note` says why)."""
+    view = sampler.torch_view
+    return {gpu.index: seen_as(view, gpu, short=True) for gpu in view.gpus} if view is not None else {}
+
+
+def numbering_note(sampler) -> Optional[str]:
+    """The card's reason for "cuda:?" (a box of different GPUs numbered fastest first), said once."""
+    view = sampler.torch_view
+    return FASTEST_FIRST_NOTE if view is not None and not view.cuda_numbering_known else None
+
+
 def state_words(sampler, now: float) -> str:
     """"sampling every 1 s, 42 samples over 41 s", or when and why it stopped: "stopped at
     12:03:04 by %gpu_status --stop, 42 samples over 41 s" (a lost GPU: "stopped by itself")."""
@@ -53,16 +66,16 @@ def state_words(sampler, now: float) -> str:
     return f"stopped at {clock}{f' by {sampler.stop_reason}' if sampler.stop_reason else ''}, {span}"
 
 
-def _gpu_row(index: int, name: str, reading, colour: str) -> str:
+def _gpu_row(index: int, name: str, label: Optional[str], reading, colour: str) -> str:
+    named = f"GPU {index} <span class='cgpu-muted'>{escape(name)}{f' &middot; {escape(label)}' if label else ''}</span>"
     if reading is None:
-        return f"<tr><td>GPU {index}</td><td colspan='4'>not in the latest sample</td></tr>"
+        return f"<tr><td>{named}</td><td colspan='4'>not in the latest sample</td></tr>"
     busy = None if reading.utilization is None else reading.utilization / 100
     used = None
     if reading.memory_used is not None and reading.memory_total:
         used = reading.memory_used / reading.memory_total
     return (
-        f"<tr><td><b style='color:{colour}'>&#9632;</b> GPU {index} "
-        f"<span class='cgpu-muted'>{escape(name)}</span></td>"
+        f"<tr><td><b style='color:{colour}'>&#9632;</b> {named}</td>"
         f"<td>{_bar(busy)}<span class='cgpu-util'>{number(reading.utilization, '%')}</span></td>"
         f"<td>{_bar(used)}{escape(size(reading.memory_used))} / {escape(size(reading.memory_total))}</td>"
         f"<td>{escape(number(reading.power, ' W', 1))}</td>"
@@ -144,10 +157,14 @@ def render_panel(sampler, now: float = None) -> str:
         parts.append(f"<p class='cgpu-error'>Stopped: {escape(sampler.error)}</p>")
     parts.append("<table><tr class='cgpu-muted'><td></td><td>busy</td><td>memory used</td>"
                  "<td>power</td><td>temperature</td></tr>")
+    labels = torch_labels(sampler)
     for index in sorted(sampler.gpu_names):
-        parts.append(_gpu_row(index, sampler.gpu_names[index], latest.get(index),
+        parts.append(_gpu_row(index, sampler.gpu_names[index], labels.get(index), latest.get(index),
                               PALETTE[index % len(PALETTE)]))
     parts.append("</table>")
+    note = numbering_note(sampler)
+    if note:
+        parts.append(f"<div class='cgpu-muted'>{escape(note)}</div>")
     parts.append(chart_svg(samples, "busy %", _utilization))
     parts.append(chart_svg(samples, "memory used %", _memory_percent))
     parts.append("</div>")

@@ -76,9 +76,11 @@ class GPURunSummary:
     memory_total: Optional[int]
     power_peak: Optional[float]
     temperature_peak: Optional[float]
+    torch_label: Optional[str] = None  # "cuda:0", "hidden from torch", as the card says
 
     def line(self) -> str:
-        return (f"GPU {self.index} {self.name}: busy {number(self.utilization_mean, '%')} on average, "
+        label = f" ({self.torch_label})" if self.torch_label else ""
+        return (f"GPU {self.index} {self.name}{label}: busy {number(self.utilization_mean, '%')} on average, "
                 f"peak {number(self.utilization_peak, '%')}; memory peak {size(self.memory_peak)} "
                 f"of {size(self.memory_total)}; power peak {number(self.power_peak, ' W', 1)}; "
                 f"temperature peak {celsius(self.temperature_peak)}")
@@ -97,6 +99,8 @@ class RunRecord:
     error: Optional[str]
     count: int  # samples taken; more than len(samples) when the buffer overflowed
     display_error: Optional[str] = None  # why a display (the widget) stopped following the run
+    torch_labels: Dict[int, str] = dataclasses.field(default_factory=dict)  # panel.torch_labels
+    numbering_note: Optional[str] = None  # why a label says "cuda:?" (panel.numbering_note)
 
     @property
     def duration(self) -> float:
@@ -116,6 +120,7 @@ class RunRecord:
                 memory_total=_peak(r.memory_total for r in readings),
                 power_peak=_peak(r.power for r in readings),
                 temperature_peak=_peak(r.temperature for r in readings),
+                torch_label=self.torch_labels.get(index),
             ))
         return tuple(result)
 
@@ -134,7 +139,8 @@ class RunRecord:
 
     def __str__(self) -> str:
         """The summary ``%gpu_status --stop`` prints, so ``print(...)`` shows it in a script."""
-        return "\n".join([self.headline()] + [s.line() for s in self.summaries()])
+        return "\n".join([self.headline()] + [s.line() for s in self.summaries()]
+                         + ([self.numbering_note] if self.numbering_note else []))
 
     def _repr_pretty_(self, printer, cycle) -> None:
         printer.text(str(self))
@@ -145,7 +151,7 @@ class RunRecord:
             encoded = base64.b64encode(self.chart_png()).decode("ascii")
             image = (f"<img alt='{escape(self.label)}: the whole run' style='max-width:100%' "
                      f"src='data:image/png;base64,{encoded}'>")
-        lines = "".join(f"<li>{escape(s.line())}</li>" for s in self.summaries())
+        lines = "".join(f"<li>{escape(line)}</li>" for line in str(self).splitlines()[1:])
         return (f"{STYLE}<div class='cgpu-card'><div><b>{escape(self.headline())}</b></div>"
                 f"<ul>{lines}</ul>{image}</div>")
 

@@ -92,6 +92,9 @@ class Sampler:
         self.stop_reason: Optional[str] = None  # what stopped it on request ("%gpu_status --stop")
         self.listener_error: Optional[str] = None  # why a display was dropped
         self.gpu_names: Dict[int, str] = {}
+        # The first sample's GPUs as the card sees them (cuda:N, hidden from torch): what the
+        # displays label them by, read with the CUDA_VISIBLE_DEVICES of the start.
+        self.torch_view = None
         self.started_at: Optional[float] = None
         self.stopped_at: Optional[float] = None
         self._buffer: "collections.deque[Sample]" = collections.deque(maxlen=history)
@@ -126,6 +129,10 @@ class Sampler:
         first, problem = self._read()
         if problem is not None:
             raise SourceError(f"{self.label}: {problem}")
+        from ..gpu_status import torch_view
+        from ..runtime import detect_runtime
+
+        self.torch_view = torch_view(first, detect_runtime())
         self.started_at = time.time()
         self._record(first)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)

@@ -6,7 +6,7 @@ import time
 from typing import Callable, Dict, Optional
 
 from ..render import NA, celsius, number, size
-from .panel import is_replay
+from .panel import is_replay, numbering_note, torch_labels
 from .sampler import Sample, Sampler
 
 
@@ -25,13 +25,15 @@ def _memory(used, total) -> str:
     return f"{size(used)}/{size(total)}"
 
 
-def sample_line(sample: Sample, names: Dict[int, str], replay: bool = False, width: int = 0) -> str:
-    """"12:00:01  GPU0 19% 966 MiB/32.00 GiB 45.0 W 28 °C | GPU1 ...", marked when replayed.
+def sample_line(sample: Sample, labels: Dict[int, str], replay: bool = False, width: int = 0) -> str:
+    """"12:00:01  GPU0 cuda:0  19% 966 MiB/32.00 GiB 45.0 W 28 °C | GPU1 hidden from torch ...",
+    marked when replayed; ``labels``: how torch names each GPU (panel.torch_labels).
 
     Wider than ``width`` (0: no limit), as on an 8-GPU server, the GPUs go on as many lines as
     they need, indented under the first: a terminal that wraps one long line mixes them up."""
     prefix = f"{time.strftime('%H:%M:%S', time.localtime(sample.time))}  {'REPLAY  ' if replay else ''}"
-    parts = [f"GPU{r.index} {_named(number(r.utilization, '%'), 'busy'):>4} "
+    parts = [f"GPU{r.index}{' ' + labels[r.index] if r.index in labels else ''} "
+             f"{_named(number(r.utilization, '%'), 'busy'):>4} "
              f"{_memory(r.memory_used, r.memory_total)} {_named(number(r.power, ' W', 1), 'power')} "
              f"{_named(celsius(r.temperature), 'temperature')}" for r in sample.gpus]
     lines = [prefix + (parts[0] if parts else "")]
@@ -48,15 +50,17 @@ def watch(sampler: Sampler, write: Callable[[str], None], max_lines: int = 0,
     """Write a line per sample until the sampler ends or ``max_lines`` (0: no limit) were
     written; Ctrl-C (KeyboardInterrupt) reaches the caller. Returns the lines written.
     ``width``: the terminal's columns, read from it when not given."""
-    replay = is_replay(sampler.label)
+    replay, labels, note = is_replay(sampler.label), torch_labels(sampler), numbering_note(sampler)
     width = shutil.get_terminal_size().columns if width is None else width
+    if note:
+        write(note)
     seen = max(0, sampler.count - 1)  # start with the latest sample at once
     written = 0
     while True:
         sampler.wait(seen, timeout=max(1.0, 2 * sampler.interval))
         seen, new = sampler.samples_after(seen)
         for sample in new:
-            write(sample_line(sample, sampler.gpu_names, replay, width))
+            write(sample_line(sample, labels, replay, width))
             written += 1
             if max_lines and written >= max_lines:
                 return written

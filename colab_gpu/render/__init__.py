@@ -91,10 +91,15 @@ def mig_note(gpu) -> str:
     return ", MIG on" if gpu.mig_enabled else ""
 
 
-def seen_as(status, gpu) -> str:
-    """How torch names an NVML GPU: "cuda:1", "hidden from torch", or why that is unknown."""
+UNKNOWN_CUDA_NAME = "cuda:?"
+FASTEST_FIRST_NOTE = f"{UNKNOWN_CUDA_NAME} - CUDA numbers these different GPUs fastest first"
+
+
+def seen_as(status, gpu, short: bool = False) -> str:
+    """How torch names an NVML GPU: "cuda:1", "hidden from torch", or why that is unknown.
+    ``short``: "cuda:?" without the why, for a display that says FASTEST_FIRST_NOTE once."""
     if not status.cuda_numbering_known:
-        return "cuda:? - CUDA numbers these different GPUs fastest first"
+        return UNKNOWN_CUDA_NAME if short else FASTEST_FIRST_NOTE
     torch_index = status.torch_index_of.get(gpu.index)
     if torch_index is not None:
         return f"cuda:{torch_index}"
