@@ -1,8 +1,8 @@
 """The live widget through a real Jupyter kernel (nbclient), in both environments.
 
 What a front end receives: the widget is displayed, the sampler thread's updates reach the
-front end as widget state while other cells run, and --stop leaves a PNG chart in the
-notebook's saved output.
+front end as widget state while other cells run, and --stop (or %reload_ext, which stops the
+monitor) leaves a PNG chart in the notebook's saved output.
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def test_widget_updates_reach_the_front_end_and_stop_leaves_a_chart(monkeypatch)
         nbformat.v4.new_code_cell("%gpu_status --live --demo --interval 0.05"),
         nbformat.v4.new_code_cell("import time; time.sleep(1.5)  # a 'training' cell"),
         nbformat.v4.new_code_cell("%gpu_status --stop"),
+        nbformat.v4.new_code_cell("%gpu_status --live --demo --interval 0.05"),
+        nbformat.v4.new_code_cell("time.sleep(0.3)"),
+        nbformat.v4.new_code_cell("%reload_ext colab_gpu"),
     ])
     client = nbclient.NotebookClient(notebook, timeout=60, kernel_name="python3",
                                      store_widget_state=True)
@@ -44,3 +47,8 @@ def test_widget_updates_reach_the_front_end_and_stop_leaves_a_chart(monkeypatch)
     stop_output = notebook.cells[3].outputs[0]
     assert "Live monitor stopped" in stop_output.data["text/plain"]
     assert "data:image/png;base64," in stop_output.data["text/html"]
+    # %reload_ext stopped the second run: its cell shows what --stop would have shown
+    reload_output = notebook.cells[6].outputs
+    assert [o.output_type for o in reload_output] == ["display_data"]
+    assert reload_output[0].data["text/plain"].startswith("Live monitor stopped: ")
+    assert "data:image/png;base64," in reload_output[0].data["text/html"]
