@@ -367,17 +367,18 @@ class GPUMagics(Magics):
         if missing:
             raise UsageError(f"--restore: no variable named {', '.join(missing)} in the notebook")
         source = self.shell.transform_cell(cell)
-        if not ast.parse(source).body:  # comments only: every trial would time nothing
+        tree = ast.parse(source)  # once: the checks below all read this tree
+        if not tree.body:  # comments only: every trial would time nothing
             raise UsageError("the cell has no code: put one training step under %%find_batch, "
                              "using the batch-size variable")
         # Registered with IPython like a cell, and one line down for the %%find_batch line:
         # a traceback of the user's error shows their line, numbered as in the cell.
         filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", self.shell.execution_count)
         code = compile("\n" + source, filename, "exec")
-        if args.var in assigned_names(source, nested=False):
+        if args.var in assigned_names(tree, nested=False):
             raise UsageError(f"the cell assigns {args.var} itself, so every trial would run at the cell's "
                              f"value, not the size tried; remove that assignment")
-        assigned, mentioned = assigned_names(source), mentioned_names(source)
+        assigned, mentioned = assigned_names(tree), mentioned_names(tree)
         if args.var.isidentifier() and args.var not in mentioned:  # else: a UsageError below
             print(f"colab_gpu: the cell never mentions {args.var}; unless a function it calls reads "
                   f"it, every size is the same work (--var names the variable)", file=sys.stderr)

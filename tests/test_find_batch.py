@@ -2,6 +2,7 @@
 real memory curves and on a real CPU allocator failure, and the notebook left as it was."""
 from __future__ import annotations
 
+import ast
 import collections
 import contextlib
 import json
@@ -528,7 +529,8 @@ def test_importing_the_feature_imports_no_heavy_module():
 
 
 def test_assigned_names():
-    names = assigned_names("x = 1\nfor i in range(3): y += i\nimport numpy as np\ndef f(): z = 2\nwith a as b: pass")
+    tree = ast.parse("x = 1\nfor i in range(3): y += i\nimport numpy as np\ndef f(): z = 2\nwith a as b: pass")
+    names = assigned_names(tree)
     assert {"x", "i", "y", "np", "f", "b", "z"} <= names and "a" not in names
 
 
@@ -664,6 +666,16 @@ def test_a_cell_that_assigns_the_variable_itself_is_refused_before_any_trial(she
             "x = step(batch_size) + [b for batch_size in range(2) for b in [batch_size]]")
     result = shell.run_cell_magic("find_batch", "--max 8", cell)
     assert result is None and shell.user_ns["batch_size"] == 8
+
+
+def test_the_magic_parses_the_cell_once(shell, monkeypatch):
+    # Its checks (no code? assigns the variable? mentions it? iterators?) read one tree.
+    parsed = []
+    parse = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda source, *args, **kwargs: parsed.append(source) or
+                        parse(source, *args, **kwargs))
+    shell.run_cell_magic("find_batch", "--max 8", "x = [0] * batch_size")
+    assert parsed == ["x = [0] * batch_size\n"] and shell.user_ns["batch_size"] == 8
 
 
 def test_dash_o_in_a_terminal_returns_the_result_and_prints_the_report_once(shell, capsys):

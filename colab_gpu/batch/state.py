@@ -30,11 +30,10 @@ def _own_scope(tree: ast.AST):
             stack.extend(ast.iter_child_nodes(node))
 
 
-def assigned_names(source: str, nested: bool = True) -> Set[str]:
-    """Names a cell binds (assignments, loops, imports, defs, with); with ``nested=False`` only
-    in the cell's own scope, not as locals of the functions it defines."""
+def assigned_names(tree: ast.AST, nested: bool = True) -> Set[str]:
+    """Names a cell's parsed code binds (assignments, loops, imports, defs, with); with
+    ``nested=False`` only in the cell's own scope, not as locals of the functions it defines."""
     names: Set[str] = set()
-    tree = ast.parse(source)
     for node in ast.walk(tree) if nested else _own_scope(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             names.add(node.id)
@@ -45,9 +44,9 @@ def assigned_names(source: str, nested: bool = True) -> Set[str]:
     return names
 
 
-def mentioned_names(source: str) -> Set[str]:
-    """Every name a cell's code reads or binds."""
-    return {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+def mentioned_names(tree: ast.AST) -> Set[str]:
+    """Every name a cell's parsed code reads or binds."""
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
 
 
 def _to_cpu(value):
