@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
+import dataclasses
 import functools
 import io
 import shlex
@@ -415,8 +416,8 @@ class GPUMagics(Magics):
         if hidden:
             print(f"colab_gpu: the cell's output is shown for its first run; "
                   f"{count(hidden, 'later run')} had output too, hidden", file=sys.stderr)
-        if args.return_result:
-            return result
+        if args.return_result:  # the cell's Out: every formatter runs, so text is asked of the result
+            return dataclasses.replace(result, text_only=True) if self.output == "text" else result
         if not notebook:  # in a notebook the progress display has become the report
             self._show(result)
 

@@ -687,6 +687,25 @@ def test_dash_o_in_a_terminal_returns_the_result_and_prints_the_report_once(shel
     assert "Out[" not in capsys.readouterr().out  # without -o nothing is returned
 
 
+def test_dash_o_with_output_text_returns_the_result_whose_out_is_plain_text(shell):
+    from IPython.core.formatters import DisplayFormatter
+
+    from colab_gpu.batch.result import BatchResult
+
+    shell.run_line_magic("config", "GPUMagics.output = 'text'")
+    try:
+        result = shell.run_cell_magic("find_batch", "--max 8 -o", "x = [0] * batch_size")
+    finally:
+        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    # What a kernel's displayhook formats for Out: every formatter runs (a terminal shell runs
+    # only text/plain's), and text was asked for.
+    formats, _ = DisplayFormatter().format(result)
+    assert set(formats) == {"text/plain"} and formats["text/plain"].startswith("batch_size = 8 (largest")
+    assert isinstance(result, BatchResult) and result.answer == 8 and result.trials[-1].size == 8
+    auto = shell.run_cell_magic("find_batch", "--max 8 -o", "x = [0] * batch_size")
+    assert "<table>" in DisplayFormatter().format(auto)[0]["text/html"]
+
+
 def test_a_cell_that_takes_items_from_an_iterator_says_they_are_not_put_back(shell, capsys):
     shell.run_cell("batches = iter(range(100))")
     shell.run_cell("%%find_batch --max 8\nx = [next(batches)] * batch_size")

@@ -78,6 +78,20 @@ def test_dash_o_returns_the_result_as_the_cells_out_and_shows_the_report_once():
     assert stream(notebook.cells[2]).strip() == "BatchResult 64 True"
 
 
+def test_dash_o_with_output_text_makes_the_cells_out_plain_text_and_underscore_the_result():
+    notebook = run_cells([SETUP + "%config GPUMagics.output = 'text'",
+                          SEARCH.replace("--max 256", "--max 64 -o"),
+                          "from colab_gpu.batch.result import BatchResult\n"
+                          "print(isinstance(_, BatchResult), _.answer, len(_.trials) > 2)"], timeout=60)
+    (returned,) = [output for output in notebook.cells[1].outputs if output.output_type == "execute_result"]
+    assert set(returned.data) == {"text/plain"}, set(returned.data)
+    assert returned.data["text/plain"].startswith("batch_size = 64 (largest fitting")
+    # Text all through: the progress came as lines, no HTML table anywhere in the cell.
+    assert not [bundle for bundle in bundles(notebook.cells[1]) if "text/html" in bundle]
+    assert "trial  1: batch_size=" in stream(notebook.cells[1])
+    assert stream(notebook.cells[2]).strip() == "True 64 True"
+
+
 RESTORED_UNDER_CTRL_C = """import os, signal
 class Ctrl_C_while_restored:
     restores = 0

@@ -78,6 +78,9 @@ class BatchResult:
     fit: Optional[MemoryFit]
     stopped: str  # why the search ended, one sentence
     notes: Tuple[str, ...] = ()
+    # True when the user asked for text (%config GPUMagics.output = 'text'): no HTML view, so a
+    # notebook shows the result, as the cell's Out too, as plain text.
+    text_only: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @property
     def out_of_memory_count(self) -> int:
@@ -119,7 +122,10 @@ class BatchResult:
     def _repr_pretty_(self, printer, cycle) -> None:
         printer.text(repr(self) if cycle else str(self))
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> Optional[str]:
+        """None when text_only: IPython's HTML formatter then leaves text/html out."""
+        if self.text_only:
+            return None
         from .render import render_html
 
         return render_html(self)
