@@ -452,22 +452,22 @@ def test_a_mig_instance_in_cuda_visible_devices_is_not_refused_as_no_cuda_device
         checked_device("cuda")
 
 
-def test_auto_measures_the_gpu_the_model_is_on_when_that_is_not_the_current_device(monkeypatch):
-    """`model.to("cuda:1")` starts CUDA on GPU 1 only; the current device stays 0. The CUDA
-    device is faked at its boundary: two T4s, a context on cuda:1 only."""
+def _two_t4s_with_a_context_on_cuda_1(monkeypatch, touched, initialized=lambda: True):
+    """The CUDA device faked at its boundary: two T4s, a context on cuda:1 only, 3 GiB peak
+    there; each call that names a device is recorded in ``touched`` as (name, index)."""
     import torch
 
-    touched = []
     peaks = {0: 0, 1: 3 * GiB}
 
     def on(name, answer=None):
         return lambda index=None, *args: touched.append((name, index)) or answer(index)
 
     cuda = torch.cuda
-    monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda, "is_initialized", initialized)
     monkeypatch.setattr(cuda, "device_count", lambda: 2)
     monkeypatch.setattr(cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda index: index == 1, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", on("has_context", lambda index: index == 1),
+                        raising=False)
     monkeypatch.setattr(cuda, "get_device_name", on("get_device_name", lambda index: "Tesla T4"))
     monkeypatch.setattr(cuda, "mem_get_info", on("mem_get_info", lambda index: (10 * GiB, 15 * GiB)))
     monkeypatch.setattr(cuda, "memory_reserved", on("memory_reserved", lambda index: 4 * GiB))
@@ -480,10 +480,46 @@ def test_auto_measures_the_gpu_the_model_is_on_when_that_is_not_the_current_devi
     monkeypatch.setattr(cuda, "get_rng_state_all", lambda: [])
     monkeypatch.setattr(cuda, "set_rng_state_all", lambda states: None)
     monkeypatch.setattr(cuda, "device", lambda index: contextlib.nullcontext())
+
+
+def test_auto_measures_the_gpu_the_model_is_on_when_that_is_not_the_current_device(monkeypatch):
+    """`model.to("cuda:1")` starts CUDA on GPU 1 only; the current device stays 0."""
+    touched = []
+    _two_t4s_with_a_context_on_cuda_1(monkeypatch, touched)
     result = find_batch(lambda size: None, device="auto", max=4, progress=False)
     assert result.device == "cuda:1 (Tesla T4)"
-    assert {index for _, index in touched} == {1}, touched  # GPU 0 is never read, nor given a context
+    # GPU 0 is only asked whether it has a context: never read, nor given one.
+    assert {index for name, index in touched if name != "has_context"} == {1}, touched
     assert result.trials[0].peak_memory == 3 * GiB and result.trials[0].capacity == 14 * GiB
+
+
+def test_timed_runs_do_not_ask_every_gpu_for_its_context(monkeypatch):
+    # --device auto is resolved once a trial: asking each GPU inside a timed run would count
+    # as the step's own time (and throughput mode runs a fast step up to 1000 times).
+    from colab_gpu.batch.trial import run_trial
+
+    asked = {}
+    for steps in (3, 30):
+        touched = []
+        _two_t4s_with_a_context_on_cuda_1(monkeypatch, touched)
+        trial, error = run_trial(lambda size: None, 8, steps=steps, device="auto")
+        assert error is None and trial.runs == steps
+        asked[steps] = sum(name == "has_context" for name, _ in touched)
+        assert touched.count(("synchronize", 1)) == steps  # every run still waits for the GPU
+    assert asked[30] == asked[3] == 2, asked  # each of the two GPUs asked once
+
+
+def test_a_first_run_that_starts_cuda_is_measured_there_or_not_at_all(monkeypatch):
+    from colab_gpu.batch.trial import run_trial
+
+    for measure in (True, False):
+        started, touched = [], []
+        _two_t4s_with_a_context_on_cuda_1(monkeypatch, touched, initialized=lambda: bool(started))
+        trial, error = run_trial(lambda size: started.append(size), 8, steps=3, device="auto",
+                                 measure=measure)
+        assert error is None and trial.fits and trial.runs == 3, trial
+        assert touched.count(("synchronize", 1)) == 3
+        assert trial.peak_memory == (3 * GiB if measure else None)
 
 
 def test_failed_trial_frames_are_dropped():

@@ -142,11 +142,11 @@ def _cgroup_room() -> Optional[int]:
         return None
 
 
-def open_gauge(device: str, measure: bool = True):
-    """The memory gauge for a device spec now, or None where memory cannot be measured."""
+def open_gauge(device: str, index: Optional[int], measure: bool = True):
+    """The memory gauge for a device spec whose CUDA index is now ``index`` (``_cuda_index``),
+    or None where memory cannot be measured."""
     if not measure:
         return None
-    index = _cuda_index(device)
     if index is not None:
         return CudaGauge(index)
     if device.startswith("cuda"):
@@ -159,13 +159,6 @@ def device_label(device: str) -> str:
     if index is not None:
         return CudaGauge(index).label()
     return "cpu" if device == "auto" else device
-
-
-def synchronize(device: str) -> None:
-    """Wait for queued GPU work (timing, and async errors surface in their own trial)."""
-    index = _cuda_index(device)
-    if index is not None:
-        sys.modules["torch"].cuda.synchronize(index)
 
 
 def release_memory(device: str) -> None:
@@ -253,7 +246,9 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     its frames, so that the failed trial's tensors can be freed.
     """
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
-    gauge = open_gauge(device, measure)
+    # Resolved once per trial, not in each timed run (for auto it asks every GPU for a context).
+    index = _cuda_index(device)
+    gauge = open_gauge(device, index, measure)
     if gauge is not None:
         gauge.reset()
     timings, runs, error = [], 0, None
@@ -263,12 +258,18 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
             began = time.perf_counter()
             with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
                 step(size)
-            synchronize(device)
+            started_cuda = False
+            if runs == 1 and index is None:  # the first run may have started CUDA
+                index = _cuda_index(device)
+                started_cuda = index is not None
+            if index is not None:  # wait for queued GPU work: timing, and async errors in their trial
+                sys.modules["torch"].cuda.synchronize(index)
             if runs > 1 or steps == 1:  # the first run is warm-up, unless it is all there is
                 timings.append(time.perf_counter() - began)
-            if runs == 1 and not isinstance(gauge, CudaGauge) and _cuda_index(device) is not None:
-                gauge = open_gauge(device, measure)  # the first run started CUDA
-                gauge.reset()
+            if started_cuda:
+                gauge = open_gauge(device, index, measure)
+                if gauge is not None:  # measure=False: none
+                    gauge.reset()
     except BaseException as caught:  # Ctrl-C is a trial outcome too
         error = caught
     if error is None:
