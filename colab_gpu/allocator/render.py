@@ -5,7 +5,9 @@ from html import escape
 from typing import List, Tuple
 
 from ..render import torch_summary
-from .parse import to_torch
+from ..render.html import STYLE, rows_table
+from .parse import format_version, to_torch
+from .schema import KEYS
 
 _TITLES = {"show": "Allocator configuration", "check": "Allocator setting checked",
            "set": "Allocator configuration changed"}
@@ -64,22 +66,17 @@ def render_text(result) -> str:
 
 
 def render_html(result) -> str:
-    from ..render.html import STYLE, _rows
-
     rows = [(heading, "<br>".join(escape(line) for line in body))
             for heading, body in _sections(result)]
     title = escape(_title(result))
     warnings = "".join(f"<li class='warning'>{escape(w)}</li>" for w in result.warnings)
     return (STYLE + f'<div class="cgpu-card"><h4>{title}</h4>'
-            + _rows([row for row in rows if row[0] != "warnings"])
+            + rows_table([row for row in rows if row[0] != "warnings"])
             + (f"<ul>{warnings}</ul>" if warnings else "") + "</div>")
 
 
 def render_keys(version) -> str:
     """Every key, its kind, default and versions, marking those the installed torch lacks."""
-    from .parse import format_version
-    from .schema import KEYS
-
     lines = []
     for key in KEYS:
         span = f"{format_version(key.added)}" + (

@@ -11,7 +11,7 @@ from html import escape
 from typing import Dict, List, Optional, Sequence
 
 from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
-from ..render.html import STYLE, _bar
+from ..render.html import STYLE, fraction_bar
 from .sampler import Sample
 
 CHART_SECONDS = 300  # the rolling chart's time span; the whole run is in history()
@@ -76,8 +76,8 @@ def _gpu_row(index: int, name: str, label: Optional[str], reading, colour: str) 
         used = reading.memory_used / reading.memory_total
     return (
         f"<tr><td><b style='color:{colour}'>&#9632;</b> {named}</td>"
-        f"<td>{_bar(busy)}<span class='cgpu-util'>{number(reading.utilization, '%')}</span></td>"
-        f"<td>{_bar(used)}{escape(size(reading.memory_used))} / {escape(size(reading.memory_total))}</td>"
+        f"<td>{fraction_bar(busy)}<span class='cgpu-util'>{number(reading.utilization, '%')}</span></td>"
+        f"<td>{fraction_bar(used)}{escape(size(reading.memory_used))} / {escape(size(reading.memory_total))}</td>"
         f"<td>{escape(number(reading.power, ' W', 1))}</td>"
         f"<td>{escape(celsius(reading.temperature))}</td></tr>"
     )

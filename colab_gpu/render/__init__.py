@@ -86,9 +86,10 @@ def pcie_link(gpu) -> str:
             f"{part('x', gpu.pcie_width, gpu.pcie_width_max)}")
 
 
-def mig_note(gpu) -> str:
-    """", MIG on" after the compute capability of a GPU split into MIG instances."""
-    return ", MIG on" if gpu.mig_enabled else ""
+def capability(gpu) -> str:
+    """"compute capability 7.5", with ", MIG on" for a GPU split into MIG instances."""
+    digits = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else NA
+    return f"compute capability {digits}" + (", MIG on" if gpu.mig_enabled else "")
 
 
 UNKNOWN_CUDA_NAME = "cuda:?"

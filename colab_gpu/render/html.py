@@ -9,8 +9,8 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import (NA, allocator_summary, celsius, mig_instance_summary, mig_note, number, pcie_link, power, process_name,
-               ratio, seen_as, size, torch_summary, this_process, unrecorded_rows, words)
+from . import (NA, allocator_summary, capability, celsius, mig_instance_summary, mig_note, number, pcie_link,
+               power, process_name, ratio, seen_as, size, torch_summary, this_process, unrecorded_rows, words)
 
 STYLE = """
 <style>
@@ -32,14 +32,16 @@ STYLE = """
 """
 
 
-def _bar(fraction) -> str:
+def fraction_bar(fraction) -> str:
+    """A small bar filled to ``fraction`` (0 to 1), nothing when it is unknown."""
     if fraction is None:
         return ""
     percent = max(0.0, min(1.0, fraction)) * 100
     return f'<span class="cgpu-bar" title="{percent:.0f}%"><span style="width:{percent:.0f}%"></span></span> '
 
 
-def _rows(rows) -> str:
+def rows_table(rows) -> str:
+    """A two-column table of (label, value) pairs: the label is escaped, the value is HTML."""
     return "<table>" + "".join(
         f"<tr><td class='cgpu-muted'>{escape(label)}</td><td>{value}</td></tr>" for label, value in rows
     ) + "</table>"
@@ -64,17 +66,16 @@ def _gpu(status, gpu) -> str:
     title = f"GPU {gpu.index} &middot; {escape(gpu.name)}"
     if gpu.error:
         return f"<h4>{title}</h4><p>{escape(gpu.error)}</p>"
-    cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else NA
     busy = None if gpu.utilization_gpu is None else gpu.utilization_gpu / 100
     processes = NA if gpu.processes is None else (
         "<br>".join(f"{p.pid} <span title='{escape(p.name or NA)}'>{escape(process_name(p.name))}</span> "
                     f"&middot; {size(p.used_memory)}{this_process(status, p)}" for p in gpu.processes)
         or "none visible")
     rows = [
-        ("memory", _bar(gpu.memory_used_fraction) + escape(
+        ("memory", fraction_bar(gpu.memory_used_fraction) + escape(
             f"{size(gpu.memory_used)} used of {size(gpu.memory_total)} ({size(gpu.memory_free)} free, "
             f"{size(gpu.memory_reserved)} reserved by the driver)")),
-        ("busy", _bar(busy) + escape(f"{number(gpu.utilization_gpu, '%')} compute, "
+        ("busy", fraction_bar(busy) + escape(f"{number(gpu.utilization_gpu, '%')} compute, "
                                      f"{number(gpu.utilization_memory, '%')} memory bus")),
         ("power", escape(f"{power(gpu.power_draw, gpu.power_limit)}, "
                          f"{celsius(gpu.temperature)}, {gpu.performance_state or NA}")),
@@ -86,15 +87,15 @@ def _gpu(status, gpu) -> str:
     ]
     left_out = unrecorded_rows(status.snapshot, gpu)
     rows = [(label, value) for label, value in rows if label not in left_out]
-    rows += [(f"MIG {mig.index}", _bar(mig.memory_used_fraction) + escape(mig_instance_summary(status, gpu, mig)))
+    rows += [(f"MIG {mig.index}", fraction_bar(mig.memory_used_fraction) + escape(mig_instance_summary(status, gpu, mig)))
              for mig in gpu.mig_instances or ()]
     memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
     if memory:
         rows.append(("torch", escape(allocator_summary(memory))))
     if part:
         rows.append(("where", _breakdown_bar(part)))
-    return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as(status, gpu))}, compute capability {cc}"
-            f"{mig_note(gpu)}</span></h4>" + _rows(rows))
+    return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as(status, gpu))}, "
+            f"{capability(gpu)}</span></h4>" + rows_table(rows))
 
 
 def render_status(status) -> str:
@@ -117,7 +118,7 @@ def render_status(status) -> str:
     for gpu in snapshot.gpus:
         parts.append(_gpu(status, gpu))
     if status.torch_memory_without_gpu:
-        parts.append(_rows([(f"torch cuda:{memory.torch_index}", escape(allocator_summary(memory)))
+        parts.append(rows_table([(f"torch cuda:{memory.torch_index}", escape(allocator_summary(memory)))
                             for memory in status.torch_memory_without_gpu]))
     if status.advice:
         parts.append("<ul>" + "".join(

@@ -5,7 +5,7 @@ from html import escape
 from typing import List, Optional, Tuple
 
 from . import NA, count, size
-from .html import STYLE, _rows
+from .html import STYLE, rows_table
 
 # Reading field -> what the user calls it, per device kind.
 _FIELDS = (("allocated", "allocated"), ("reserved", "reserved"), ("nvml_used", "NVML used"))
@@ -142,7 +142,7 @@ def report_text(report) -> str:
 
 
 def _html_rows(rows) -> str:
-    return _rows([(name, escape(text)) for name, text in rows])
+    return rows_table([(name, escape(text)) for name, text in rows])
 
 
 def _holders_body(holders) -> str:

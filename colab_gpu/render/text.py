@@ -3,16 +3,15 @@ from __future__ import annotations
 
 from typing import List
 
-from . import (NA, allocator_summary, breakdown_summary, celsius, mig_instance_summary, mig_note, number, pcie_link,
-               power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
+from . import (NA, allocator_summary, breakdown_summary, capability, celsius, mig_instance_summary, mig_note, number,
+               pcie_link, power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
 
 
 def _gpu_lines(status, gpu) -> List[str]:
     if gpu.error:
         return [f"GPU {gpu.index}  {gpu.name}: {gpu.error}"]
-    cc = ".".join(map(str, gpu.compute_capability)) if gpu.compute_capability else NA
     rows = [
-        ("", f"GPU {gpu.index}  {gpu.name}  ({seen_as(status, gpu)}, compute capability {cc}{mig_note(gpu)})"),
+        ("", f"GPU {gpu.index}  {gpu.name}  ({seen_as(status, gpu)}, {capability(gpu)})"),
         ("memory", f"  memory      {size(gpu.memory_used)} used / {size(gpu.memory_total)}"
                    f"  ({size(gpu.memory_free)} free, {size(gpu.memory_reserved)} reserved by the driver)"),
         ("busy", f"  busy        {number(gpu.utilization_gpu, '%')} compute, "
