@@ -284,7 +284,6 @@ _COLUMNS = {
 }
 # When one field has several columns, the first listed in _COLUMNS wins (power.draw first).
 _PRIORITY = {name: rank for rank, name in enumerate(_COLUMNS)}
-_SNAPSHOT_COLUMNS = {"timestamp", "driver_version"}
 
 # The units a numeric field's values (or its header's "[unit]") may carry; a bare number is
 # always accepted. A unit outside these means the header names the column wrongly.
@@ -345,8 +344,9 @@ def _csv_gpu(position: int, row: Dict[str, str]) -> GPU:
     else:
         states = {column.split(".", 1)[1]: _text(value) for column, value in row.items()
                   if column.startswith(("clocks_event_reasons.", "clocks_throttle_reasons."))}
-        if _reasons(states) is not None:
-            fields["clock_event_reasons"] = _reasons(states)
+        decoded = _reasons(states)
+        if decoded is not None:
+            fields["clock_event_reasons"] = decoded
     capability = fields.pop("compute_capability", None)
     if capability is not None:
         major, _, minor = str(capability).partition(".")
