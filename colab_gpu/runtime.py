@@ -59,10 +59,6 @@ class Runtime:
     def platform_name(self) -> str:
         return PLATFORM_NAMES.get(self.platform, self.platform)
 
-    @property
-    def is_colab(self) -> bool:
-        return self.platform == COLAB
-
 
 def detect_platform(shell: object = None, environ: Mapping[str, str] = os.environ) -> str:
     """Colab, Kaggle, Binder, Jupyter, a terminal IPython or plain Python.
