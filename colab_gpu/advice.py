@@ -15,7 +15,16 @@ from .render import count
 from .runtime import COLAB, KAGGLE, names_mig_instances
 
 if TYPE_CHECKING:
-    from .gpu_status import Advice, Status
+    from .gpu_status import Status
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """One line of advice in a Status: the rule that gave it, how urgent, what to do."""
+
+    rule: str
+    level: str  # "info", "tip" or "warning"
+    message: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,9 +274,7 @@ RULES: Tuple[Rule, ...] = (
 )
 
 
-def advise(status: "Status") -> Tuple["Advice", ...]:
-    from .gpu_status import Advice
-
+def advise(status: "Status") -> Tuple[Advice, ...]:
     found = []
     for rule in RULES:
         if rule.about_this_machine and status.snapshot.recorded:

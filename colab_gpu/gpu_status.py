@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any, Dict, Optional, Tuple
 
+from .advice import Advice, advise
 from .devices import GPU, DeviceSource, Snapshot, default_source, open_source
 from .runtime import Runtime, cuda_numbering_known, detect_runtime, mig_torch_indices, torch_indices
 
@@ -47,13 +48,6 @@ class MemoryBreakdown:
     torch_cache: int
     torch_tensors: int
     free: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Advice:
-    rule: str
-    level: str  # "info", "tip" or "warning"
-    message: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +161,6 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
 
     ``status("tesla-t4.xml")`` reads a recording too: a path is what people pass first.
     """
-    from .advice import advise
-
     if isinstance(source, (str, os.PathLike)):
         source, path = None, source
     if source is None:
