@@ -14,7 +14,7 @@ import io
 import shlex
 import sys
 from collections.abc import Iterator
-from typing import Callable, List
+from typing import Callable, List, Set
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -358,7 +358,7 @@ class GPUMagics(Magics):
         """
         from .batch import RestoreError, SearchError, search_batch
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
-        from .batch.state import Snapshot, assigned_names, mentioned_names
+        from .batch.state import Snapshot
         from .render import count
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
@@ -376,20 +376,7 @@ class GPUMagics(Magics):
         # a traceback of the user's error shows their line, numbered as in the cell.
         filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", self.shell.execution_count)
         code = compile("\n" + source, filename, "exec")
-        if args.var in assigned_names(tree, nested=False):
-            raise UsageError(f"the cell assigns {args.var} itself, so every trial would run at the cell's "
-                             f"value, not the size tried; remove that assignment")
-        assigned, mentioned = assigned_names(tree), mentioned_names(tree)
-        if args.var.isidentifier() and args.var not in mentioned:  # else: a UsageError below
-            print(f"colab_gpu: the cell never mentions {args.var}; unless a function it calls reads "
-                  f"it, every size is the same work (--var names the variable)", file=sys.stderr)
-
-        shared_iterators = sorted(name for name in mentioned - assigned
-                                  if isinstance(namespace.get(name), Iterator))
-        if shared_iterators:  # a generator, a DataLoader's iter(), a file: no state to save
-            print(f"colab_gpu: {', '.join(shared_iterators)}: every run of the cell takes items from "
-                  f"this iterator and the search cannot put them back; create it again afterwards",
-                  file=sys.stderr)
+        assigned = _checked_names(tree, args.var, namespace)
 
         later_runs = _LaterRuns(self.shell)  # the cell's output is shown for its first run only
 
@@ -420,6 +407,27 @@ class GPUMagics(Magics):
             return dataclasses.replace(result, text_only=True) if self.output == "text" else result
         if not notebook:  # in a notebook the progress display has become the report
             self._show(result)
+
+
+def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> Set[str]:
+    """The names the cell binds. Refuses a cell that binds ``variable`` itself; warns on stderr
+    when it never mentions ``variable`` or takes items from an iterator of the notebook."""
+    from .batch.state import assigned_names, mentioned_names
+
+    if variable in assigned_names(tree, nested=False):
+        raise UsageError(f"the cell assigns {variable} itself, so every trial would run at the cell's "
+                         f"value, not the size tried; remove that assignment")
+    assigned, mentioned = assigned_names(tree), mentioned_names(tree)
+    if variable.isidentifier() and variable not in mentioned:  # else: a UsageError later
+        print(f"colab_gpu: the cell never mentions {variable}; unless a function it calls reads "
+              f"it, every size is the same work (--var names the variable)", file=sys.stderr)
+    shared_iterators = sorted(name for name in mentioned - assigned
+                              if isinstance(namespace.get(name), Iterator))
+    if shared_iterators:  # a generator, a DataLoader's iter(), a file: no state to save
+        print(f"colab_gpu: {', '.join(shared_iterators)}: every run of the cell takes items from "
+              f"this iterator and the search cannot put them back; create it again afterwards",
+              file=sys.stderr)
+    return assigned
 
 
 class _LaterRuns:
