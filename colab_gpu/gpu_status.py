@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from .advice import Advice, advise
 from .devices import GPU, DeviceSource, Snapshot, default_source, open_source
-from .runtime import Runtime, cuda_numbering_known, detect_runtime, mig_torch_indices, torch_indices
+from .runtime import Runtime, cuda_numbering_known, cuda_torch, detect_runtime, mig_torch_indices, torch_indices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +112,8 @@ class Status:
 
 def torch_memory(index_of: Dict[int, int], modules=sys.modules) -> Tuple[TorchMemory, ...]:
     """Allocator statistics per device, read only when CUDA is already initialized."""
-    torch = modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
+    torch = cuda_torch(modules)
+    if torch is None:
         return ()
     nvml_of = {torch_index: nvml_index for nvml_index, torch_index in index_of.items()}
     result = []

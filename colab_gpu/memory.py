@@ -29,7 +29,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 from .devices import DeviceSource
 from .gpu_status import MemoryBreakdown, breakdown, torch_memory
 from .render import count
-from .runtime import cuda_device_order, cuda_numbering_known, current_shell, names_mig_instances, torch_indices
+from .runtime import (cuda_device_order, cuda_numbering_known, cuda_torch, current_shell, names_mig_instances,
+                      torch_indices)
 
 # IPython's own names in the user namespace: the output and input history and its helpers.
 _OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
@@ -335,7 +336,7 @@ def _gpu_view(snapshot, torch):
         index_of = {}  # which GPU is cuda:N is unknown: torch's figures stand on their own; keep all
     elif not names_mig_instances(visible):  # NVML lists no MIG instance, so keep all then
         gpus = tuple(gpu for gpu in gpus if gpu.index in index_of)  # "" or -1: none at all
-    memory = torch_memory(index_of) if torch is not None and _cuda_initialized(torch) else ()
+    memory = torch_memory(index_of) if torch is not None else ()  # () until CUDA is initialized
     return gpus, index_of, memory
 
 
@@ -348,13 +349,6 @@ def _outside_torch(snapshot, torch) -> Tuple[MemoryBreakdown, ...]:
         return ()  # torch's memory cannot be told apart from the rest on any GPU
     parts = (breakdown(gpu, by_nvml.get(gpu.index), os.getpid()) for gpu in gpus)
     return tuple(part for part in parts if part is not None)
-
-
-def _cuda_initialized(torch) -> bool:
-    try:
-        return bool(torch.cuda.is_initialized())
-    except Exception:
-        return False
 
 
 def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
@@ -687,7 +681,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
         step("variables", lambda: _listed("deleted ", delete_variables(shell, names), ""))
     step("garbage collection",
          lambda: f"gc.collect() found {count(gc.collect(), 'unreachable object')}")
-    cuda = torch is not None and _cuda_initialized(torch)
+    cuda = cuda_torch() is not None
     if cuda:
         step("CUDA cache", lambda: _listed("synchronized ", empty_cuda_cache(torch), "")
              + "; cuBLAS workspaces, empty_cache(), ipc_collect()")

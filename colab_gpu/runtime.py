@@ -94,6 +94,19 @@ def detect_tpu(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     return None
 
 
+def cuda_torch(modules: Mapping[str, object] = sys.modules):
+    """The user's torch once their code has initialized CUDA, else None: the check before any
+    torch.cuda call, which must never start CUDA itself. A half-imported or broken torch
+    counts as not started."""
+    torch = modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return torch if torch.cuda.is_initialized() else None
+    except Exception:
+        return None
+
+
 def torch_state(modules: Mapping[str, object] = sys.modules) -> TorchState:
     """torch's version and CUDA state, only if the user already imported torch."""
     torch = modules.get("torch")
@@ -101,12 +114,8 @@ def torch_state(modules: Mapping[str, object] = sys.modules) -> TorchState:
         return TorchState(imported=False)
     version = getattr(torch, "__version__", None)
     cuda_version = getattr(getattr(torch, "version", None), "cuda", None)
-    try:
-        initialized = bool(torch.cuda.is_initialized())
-    except Exception:  # a half-imported or broken torch: report it as not started
-        initialized = False
     return TorchState(imported=True, version=str(version) if version else None,
-                      cuda_version=cuda_version, cuda_initialized=initialized)
+                      cuda_version=cuda_version, cuda_initialized=cuda_torch(modules) is not None)
 
 
 def current_shell(modules: Mapping[str, object] = sys.modules) -> object:

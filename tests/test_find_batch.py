@@ -493,6 +493,19 @@ def test_auto_measures_the_gpu_the_model_is_on_when_that_is_not_the_current_devi
     assert result.trials[0].peak_memory == 3 * GiB and result.trials[0].capacity == 14 * GiB
 
 
+def test_a_torch_whose_cuda_state_cannot_be_read_is_searched_on_the_cpu(monkeypatch):
+    # The rule %gpu_status follows (a broken or half-imported torch: CUDA not started), so
+    # that find_batch, clear_cache and the --cells lines never call into CUDA on a guess.
+    import torch
+
+    def broken():
+        raise RuntimeError("CUDA driver initialization failed")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", broken)
+    result = find_batch(lambda size: torch.zeros(size), max=4, progress=False)
+    assert result.answer == 4 and result.device == "cpu"
+
+
 def test_timed_runs_do_not_ask_every_gpu_for_its_context(monkeypatch):
     # --device auto is resolved once a trial: asking each GPU inside a timed run would count
     # as the step's own time (and throughput mode runs a fast step up to 1000 times).

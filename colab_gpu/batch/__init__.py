@@ -13,6 +13,7 @@ import sys
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 from ..render import count
+from ..runtime import cuda_torch
 from .oom import is_out_of_memory
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
@@ -30,8 +31,8 @@ def _cuda_devices() -> Optional[int]:
     """CUDA devices torch can use, counted through NVML so that the check never starts CUDA
     (torch.cuda.device_count() would, before ``%alloc_conf`` has had its say). None when
     NVML cannot tell: MIG instances in CUDA_VISIBLE_DEVICES are not among NVML's GPUs."""
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    torch = cuda_torch()
+    if torch is not None:
         return torch.cuda.device_count()
     from ..devices import default_source
     from ..runtime import names_mig_instances, torch_indices

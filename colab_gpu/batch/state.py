@@ -11,6 +11,9 @@ import random
 import sys
 from typing import Any, Dict, Iterable, List, MutableMapping, Optional, Set
 
+from ..runtime import cuda_torch
+
+
 class RestoreError(ValueError):
     """An object given to --restore whose state cannot be saved."""
 
@@ -113,8 +116,7 @@ class _Generators:
         self.numpy = numpy.random.get_state() if numpy is not None else None
         torch = sys.modules.get("torch")
         self.torch = torch.get_rng_state() if torch is not None else None
-        self.cuda = (torch.cuda.get_rng_state_all()
-                     if torch is not None and torch.cuda.is_initialized() else None)
+        self.cuda = torch.cuda.get_rng_state_all() if cuda_torch() is not None else None
 
     def restore(self) -> None:
         random.setstate(self.python)

@@ -19,13 +19,9 @@ import time
 from typing import Callable, Optional, Tuple
 
 from ..memory import cuda_devices_in_use, empty_cuda_cache, working_device
+from ..runtime import cuda_torch
 from .oom import ErrorKind, classify
 from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial
-
-
-def _cuda_initialized() -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_initialized()
 
 
 def _cuda_index(device: str) -> Optional[int]:
@@ -33,9 +29,9 @@ def _cuda_index(device: str) -> Optional[int]:
 
     ``auto`` is the device the user's code runs on (see working_device): measuring the bare
     current device would read the wrong GPU and create a context on it."""
-    if device == "cpu" or not _cuda_initialized():
+    torch = None if device == "cpu" else cuda_torch()
+    if torch is None:
         return None
-    torch = sys.modules["torch"]
     if device.startswith("cuda:"):
         return int(device.split(":", 1)[1])
     current = torch.cuda.current_device()

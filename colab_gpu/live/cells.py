@@ -9,27 +9,16 @@ during the cell: the whole GPU (every process), at the sampling interval, said a
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Callable, List, Optional
 
 from ..render import count, size
+from ..runtime import cuda_torch
 from .panel import is_replay, source_title, torch_labels
 
 
 def _signed(value: int) -> str:
     return ("+" if value >= 0 else "-") + size(abs(value))
-
-
-def _cuda_torch(modules=sys.modules):
-    """torch, only when the user's code has already initialized CUDA (never starts it)."""
-    torch = modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        return torch if torch.cuda.is_initialized() else None
-    except Exception:
-        return None
 
 
 class CellPeaks:
@@ -43,7 +32,7 @@ class CellPeaks:
 
     def before(self) -> None:
         self._started = time.time()
-        torch = _cuda_torch()
+        torch = cuda_torch()
         self._allocated = None
         if torch is not None:
             self._allocated = []
@@ -55,7 +44,7 @@ class CellPeaks:
         if self._started is None:  # the cell that turned this on
             return None
         started, self._started = self._started, None
-        torch = _cuda_torch()
+        torch = cuda_torch()
         if torch is not None:
             return self._torch_line(torch)
         return self._sampled_line(started)
