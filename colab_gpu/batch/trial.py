@@ -79,8 +79,8 @@ class CpuGauge:
 
     Under an address-space limit (``ulimit -v``, RLIMIT_AS) the capacity is that limit and
     a trial's peak is the address space's new high (VmPeak) when it set one, else the
-    address space in use before it plus the resident growth during it; otherwise the capacity is resident memory plus what the machine (or the cgroup)
-    still has available.
+    address space in use before it plus the resident growth during it; otherwise the
+    capacity is resident memory plus what the machine (or the cgroup) still has available.
     """
 
     def __init__(self):
