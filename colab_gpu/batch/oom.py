@@ -42,7 +42,7 @@ class ErrorKind(enum.Enum):
     OTHER = "other error"
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
+def error_chain(error: BaseException) -> Iterator[BaseException]:
     """The error and every error it was raised from or during, each once."""
     seen = set()
     while error is not None and id(error) not in seen:
@@ -74,15 +74,15 @@ def classify(error: Optional[BaseException]) -> Optional[ErrorKind]:
     if error is None:
         return None
     classes = _oom_classes()
-    kinds = set()
-    for link in _chain(error):
+    kind = ErrorKind.OTHER
+    for link in error_chain(error):
         text = str(link).lower()
         if any(fragment in text for fragment in BROKEN_FRAGMENTS):
             return ErrorKind.DEVICE_BROKEN
         if isinstance(link, MemoryError) or (classes and isinstance(link, classes)) \
                 or any(fragment in text for fragment in OOM_FRAGMENTS):
-            kinds.add(ErrorKind.OUT_OF_MEMORY)
-    return kinds.pop() if kinds else ErrorKind.OTHER
+            kind = ErrorKind.OUT_OF_MEMORY  # unless a later link says the device is broken
+    return kind
 
 
 def is_out_of_memory(error: Union[BaseException, str]) -> bool:

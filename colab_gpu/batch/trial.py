@@ -20,7 +20,7 @@ from typing import Callable, Optional, Tuple
 
 from ..memory import cuda_devices_in_use, empty_cuda_cache, working_device
 from ..runtime import cuda_torch
-from .oom import ErrorKind, classify
+from .oom import ErrorKind, classify, error_chain
 from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial
 
 
@@ -170,11 +170,8 @@ def release_memory(device: str) -> None:
 
 def _forget_frames(error: BaseException) -> None:
     """Cut the tracebacks along the chain: they hold the failed trial's tensors."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        error.__traceback__ = None
-        error = error.__cause__ or error.__context__
+    for link in error_chain(error):
+        link.__traceback__ = None
 
 
 def describe(error: BaseException) -> str:
