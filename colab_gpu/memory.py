@@ -361,8 +361,11 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     NVML, the GPU memory held outside torch. Never initializes CUDA and never keeps a
     reference to a tensor.
     """
-    shell = shell if shell is not None else current_shell()
-    snapshot = _snapshot(source)
+    return _holders(shell if shell is not None else current_shell(), _snapshot(source), max_objects)
+
+
+def _holders(shell: Any, snapshot, max_objects: int = MAX_OBJECTS) -> Holders:
+    """memory_holders() with the GPUs already read (``snapshot``, None when unreadable)."""
     torch = _torch()
     problem = snapshot.problem if snapshot is not None else None
     if torch is None:
@@ -417,12 +420,13 @@ def _snapshot(source: Optional[DeviceSource]):
         return None
 
 
-def read_memory(torch, source: Optional[DeviceSource]) -> Tuple[Reading, ...]:
-    """cpu (if torch is imported) and every GPU this process can use, with torch's view where CUDA runs."""
+def read_memory(torch, snapshot) -> Tuple[Reading, ...]:
+    """cpu (if torch is imported) and every GPU of ``snapshot`` this process can use, with
+    torch's view where CUDA runs."""
     readings: List[Reading] = []
     if torch is not None:
         readings.append(Reading("cpu", cpu_tensor_bytes(torch)))
-    gpus, index_of, memory = _gpu_view(_snapshot(source), torch)
+    gpus, index_of, memory = _gpu_view(snapshot, torch)
     by_nvml = {m.nvml_index: m for m in memory}
     for gpu in gpus:
         torch_index = index_of.get(gpu.index)
@@ -669,11 +673,15 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     shell = shell if shell is not None else current_shell()
     names = check_names(names, shell)  # a name given twice is deleted and reported once
     torch = _torch()
-    readings = read_memory(torch, source)
+    snapshot = _snapshot(source)
+    readings = read_memory(torch, snapshot)
     steps: List[Step] = []
 
     def step(name: str, action: Callable[[], str]) -> None:
-        steps.append(Step(name, action(), read_memory(torch, source)))
+        nonlocal snapshot
+        done = action()
+        snapshot = _snapshot(source)  # the last one also serves the ranking below
+        steps.append(Step(name, done, read_memory(torch, snapshot)))
 
     step("exception", lambda: _listed("dropped ", drop_exception(shell), "no exception was kept"))
     step("output history", lambda: _history_done(clear_output_history(shell, history), history))
@@ -686,7 +694,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
         step("CUDA cache", lambda: _listed("synchronized ", empty_cuda_cache(torch), "")
              + "; cuBLAS workspaces, empty_cache(), ipc_collect()")
     return ClearReport(before=readings, steps=tuple(steps),
-                       holders=memory_holders(shell, source), deleted=tuple(names),
+                       holders=_holders(shell, snapshot), deleted=tuple(names),
                        cuda_initialized=cuda)
 
 

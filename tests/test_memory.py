@@ -317,6 +317,23 @@ def test_memory_outside_torch_from_a_recorded_gpu(shell, clean_env):
     assert "other processes 22 MiB" in text and "NVML used 1.01 GiB -> 1.01 GiB" in text
 
 
+def test_clear_cache_reads_the_gpus_once_per_reading(shell, clean_env):
+    # Before, after each step, and nothing more: the ranking of who holds memory outside
+    # torch uses the last step's reading, not a read of its own a moment later.
+    class Counted(RecordedT4):
+        reads = 0
+
+        def snapshot(self):
+            self.reads += 1
+            return super().snapshot()
+
+    source = Counted()
+    report = __import__("colab_gpu").clear_cache(shell=shell, source=source)
+    assert source.reads == 1 + len(report.steps), (source.reads, report.steps)
+    (part,) = report.holders.outside_torch
+    assert part.other_processes == 22 * MiB
+
+
 class FakeCuda:
     """The CUDA device boundary: two GPUs, only the first with a context; records the calls."""
 
@@ -401,12 +418,12 @@ def test_torch_view_is_read_when_nvml_is_missing(monkeypatch):
     from colab_gpu.devices.nvml import NvmlSource
     from colab_gpu.memory import read_memory
 
-    source = NvmlSource()
-    assert not source.snapshot().ok
+    snapshot = NvmlSource().snapshot()
+    assert not snapshot.ok
     stats = {"allocated_bytes.all.current": 3 * MiB, "reserved_bytes.all.current": 8 * MiB}
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: stats)
-    readings = {reading.device: reading for reading in read_memory(torch, source)}
+    readings = {reading.device: reading for reading in read_memory(torch, snapshot)}
     assert readings["cuda:0"].allocated == 3 * MiB and readings["cuda:0"].reserved == 8 * MiB
     assert readings["cuda:0"].nvml_used is None and "cpu" in readings
