@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import (NA, allocator_summary, capability, celsius, mig_instance_summary, mig_note, number, pcie_link,
+from . import (NA, allocator_summary, capability, celsius, mig_instance_summary, number, pcie_link,
                power, process_name, ratio, seen_as, size, torch_summary, this_process, unrecorded_rows, words)
 
 STYLE = """

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List
 
-from . import (NA, allocator_summary, breakdown_summary, capability, celsius, mig_instance_summary, mig_note, number,
+from . import (NA, allocator_summary, breakdown_summary, capability, celsius, mig_instance_summary, number,
                pcie_link, power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
 
 
