@@ -5,11 +5,13 @@ import base64
 from html import escape
 from typing import Optional
 
-from ..render import count, size as format_size
+from ..render import count, fold, size as format_size
+from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE
 from .result import RUNNING, trial_row
 
 HEADER = ("size", "outcome", "peak memory", "time/step", "samples/s")
+NUMERIC = (True, False, True, True, True)  # right-aligned, so digits line up; words read from the left
 
 
 def trial_line(trial, variable: str, number: int) -> str:
@@ -25,7 +27,9 @@ def trial_line(trial, variable: str, number: int) -> str:
 def _table_text(result) -> str:
     rows = [HEADER] + result.rows()
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-    return "\n".join("  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows)
+    return "\n".join("  ".join(cell.rjust(width) if numeric else cell.ljust(width)
+                                for cell, width, numeric in zip(row, widths, NUMERIC)).rstrip()
+                      for row in rows)
 
 
 def _facts(result):
@@ -48,7 +52,18 @@ def _facts(result):
 
 
 def render_text(result) -> str:
-    return "\n".join([result.summary(), _table_text(result), *_facts(result)])
+    return "\n".join([fold(result.summary(), 2), _table_text(result), *(fold(fact, 2) for fact in _facts(result))])
+
+
+# Numbers right-aligned in tabular figures, words left (as specific as JupyterLab's own rule,
+# which right-aligns every cell); headers muted, the answer's row bold.
+TABLE_STYLE = ("<style>.cgpu-card th{color:var(--cgpu-muted)}.cgpu-card tr.cgpu-answer td{font-weight:bold}"
+               ".cgpu-card table.cgpu-trials td,.cgpu-card table.cgpu-trials th{text-align:right;"
+               "font-variant-numeric:tabular-nums;white-space:nowrap}"
+               + "".join(f".cgpu-card table.cgpu-trials td:nth-child({column}),"
+                         f".cgpu-card table.cgpu-trials th:nth-child({column}){{text-align:left}}"
+                         for column, numeric in enumerate(NUMERIC, 1) if not numeric)
+               + "</style>")
 
 
 def table_html(result) -> str:
@@ -57,17 +72,15 @@ def table_html(result) -> str:
         "<tr" + (" class='cgpu-answer'" if trial.size == result.answer and trial.fits else "") + ">"
         + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>"
         for trial, row in zip(result.trials, result.rows()))
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<table class='cgpu-trials'><tr>{head}</tr>{body}</table>"
 
 
 def render_html(result) -> str:
     """The card: the table, the facts and, once the search has ended, the chart inside it, so
     that the one output a notebook keeps (a progress display or a cell's Out) holds all."""
     facts = "".join(f"<li>{escape(fact)}</li>" for fact in _facts(result))
-    return (STYLE + "<style>.cgpu-card th{text-align:left;padding:1px 10px 1px 0;color:var(--cgpu-muted)}"
-            ".cgpu-card tr.cgpu-answer td{font-weight:bold}</style>"
-            f"<div class='cgpu-card'><h4>{escape(result.summary())}</h4>{table_html(result)}"
-            f"<ul class='cgpu-muted'>{facts}</ul>{_chart_html(result)}</div>")
+    return (STYLE + TABLE_STYLE + f"<div class='cgpu-card'><h4>{escape(result.summary())}</h4>{table_html(result)}"
+            f"<ul class='cgpu-muted cgpu-facts'>{facts}</ul>{_chart_html(result)}</div>")
 
 
 def _chart_html(result) -> str:
@@ -88,8 +101,11 @@ def chart_png(result) -> Optional[bytes]:
     fits = [t for t in result.trials if t.fits]
     if not fits:
         return None
-    import io
+    with neutral_style():
+        return to_png(_chart_figure(result, fits), dpi=80)
 
+
+def _chart_figure(result, fits):
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(9, 3.2))
@@ -114,6 +130,4 @@ def chart_png(result) -> Optional[bytes]:
     speed.plot([t.size for t in timed], [t.samples_per_second for t in timed], "o-")
     speed.set(xlabel=result.variable, ylabel="samples/s", title="throughput")
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=80)
-    return buffer.getvalue()
+    return figure

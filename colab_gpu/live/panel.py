@@ -23,7 +23,7 @@ EXTRA_STYLE = """
 .cgpu-live svg text{fill:var(--cgpu-muted);font-size:10px}
 .cgpu-live svg .cgpu-axis{stroke:var(--cgpu-line);fill:none}
 .cgpu-live .cgpu-error{color:var(--cgpu-warn)}
-.cgpu-live td{white-space:nowrap}.cgpu-live .cgpu-bar{width:6em}
+.cgpu-live td{white-space:nowrap;overflow-wrap:normal}.cgpu-live td:first-child{white-space:normal}.cgpu-card.cgpu-live .cgpu-bar{width:6em}
 .cgpu-card.cgpu-live{max-width:72em}
 </style>
 """
@@ -67,7 +67,7 @@ def state_words(sampler, now: float) -> str:
 
 
 def _gpu_row(index: int, name: str, label: Optional[str], reading, colour: str) -> str:
-    named = f"GPU {index} <span class='cgpu-muted'>{escape(name)}{f' &middot; {escape(label)}' if label else ''}</span>"
+    named = f"GPU&nbsp;{index} <span class='cgpu-muted'>{escape(name)}{f' &middot; {escape(label)}' if label else ''}</span>"
     if reading is None:
         return f"<tr><td>{named}</td><td colspan='4'>not in the latest sample</td></tr>"
     busy = None if reading.utilization is None else reading.utilization / 100

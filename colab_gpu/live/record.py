@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import io
 from html import escape
 from typing import Dict, Iterator, Optional, Tuple
 
 from ..render import celsius, count, number, size
+from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE
 from .panel import PALETTE
 from .sampler import Sample
@@ -149,17 +149,16 @@ class RunRecord:
         image = ""
         if self.samples:
             encoded = base64.b64encode(self.chart_png()).decode("ascii")
-            image = (f"<img alt='{escape(self.label)}: the whole run' style='max-width:100%' "
+            image = (f"<img alt='{escape(self.label)}: the whole run' "
                      f"src='data:image/png;base64,{encoded}'>")
         lines = "".join(f"<li>{escape(line)}</li>" for line in str(self).splitlines()[1:])
         return (f"{STYLE}<div class='cgpu-card'><div><b>{escape(self.headline())}</b></div>"
-                f"<ul>{lines}</ul>{image}</div>")
+                f"<ul class='cgpu-facts'>{lines}</ul>{image}</div>")
 
     def chart_png(self, dpi: int = 80) -> bytes:
         """The whole run as a PNG: busy %, memory used, power and temperature per GPU."""
-        buffer = io.BytesIO()
-        self.chart_figure(dpi).savefig(buffer, format="png")
-        return buffer.getvalue()
+        with neutral_style():  # ticks added while saving take the style's colours too
+            return to_png(self._draw_chart(dpi))
 
     def _series(self, start: float, unit: float):
         """(x of each sample in ``unit``s since ``start``, an array [sample, GPU, field] of busy %,
@@ -176,8 +175,14 @@ class RunRecord:
         return (numpy.array([sample.time for sample in self.samples]) - start) / unit, values
 
     def chart_figure(self, dpi: int = 80):
-        """The matplotlib Figure (Agg, no pyplot) that :meth:`chart_png` saves."""
+        """The matplotlib Figure (Agg, no pyplot) that :meth:`chart_png` saves, in colours
+        that read in light and dark themes."""
+        with neutral_style():
+            return self._draw_chart(dpi)
+
+    def _draw_chart(self, dpi: int):
         import numpy
+
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -209,6 +214,7 @@ class RunRecord:
                     highest = max(highest, float(y[known].max()))
             if not axes.lines:
                 axes.text(0.5, 0.5, "not reported", ha="center", va="center", transform=axes.transAxes)
+                axes.set_yticks([])  # no 0 to 1 scale for values that do not exist
             top = top or (highest * 1.1 or 1)
             # A little room past 0 and the top: a GPU busy 100% (or idle at 0) is drawn
             # inside the panel, not hidden under its frame.

@@ -3,6 +3,13 @@
 Text inherits the front end's own colour and every other colour is a mid-tone or a
 translucent grey, so the card reads the same in light and dark themes of JupyterLab, Notebook,
 VS Code and Colab without knowing which is active. Everything shown is escaped.
+
+JupyterLab styles output tables with selectors such as
+``:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`` (right-aligned) and
+``.jp-RenderedHTMLCommon ul:not(.list-inline)`` (indented): a rule here that must win is at
+least as specific (``td:not([hidden])``, ``ul:not(.list-inline)``) and comes later. Every
+output's <style> applies to the whole page, so a feature's own rules name its card's class
+too (``.cgpu-card.cgpu-live``): a later card's STYLE must not undo them.
 """
 from __future__ import annotations
 
@@ -16,15 +23,19 @@ STYLE = """
 <style>
 .cgpu-card{--cgpu-muted:#808080;--cgpu-warn:#c08a00;--cgpu-line:rgba(127,127,127,.5);
  color:inherit;background:transparent;font-family:var(--jp-ui-font-family,system-ui,sans-serif);
- font-size:13px;border:1px solid rgba(127,127,127,.35);border-radius:6px;padding:8px 12px;max-width:60em}
+ font-size:13px;line-height:1.4;overflow-wrap:anywhere;border:1px solid rgba(127,127,127,.35);border-radius:6px;padding:8px 12px;max-width:60em}
 .cgpu-card h4{margin:6px 0 2px;font-size:14px;color:inherit}.cgpu-card .cgpu-muted{opacity:.7}
 .cgpu-card table{border-collapse:collapse;margin:2px 0}
-.cgpu-card td,.cgpu-card tr{padding:1px 10px 1px 0;vertical-align:top;color:inherit;background:transparent!important;
- text-align:left;border:none}
+.cgpu-card td,.cgpu-card th,.cgpu-card tr{padding:1px 10px 1px 0;vertical-align:top;color:inherit;background:transparent!important;
+ border:none}
+.cgpu-card td:not([hidden]),.cgpu-card th:not([hidden]){text-align:left}
+.cgpu-card td.cgpu-label{white-space:nowrap}
+.cgpu-card ul.cgpu-facts li{border-left:none;padding:0;margin:1px 0}
+.cgpu-card img{max-width:100%;height:auto}
 .cgpu-card .cgpu-bar{display:inline-block;width:10em;height:.8em;background:rgba(127,127,127,.25);
  border-radius:3px;vertical-align:middle}
 .cgpu-card .cgpu-bar>span{display:block;height:100%;background:#2da44e;border-radius:3px}
-.cgpu-card ul{padding-left:0;list-style:none;margin:6px 0 2px}
+.cgpu-card ul:not(.list-inline){padding-left:0;list-style:none;margin:6px 0 2px}
 .cgpu-card li{border-left:4px solid rgba(127,127,127,.5);padding:1px 0 1px 8px;margin:3px 0}
 .cgpu-card li.warning{border-left-color:#d4a72c}.cgpu-card li.tip{border-left-color:#4493f8}
 .cgpu-card li b{font-weight:600}
@@ -43,7 +54,7 @@ def fraction_bar(fraction) -> str:
 def rows_table(rows) -> str:
     """A two-column table of (label, value) pairs: the label is escaped, the value is HTML."""
     return "<table>" + "".join(
-        f"<tr><td class='cgpu-muted'>{escape(label)}</td><td>{value}</td></tr>" for label, value in rows
+        f"<tr><td class='cgpu-muted cgpu-label'>{escape(label)}</td><td>{value}</td></tr>" for label, value in rows
     ) + "</table>"
 
 
@@ -77,8 +88,8 @@ def _gpu(status, gpu) -> str:
             f"{size(gpu.memory_reserved)} reserved by the driver)")),
         ("busy", fraction_bar(busy) + escape(f"{number(gpu.utilization_gpu, '%')} compute, "
                                      f"{number(gpu.utilization_memory, '%')} memory bus")),
-        ("power", escape(f"{power(gpu.power_draw, gpu.power_limit)}, "
-                         f"{celsius(gpu.temperature)}, {gpu.performance_state or NA}")),
+        ("power", escape(f"{power(gpu.power_draw, gpu.power_limit)}, temperature "
+                         f"{celsius(gpu.temperature)}, state {gpu.performance_state or NA}")),
         ("clocks", escape(f"SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
                           f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by "
                           f"{words(gpu.clock_event_reasons)}")),
