@@ -4,7 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Tuple
 
-from ..render import torch_summary
+from ..render import fold, torch_summary
 from ..render.html import STYLE, rows_table
 from .parse import format_version, to_torch
 from .schema import KEYS
@@ -69,7 +69,7 @@ def render_html(result) -> str:
     rows = [(heading, "<br>".join(escape(line) for line in body))
             for heading, body in _sections(result)]
     title = escape(_title(result))
-    warnings = "".join(f"<li class='warning'>{escape(w)}</li>" for w in result.warnings)
+    warnings = "".join(f"<li class='warning'><b>warning</b> {escape(w)}</li>" for w in result.warnings)
     return (STYLE + f'<div class="cgpu-card"><h4>{title}</h4>'
             + rows_table([row for row in rows if row[0] != "warnings"])
             + (f"<ul>{warnings}</ul>" if warnings else "") + "</div>")
@@ -82,8 +82,10 @@ def render_keys(version) -> str:
         span = f"{format_version(key.added)}" + (
             f", removed in {format_version(key.removed)}" if key.removed else "+")
         mark = "" if version is None or key.available(version) else "  (not in the installed torch)"
-        lines.append(f"{key.name:36} {key.kind:13} default {key.default:16} torch {span}{mark}\n"
-                     f"    {key.meaning}")
+        # two short lines and the meaning folded under them: one 100-column row per key
+        # wrapped mid-word in a notebook and in a terminal
+        lines.append(f"{key.name}  torch {span}{mark}")
+        lines.append(fold(f"    {key.kind}, default {key.default}: {key.meaning}", 4))
         if key.aliases:
             lines.append(f"    also spelled {', '.join(key.aliases)} (ROCm's name)")
         if key.rocm_choices:

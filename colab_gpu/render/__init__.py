@@ -5,11 +5,23 @@ Shared here: the few formatting rules every renderer must agree on (sizes, n/a).
 from __future__ import annotations
 
 import os
+import textwrap
 from typing import Optional, Sequence
 
 from ..runtime import names_mig_instances
 
 NA = "n/a"
+WIDTH = 80  # a terminal's columns: it breaks a longer line at any character, mid-word
+
+
+def fold(line: str, indent: int, width: int = WIDTH) -> str:
+    """``line`` wrapped at spaces to ``width`` columns, its continuation lines indented by
+    ``indent`` (under the value, not under the label); a long word (a path) is not split."""
+    if len(line) <= width:
+        return line
+    text = line.lstrip(" ")
+    return textwrap.fill(text, width, initial_indent=line[:len(line) - len(text)],
+                         subsequent_indent=" " * indent, break_long_words=False, break_on_hyphens=False)
 
 
 def _digits(value: float, unit: str) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List
 
-from . import (NA, allocator_summary, breakdown_summary, capability, celsius, mig_instance_summary, number,
+from . import (NA, allocator_summary, breakdown_summary, capability, celsius, fold, mig_instance_summary, number,
                pcie_link, power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
 
 
@@ -57,5 +57,5 @@ def render_status(status) -> str:
     for memory in status.torch_memory_without_gpu:
         lines.append(f"torch cuda:{memory.torch_index}  {allocator_summary(memory)}")
     for advice in status.advice:
-        lines.append(f"{advice.level}: {advice.message}")
+        lines.append(fold(f"{advice.level}: {advice.message}", len(advice.level) + 2))  # under the message
     return "\n".join(lines)
