@@ -55,13 +55,13 @@ def render_text(result) -> str:
     return "\n".join([fold(result.summary(), 2), _table_text(result), *(fold(fact, 2) for fact in _facts(result))])
 
 
-# Numbers right-aligned in tabular figures, words left (as specific as JupyterLab's own rule,
-# which right-aligns every cell); headers muted, the answer's row bold.
+# Numbers right-aligned in tabular figures, words left; more specific than JupyterLab's rule
+# (every cell right) and than STYLE's (every cell left), which a later card repeats.
 TABLE_STYLE = ("<style>.cgpu-card th{color:var(--cgpu-muted)}.cgpu-card tr.cgpu-answer td{font-weight:bold}"
-               ".cgpu-card table.cgpu-trials td,.cgpu-card table.cgpu-trials th{text-align:right;"
+               ".cgpu-card.cgpu-trials tr td,.cgpu-card.cgpu-trials tr th{text-align:right;"
                "font-variant-numeric:tabular-nums;white-space:nowrap}"
-               + "".join(f".cgpu-card table.cgpu-trials td:nth-child({column}),"
-                         f".cgpu-card table.cgpu-trials th:nth-child({column}){{text-align:left}}"
+               + "".join(f".cgpu-card.cgpu-trials tr td:nth-child({column}),"
+                         f".cgpu-card.cgpu-trials tr th:nth-child({column}){{text-align:left}}"
                          for column, numeric in enumerate(NUMERIC, 1) if not numeric)
                + "</style>")
 
@@ -72,14 +72,14 @@ def table_html(result) -> str:
         "<tr" + (" class='cgpu-answer'" if trial.size == result.answer and trial.fits else "") + ">"
         + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>"
         for trial, row in zip(result.trials, result.rows()))
-    return f"<table class='cgpu-trials'><tr>{head}</tr>{body}</table>"
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def render_html(result) -> str:
     """The card: the table, the facts and, once the search has ended, the chart inside it, so
     that the one output a notebook keeps (a progress display or a cell's Out) holds all."""
     facts = "".join(f"<li>{escape(fact)}</li>" for fact in _facts(result))
-    return (STYLE + TABLE_STYLE + f"<div class='cgpu-card'><h4>{escape(result.summary())}</h4>{table_html(result)}"
+    return (STYLE + TABLE_STYLE + f"<div class='cgpu-card cgpu-trials'><h4>{escape(result.summary())}</h4>{table_html(result)}"
             f"<ul class='cgpu-muted cgpu-facts'>{facts}</ul>{_chart_html(result)}</div>")
 
 
