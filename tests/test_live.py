@@ -561,8 +561,8 @@ def line_labels(text: str) -> dict:
 
 
 def panel_labels(panel: str) -> dict:
-    """GPU -> its label in a live panel row: "GPU 1 <span ...>Tesla T4 &middot; cuda:0</span>"."""
-    return {int(index): label for index, label in re.findall(r"GPU (\d+) <span class='cgpu-muted'>[^<]*? &middot; ([^<]+)</span>", panel)}
+    """GPU -> its label in a live panel row: "GPU&nbsp;1 <span ...>Tesla T4 &middot; cuda:0</span>"."""
+    return {int(index): label for index, label in re.findall(r"GPU&nbsp;(\d+) <span class='cgpu-muted'>[^<]*? &middot; ([^<]+)</span>", panel)}
 
 
 def test_a_replay_labels_its_gpus_as_the_card_does_whatever_this_machines_cuda_visible_devices(
