@@ -9,7 +9,7 @@ import dataclasses
 import importlib.metadata
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
-from .devices import GiB
+from .devices import GiB, gpu_models
 from .devices.nvml import NO_PYNVML
 from .render import count
 from .runtime import COLAB, KAGGLE, names_mig_instances
@@ -91,8 +91,7 @@ def visible_devices_hide_all(status):
 
 
 def device_order_differs(status):
-    names = {gpu.name for gpu in status.gpus}
-    if len(names) > 1 and status.runtime.cuda_device_order != "PCI_BUS_ID":
+    if len(gpu_models(status.gpus)) > 1 and status.runtime.cuda_device_order != "PCI_BUS_ID":
         return ("These GPUs differ and CUDA numbers them fastest first, unlike nvidia-smi: "
                 "set CUDA_DEVICE_ORDER=PCI_BUS_ID before torch starts so the indices agree.")
 

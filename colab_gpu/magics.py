@@ -52,8 +52,9 @@ def _friendly_errors(method: Callable) -> Callable:
         except UsageError:
             raise
         except ImportError as error:
-            print(f"colab_gpu: {error.name or 'a module'} could not be imported ({error}); "
-                  f"install it with pip", file=sys.stderr)
+            package = (error.name or "").partition(".")[0]  # matplotlib.figure: pip install matplotlib
+            print(f"colab_gpu: {package or 'a module'} could not be imported ({error}); "
+                  + (f"pip install {package}" if package else "install it with pip"), file=sys.stderr)
         except Exception as error:
             if not type(error).__name__.startswith("NVMLError"):
                 raise
@@ -358,11 +359,16 @@ class GPUMagics(Magics):
         """
         from .batch import RestoreError, SearchError, search_batch
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
+        from .batch.search import check_variable
         from .batch.state import Snapshot
         from .render import count
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = _parse(self.find_batch, line)
+        try:
+            check_variable(args.var)  # before the hints below, which name it
+        except SearchError as error:
+            raise UsageError(str(error)) from None
         namespace = self.shell.user_ns
         missing = [name for name in args.restore if name not in namespace]
         if missing:
@@ -418,7 +424,7 @@ def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> Set[str]:
         raise UsageError(f"the cell assigns {variable} itself, so every trial would run at the cell's "
                          f"value, not the size tried; remove that assignment")
     assigned, mentioned = assigned_names(tree), mentioned_names(tree)
-    if variable.isidentifier() and variable not in mentioned:  # else: a UsageError later
+    if variable not in mentioned:
         print(f"colab_gpu: the cell never mentions {variable}; unless a function it calls reads "
               f"it, every size is the same work (--var names the variable)", file=sys.stderr)
     shared_iterators = sorted(name for name in mentioned - assigned

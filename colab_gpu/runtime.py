@@ -8,10 +8,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Optional, Sequence, Tuple
 
-if TYPE_CHECKING:
-    from .devices import GPU
+from .devices import GPU, gpu_models
 
 COLAB = "colab"
 KAGGLE = "kaggle"
@@ -213,7 +212,7 @@ def cuda_numbering_known(cuda_visible_devices: Optional[str], cuda_device_order:
     GPUs cuda:0 (and ordinal N in CUDA_VISIBLE_DEVICES) may be another GPU than NVML's 0.
     Identical GPUs keep bus order; UUIDs in CUDA_VISIBLE_DEVICES name their GPU in any order.
     """
-    if cuda_device_order == "PCI_BUS_ID" or len({gpu.name for gpu in gpus}) <= 1:
+    if cuda_device_order == "PCI_BUS_ID" or len(gpu_models(gpus)) <= 1:
         return True
     entries = [part.strip() for part in cuda_visible_devices.split(",")] if cuda_visible_devices else []
     return bool(entries) and all(entry.startswith(("GPU-", "MIG-")) for entry in entries)

@@ -20,8 +20,9 @@ from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT
 Settings = Tuple[Tuple[str, str], ...]  # (key, canonical value) in the order given
 
 _SEPARATORS = ",:=[]"
-_INTEGER = re.compile(r"\d+")
-_DECIMAL = re.compile(r"\d+(\.\d*)?|\.\d+")  # no sign, no exponent, no inf/nan
+# ASCII digits only: Python's \d and int() take "١٢٨", torch's parser refuses it.
+_INTEGER = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")  # no sign, no exponent, no inf/nan
 _INTERVAL_LIMIT = 2 ** 62
 
 

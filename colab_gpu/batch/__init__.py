@@ -21,7 +21,7 @@ from .state import RestoreError, Snapshot
 from .trial import CtrlC, device_label, release_memory, run_trial
 
 __all__ = ["find_batch", "is_out_of_memory", "BatchResult", "Trial", "SearchError", "RestoreError"]
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")  # torch refuses "cuda:١", which int() reads
 # Throughput mode compares sizes 5 % apart: a trial's timed runs must add up to this many
 # seconds, or one scheduler hiccup in a 100 µs step decides the answer.
 THROUGHPUT_TIMED = 0.1
@@ -48,7 +48,7 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (an int or a torch.device is taken too), or
     SearchError: a CUDA device that is not there would be reported as the one searched on."""
     spec = f"cuda:{device}" if isinstance(device, int) and not isinstance(device, bool) \
-        else str(device or "auto")
+        else "auto" if device is None else str(device)  # "" is refused, not taken for auto
     if not _DEVICE.fullmatch(spec):
         raise SearchError(f"--device {spec!r}: use auto, cpu, cuda or cuda:N")
     torch = sys.modules.get("torch")

@@ -133,6 +133,13 @@ class _Stop(Exception):
     """Ends the search early (broken device, the user's error, Ctrl-C)."""
 
 
+def check_variable(variable: str) -> str:
+    """``variable`` if it can name the batch size, else SearchError saying what is accepted."""
+    if not isinstance(variable, str) or not variable.isidentifier() or keyword.iskeyword(variable):
+        raise SearchError(f"--var {variable!r}: give a Python variable name, like batch_size or bs")
+    return variable
+
+
 class Search:
     """One search; ``result()`` may be called at any time for the best so far."""
 
@@ -142,8 +149,7 @@ class Search:
                  on_trial: Callable[["Search"], None] = lambda search: None):
         if mode not in MODES:
             raise SearchError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
-        if not isinstance(variable, str) or not variable.isidentifier() or keyword.iskeyword(variable):
-            raise SearchError(f"--var {variable!r}: give a Python variable name, like batch_size or bs")
+        check_variable(variable)
         for option, value in (("--multiple-of", multiple_of), ("--start", start), ("--max", maximum)):
             if value is not None:
                 whole_number(option, value)

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import re
 import time
-from typing import Optional, Protocol, Tuple
+from typing import FrozenSet, Optional, Protocol, Sequence, Tuple
 
 MiB = 1024 ** 2
 GiB = 1024 ** 3
@@ -126,6 +126,15 @@ _CAPABILITY_BY_NAME = (
     (r"\bP40\b|\bP4\b|GTX 10\d0|Quadro P\d+|TITAN Xp?\b", (6, 1)),
     (r"\bK80\b", (3, 7)),
 )
+
+
+UNKNOWN_GPU = "unknown GPU"  # the name of a GPU whose name could not be read
+
+
+def gpu_models(gpus: Sequence[GPU]) -> FrozenSet[str]:
+    """The models among ``gpus``; a GPU whose name could not be read (it fell off the bus, or
+    NVML timed out) is none of them, so it never makes a box of identical GPUs look mixed."""
+    return frozenset(gpu.name for gpu in gpus if gpu.name != UNKNOWN_GPU)
 
 
 def known_compute_capability(name: str) -> Optional[Tuple[int, int]]:

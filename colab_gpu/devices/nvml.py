@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import GPU, GPUProcess, MigInstance, Snapshot
+from . import GPU, UNKNOWN_GPU, GPUProcess, MigInstance, Snapshot
 
 # nvml.h's clocks-event reason bits, in words a notebook user understands.
 CLOCK_EVENT_REASONS = (
@@ -36,6 +36,9 @@ _INIT_PROBLEMS = {
     "NVMLError_GpuIsLost": "a GPU has fallen off the bus: restart the runtime or the machine",
     "NVMLError_FunctionNotFound": "the NVIDIA driver is too old for this NVML function",
     "NVMLError_Uninitialized": "NVML is not initialized",
+    "NVMLError_NotSupported": "the NVIDIA driver does not support this read on this GPU",
+    "NVMLError_Timeout": "the NVIDIA driver did not answer in time: try again; if it persists, restart the machine",
+    "NVMLError_Unknown": "the NVIDIA driver failed with an unknown error: try again; if it persists, restart the machine",
 }
 
 NO_PYNVML = ("the pynvml module is not installed (it comes with NVIDIA's nvidia-ml-py package: "
@@ -132,9 +135,9 @@ class NvmlSource:
             nvml = self._nvml
             try:
                 count = nvml.nvmlDeviceGetCount()
-                if self._versions is None:
-                    self._versions = (self._field(lambda: _text(nvml.nvmlSystemGetDriverVersion())),
-                                      self._field(self._cuda_driver_version))
+                if self._versions is None:  # no one GPU's: even "GPU is lost" leaves them n/a
+                    self._versions = (self._field(lambda: _text(nvml.nvmlSystemGetDriverVersion()), device=False),
+                                      self._field(self._cuda_driver_version, device=False))
             except Exception as error:
                 return Snapshot(source=self.label, problem=describe_nvml_error(error))
             return Snapshot(
@@ -155,13 +158,14 @@ class NvmlSource:
                     pass
 
     @staticmethod
-    def _field(read: Callable[[], Any]) -> Any:
-        """A field's value, or None where the device or driver does not support it."""
+    def _field(read: Callable[[], Any], device: bool = True) -> Any:
+        """A field's value, or None where the device or driver does not support it; a device's
+        field that finds its GPU lost raises, for _read_gpu to mark the whole device."""
         try:
             return read()
         except Exception as error:
-            if _is_lost(error):
-                raise  # _read_gpu marks the whole device
+            if device and _is_lost(error):
+                raise
             return None
 
     def _cuda_driver_version(self) -> str:
@@ -172,7 +176,7 @@ class NvmlSource:
         try:
             handle, name, fixed = self._device(index)
         except Exception as error:
-            return GPU(index=index, name="unknown GPU", error=describe_nvml_error(error))
+            return GPU(index=index, name=UNKNOWN_GPU, error=describe_nvml_error(error))
         try:
             return self._read_fields(index, handle, name, fixed)
         except Exception as error:  # only a lost GPU gets here: the fields let the rest through
@@ -183,7 +187,8 @@ class NvmlSource:
         if index not in self._devices:
             nvml, field = self._nvml, self._field
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            name = _text(nvml.nvmlDeviceGetName(handle))
+            # A name NVML cannot give (a vGPU, a timeout) leaves the other fields readable.
+            name = field(lambda: _text(nvml.nvmlDeviceGetName(handle))) or UNKNOWN_GPU
             fixed = dict(
                 uuid=field(lambda: _text(nvml.nvmlDeviceGetUUID(handle))),
                 bus_id=field(lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
@@ -239,8 +244,10 @@ class NvmlSource:
             try:
                 info = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
                 return int(info.total), int(info.used), int(info.free), int(info.reserved)
-            except Exception:
-                pass  # drivers before 510 have no v2: fall back to v1 below
+            except Exception as error:
+                if _is_lost(error):
+                    raise
+                # drivers before 510 have no v2: fall back to v1 below
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
         return int(info.total), int(info.used), int(info.free), None
 
@@ -269,8 +276,10 @@ class NvmlSource:
         if read is not None:
             try:
                 return int(read(handle))
-            except Exception:
-                pass  # an older driver: try the deprecated name
+            except Exception as error:
+                if _is_lost(error):
+                    raise
+                # an older driver: try the deprecated name
         return int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
     def _processes(self, handle: Any) -> Optional[Tuple[GPUProcess, ...]]:

@@ -148,9 +148,13 @@ class RunRecord:
     def _repr_html_(self) -> str:
         image = ""
         if self.samples:
-            encoded = base64.b64encode(self.chart_png()).decode("ascii")
-            image = (f"<img alt='{escape(self.label)}: the whole run' "
-                     f"src='data:image/png;base64,{encoded}'>")
+            try:
+                encoded = base64.b64encode(self.chart_png()).decode("ascii")
+            except ImportError:  # matplotlib missing or broken: the summary still shows
+                image = "<p class='cgpu-muted'>The chart needs matplotlib: pip install matplotlib</p>"
+            else:
+                image = (f"<img alt='{escape(self.label)}: the whole run' "
+                         f"src='data:image/png;base64,{encoded}'>")
         lines = "".join(f"<li>{escape(line)}</li>" for line in str(self).splitlines()[1:])
         return (f"{STYLE}<div class='cgpu-card'><div><b>{escape(self.headline())}</b></div>"
                 f"<ul class='cgpu-facts'>{lines}</ul>{image}</div>")

@@ -1,0 +1,428 @@
+"""The "never do harm" promises, checked by injecting faults at the boundaries.
+
+NVML: every function NvmlSource calls (the list comes from a healthy run of the real code) raises,
+one at a time, each error pynvml raises for a broken machine: at init, on the second of two GPUs,
+and while the live monitor samples. Imports: torch, ipywidgets, matplotlib or pandas missing, in a
+fresh process. CUDA: with torch imported and CUDA not started, no magic or API calls a torch.cuda
+function that would start it. Input: every option's bad values are one UsageError line and change
+nothing. Variables: no magic deletes or rebinds a user's variable it was not asked to.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pynvml
+import pytest
+
+import colab_gpu.devices
+from colab_gpu.devices.nvml import NvmlSource, describe_nvml_error
+from colab_gpu.devices.replay import ReplaySource
+from colab_gpu.live.sampler import Sampler
+
+from conftest import DATA, ROOT
+from nvml_recording import RecordedNvml
+
+T4 = DATA / "nvidia-smi-xml" / "tesla-t4.xml"
+
+# The failures of a broken machine the issue names, as pynvml raises them.
+NVML_ERRORS = {name: getattr(pynvml, f"NVML_ERROR_{code}") for name, code in (
+    ("LibraryNotFound", "LIBRARY_NOT_FOUND"), ("DriverNotLoaded", "DRIVER_NOT_LOADED"),
+    ("LibRmVersionMismatch", "LIB_RM_VERSION_MISMATCH"), ("NotSupported", "NOT_SUPPORTED"),
+    ("FunctionNotFound", "FUNCTION_NOT_FOUND"), ("GpuIsLost", "GPU_IS_LOST"),
+    ("NoPermission", "NO_PERMISSION"), ("Unknown", "UNKNOWN"), ("Timeout", "TIMEOUT"),
+    ("Uninitialized", "UNINITIALIZED"))}
+
+
+def two_t4s() -> colab_gpu.devices.Snapshot:
+    """Kaggle's two T4s: the recorded T4 twice, the second on its own bus."""
+    snapshot = ReplaySource(T4).snapshot()
+    (gpu,) = snapshot.gpus
+    second = dataclasses.replace(gpu, index=1, uuid="GPU-00000000-0000-0000-0000-000000000001",
+                                 bus_id="00000000:00:05.0")
+    return dataclasses.replace(snapshot, gpus=(gpu, second))
+
+
+def nvml_calls() -> list:
+    """Every NVML function the real code calls for a full snapshot, in order."""
+    nvml = RecordedNvml(two_t4s())
+    assert NvmlSource(nvml=nvml).snapshot().ok
+    return list(dict.fromkeys(nvml.calls))
+
+
+NVML_CALLS = nvml_calls()
+SYSTEM_CALLS = {"nvmlInit", "nvmlDeviceGetCount"}  # no GPU is read without them
+DEVICE_CALLS = sorted(name for name in set(NVML_CALLS) - SYSTEM_CALLS if name.startswith("nvmlDevice"))
+
+
+def test_the_call_list_is_the_real_codes():
+    assert len(NVML_CALLS) >= 20 and NVML_CALLS[0] == "nvmlInit"
+    assert {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetHandleByIndex", "nvmlSystemGetDriverVersion",
+            "nvmlDeviceGetComputeRunningProcesses", "nvmlSystemGetProcessName"} <= set(NVML_CALLS)
+
+
+@pytest.fixture
+def gpu_status_text(shell, capsys, monkeypatch):
+    """%gpu_status over NvmlSource(nvml), as text; fails on any traceback."""
+    def run(nvml, line=""):
+        monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=nvml))
+        shell.run_line_magic("gpu_status", line)
+        captured = capsys.readouterr()
+        assert "Traceback" not in captured.out + captured.err and captured.err == ""
+        return captured.out
+
+    return run
+
+
+def assert_worded(text: str) -> None:
+    """An NVML failure is said in words, never as pynvml's class or its bare message."""
+    assert "NVMLError" not in text and "NVML error:" not in text
+
+
+@pytest.mark.parametrize("error", NVML_ERRORS)
+@pytest.mark.parametrize("function", NVML_CALLS)
+def test_every_nvml_call_failing_on_every_gpu_leaves_an_honest_card(gpu_status_text, function, error):
+    text = gpu_status_text(RecordedNvml(two_t4s()).fail(function, NVML_ERRORS[error]))
+    lines = text.splitlines()
+    assert lines[0].startswith("IPython in a terminal")  # the runtime line is always shown
+    assert_worded(text)
+    if function in SYSTEM_CALLS:
+        assert [line for line in lines if line.startswith("No GPU read: ")] == [
+            f"No GPU read: {describe_nvml_error(pynvml.NVMLError(NVML_ERRORS[error]))}"]
+    else:  # both GPUs keep their line: read, or marked with what went wrong
+        assert sum(line.startswith(("GPU 0 ", "GPU 1 ")) for line in lines) == 2, text
+
+
+@pytest.mark.parametrize("error", NVML_ERRORS)
+@pytest.mark.parametrize("function", DEVICE_CALLS)
+def test_every_nvml_call_failing_on_the_second_gpu_leaves_the_first_whole(gpu_status_text, function, error):
+    text = gpu_status_text(RecordedNvml(two_t4s()).fail(function, NVML_ERRORS[error], index=1))
+    assert_worded(text)
+    assert "GPU 0  Tesla T4  (cuda:0, compute capability 7.5)" in text.splitlines()
+    assert "  memory      1.01 GiB used / 15.00 GiB  (13.61 GiB free, 388 MiB reserved by the driver)" in text
+    second = [line for line in text.splitlines() if line.startswith("GPU 1 ")]
+    assert len(second) == 1
+    if error == "GpuIsLost":
+        assert second[0].endswith(describe_nvml_error(pynvml.NVMLError(NVML_ERRORS[error])))
+
+
+def test_a_driver_version_that_finds_a_gpu_lost_does_not_hide_every_gpu(gpu_status_text):
+    """Before, the driver-version read re-raised "GPU is lost" and the card said No GPU read."""
+    nvml = RecordedNvml(two_t4s()).fail("nvmlSystemGetDriverVersion", pynvml.NVML_ERROR_GPU_IS_LOST)
+    snapshot = NvmlSource(nvml=nvml).snapshot()
+    assert snapshot.problem is None and [gpu.name for gpu in snapshot.gpus] == ["Tesla T4"] * 2
+    assert snapshot.driver_version is None
+
+
+def test_a_name_nvml_cannot_give_leaves_the_rest_of_the_gpu_read():
+    """Before, a NotSupported or Timeout name made the whole GPU 'unknown GPU: NVML error: ...'."""
+    nvml = RecordedNvml(two_t4s()).fail("nvmlDeviceGetName", pynvml.NVML_ERROR_TIMEOUT, index=1)
+    first, second = NvmlSource(nvml=nvml).snapshot().gpus
+    assert second.error is None and second.name == "unknown GPU"
+    assert dataclasses.replace(second, name=first.name, index=0, uuid=first.uuid, bus_id=first.bus_id) == first
+
+
+@pytest.mark.parametrize("error", ["NotSupported", "Unknown", "Timeout"])
+def test_init_failures_nvml_has_no_words_for_are_said_in_words(error):
+    """Before: "No GPU read: NVML error: Timeout" - pynvml's message, not what to do."""
+    nvml = RecordedNvml(two_t4s()).fail("nvmlInit", NVML_ERRORS[error])
+    problem = NvmlSource(nvml=nvml).snapshot().problem
+    assert problem.startswith("the NVIDIA driver ") and "NVML error" not in problem
+
+
+@pytest.mark.parametrize("error", NVML_ERRORS)
+@pytest.mark.parametrize("function", sorted(set(NVML_CALLS) - {"nvmlInit"}))
+def test_every_nvml_call_failing_while_the_monitor_samples_ends_it_in_words(function, error):
+    """Fixed fields are read once, at the first sample: a later failure of one is never seen."""
+    nvml = RecordedNvml(two_t4s())
+    sampler = Sampler(NvmlSource(nvml=nvml), interval=0.001).start()
+    try:
+        nvml.fail(function, NVML_ERRORS[error], index=1 if function in DEVICE_CALLS else None)
+        first = sampler.count
+        assert sampler.wait(first + 2, timeout=5) or not sampler.running
+        sampler.wait(first + 3, timeout=5)
+        if sampler.error is not None:  # the GPU or NVML went away: said once, in words
+            assert not sampler.running and sampler.error.count("\n") == 0
+            assert_worded(sampler.error)
+        else:  # a field became n/a: sampling goes on
+            assert sampler.running and sampler.count >= first + 2
+    finally:
+        sampler.stop()
+
+
+# --- imports that fail, CUDA that must not start: a fresh shell in a subprocess --------------------
+
+SHELL_SESSION = r'''
+import contextlib, io, json, os, sys, time, traceback
+{setup}
+from IPython.testing.globalipapp import start_ipython
+from IPython.core.error import UsageError
+
+shell = start_ipython()
+before_load = set(sys.modules)  # IPython's test shell may import matplotlib itself
+for formatter in shell.display_formatter.formatters.values():  # a notebook's: HTML, PNG too
+    formatter.enabled = True
+shell.run_line_magic("load_ext", "colab_gpu")
+shell.run_line_magic("config", "GPUMagics.live_lines = 2")
+shell.run_line_magic("config", "GPUMagics.live_interval = 0.01")
+shell.user_ns.update(batch_size=4, model=[1, 2])
+report = {{"runs": [], "heavy_after_load": sorted(
+    name for name in set(sys.modules) - before_load if name in ("torch", "matplotlib", "ipywidgets", "pandas"))}}
+
+def run(label, action):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            value = action()
+            if value is not None:
+                shell.display_formatter.format(value)
+            outcome = "ok"
+        except UsageError as error:
+            outcome = "UsageError: " + str(error)
+        except BaseException:
+            outcome = "RAISED " + traceback.format_exc()
+    report["runs"].append(dict(label=label, outcome=outcome, out=out.getvalue(), err=err.getvalue()))
+
+import colab_gpu, colab_gpu.live
+magic, cell = shell.run_line_magic, shell.run_cell_magic
+steps = [
+    ("%gpu_status", lambda: magic("gpu_status", "")),
+    ("%gpu_status --json", lambda: magic("gpu_status", "--json")),
+    ("%gpu_status --from", lambda: magic("gpu_status", "--from {t4}")),
+    ("%gpu_status --live --demo --cells", lambda: magic("gpu_status", "--live --demo --cells")),
+    ("a cell", lambda: shell.run_cell("x = 1")),
+    ("%gpu_status --stop", lambda: magic("gpu_status", "--stop")),
+    ("widgets", lambda: (magic("config", "GPUMagics.live_display = 'widgets'"),
+                         magic("gpu_status", "--live --demo"), magic("gpu_status", "--stop"))),
+    ("the run's chart", lambda: (colab_gpu.live.start(demo=True, interval=0.01), time.sleep(0.05),
+                                 colab_gpu.live.stop())[-1]),
+    ("%alloc_conf", lambda: magic("alloc_conf", "")),
+    ("%alloc_conf set", lambda: magic("alloc_conf", "max_split_size_mb=128")),
+    ("%alloc_conf --check", lambda: magic("alloc_conf", "--check expandable_segments:True")),
+    ("%alloc_conf --keys", lambda: magic("alloc_conf", "--keys")),
+    ("%clear_cache", lambda: magic("clear_cache", "")),
+    ("%clear_cache --vars", lambda: magic("clear_cache", "--vars")),
+    ("%%find_batch", lambda: cell("find_batch", "-o --max 8", "y = [0] * batch_size")),
+    ("status()", lambda: colab_gpu.status()),
+    ("status(path)", lambda: colab_gpu.status("{t4}")),
+    ("alloc_conf()", lambda: colab_gpu.alloc_conf()),
+    ("clear_cache()", lambda: colab_gpu.clear_cache()),
+    ("find_batch()", lambda: colab_gpu.find_batch(lambda size: [0] * size, max=8, progress=False)),
+    ("history()", lambda: colab_gpu.history()),
+    ("is_out_of_memory()", lambda: colab_gpu.is_out_of_memory(RuntimeError("CUDA out of memory."))),
+    {extra}
+]
+for label, action in steps:
+    run(label, action)
+report["user_ns"] = sorted(name for name in ("batch_size", "model") if name in shell.user_ns)
+{finish}
+print("REPORT" + json.dumps(report))
+'''
+
+
+def shell_session(setup="", extra="", finish="", timeout=120) -> dict:
+    """Run every magic and API entry point in a fresh IPython shell; what each one did."""
+    script = SHELL_SESSION.format(setup=setup, extra=extra, finish=finish, t4=T4)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLAB_GPU_CONFIG_DIR=os.environ["COLAB_GPU_CONFIG_DIR"])
+    for name in list(env):
+        if name.startswith(("PYTORCH_", "CUDA_", "COLAB_RELEASE", "KAGGLE_")):
+            del env[name]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=str(ROOT))
+    line = next((line for line in done.stdout.splitlines() if line.startswith("REPORT")), None)
+    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(line[len("REPORT"):])
+
+
+def assert_no_harm(report: dict) -> None:
+    """No traceback anywhere; a refusal is one UsageError line; no user variable lost."""
+    for run in report["runs"]:
+        text = run["outcome"] + run["out"] + run["err"]
+        assert "Traceback" not in text and not run["outcome"].startswith("RAISED"), run
+        if run["outcome"].startswith("UsageError"):
+            assert "\n" not in run["outcome"], run
+    assert report["user_ns"] == ["batch_size", "model"]
+
+
+BLOCKED = r'''
+class Blocked:
+    """A meta-path finder that makes `import {name}` fail as if it were not installed."""
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "{name}" or fullname.startswith("{name}."):
+            raise ModuleNotFoundError(f"No module named {{fullname!r}}", name=fullname)
+sys.meta_path.insert(0, Blocked())
+'''
+
+
+@pytest.mark.parametrize("missing", ["torch", "ipywidgets", "matplotlib", "pandas"])
+def test_every_magic_and_api_without_an_optional_package(missing):
+    report = shell_session(setup=BLOCKED.format(name=missing))
+    assert_no_harm(report)
+    assert report["heavy_after_load"] == []  # import colab_gpu and %load_ext import none of them
+    for run in report["runs"]:  # whoever needed it says, on one line, what to install
+        text = run["out"] + run["err"] + run["outcome"]
+        for line in text.splitlines():
+            if missing in line and ("No module" in line or "could not be imported" in line or "needs" in line):
+                assert f"pip install {missing}" in line, run
+    if missing == "ipywidgets":
+        (widgets,) = [run for run in report["runs"] if run["label"] == "widgets"]
+        assert "pip install ipywidgets" in widgets["err"]
+    if missing == "matplotlib":  # before: a traceback from the notebook's HTML formatter
+        (chart,) = [run for run in report["runs"] if run["label"] == "the run's chart"]
+        assert chart["outcome"] == "ok"
+
+
+def test_the_run_without_matplotlib_shows_its_summary_and_says_what_the_chart_needs(monkeypatch):
+    from colab_gpu import live
+
+    live.start(demo=True, interval=0.01)
+    try:
+        live.running().wait(2, timeout=5)
+    finally:
+        record = live.stop()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    html = record._repr_html_()
+    assert "pip install matplotlib" in html and record.headline() in html and "<img" not in html
+
+
+CUDA_STARTERS = ("mem_get_info", "device_count", "get_device_properties", "get_device_name",
+                 "memory_stats", "memory_reserved", "memory_allocated", "max_memory_allocated",
+                 "reset_peak_memory_stats", "empty_cache", "ipc_collect", "synchronize",
+                 "set_device", "current_device", "get_rng_state_all", "set_rng_state_all", "_lazy_init")
+
+RECORD_CUDA_CALLS = r'''
+import torch
+cuda_calls = []
+def recorder(name):
+    def called(*args, **kwargs):
+        cuda_calls.append(name)
+        raise RuntimeError(f"torch.cuda.{{name}} would start CUDA")
+    return called
+for name in {starters!r}:
+    setattr(torch.cuda, name, recorder(name))
+assert not torch.cuda.is_initialized()
+'''
+
+
+def test_no_magic_or_api_calls_a_cuda_function_before_cuda_started():
+    """torch imported, CUDA not started: every entry point, and nothing that would start CUDA
+    is called (each recorder raises too, so a call could not pass unnoticed)."""
+    report = shell_session(setup=RECORD_CUDA_CALLS.format(starters=CUDA_STARTERS),
+                           extra='("%%find_batch --device cpu", lambda: cell("find_batch", "--device cpu --max 4", '
+                                 '"import torch\\ny = torch.zeros(batch_size)")),',
+                           finish='report["cuda_calls"] = cuda_calls; '
+                                  'report["initialized"] = torch.cuda.is_initialized()')
+    assert_no_harm(report)
+    assert report["cuda_calls"] == [] and report["initialized"] is False
+    assert len(report["runs"]) >= 20
+
+
+def cuda_calls_in_the_code() -> dict:
+    """Every call of a torch.cuda function in colab_gpu/, by file and function: 'torch.cuda.x(',
+    'cuda.x(' or 'torch.cuda.x.y('."""
+    import ast
+
+    found = {}
+    for path in sorted((ROOT / "colab_gpu").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    text = ast.unparse(node.func)
+                    if ".cuda." in f".{text}" and not text.endswith("is_initialized"):
+                        found.setdefault(f"{path.relative_to(ROOT)}:{function.name}", set()).add(text)
+    return found
+
+
+# Why each function that calls torch.cuda cannot start CUDA: the guard it sits behind.
+CUDA_GUARDS = {
+    "colab_gpu/gpu_status.py:torch_memory": "returns () unless torch.cuda.is_initialized()",
+    "colab_gpu/memory.py:cuda_devices_in_use": "called by empty_cuda_cache and _cuda_index, after their check",
+    "colab_gpu/memory.py:empty_cuda_cache": "returns at once unless CUDA is initialized",
+    "colab_gpu/live/cells.py:before": "only with the torch _cuda_torch() returned: CUDA initialized",
+    "colab_gpu/live/cells.py:_torch_line": "only with the torch _cuda_torch() returned: CUDA initialized",
+    "colab_gpu/batch/__init__.py:_cuda_devices": "device_count() only after torch.cuda.is_initialized()",
+    "colab_gpu/batch/state.py:__init__": "get_rng_state_all only if torch.cuda.is_initialized()",
+    "colab_gpu/batch/state.py:restore": "set_rng_state_all only with a CUDA state saved while initialized",
+    "colab_gpu/batch/trial.py:_cuda_index": "returns None unless _cuda_initialized()",
+    "colab_gpu/batch/trial.py:synchronize": "only for the index _cuda_index gave (CUDA initialized)",
+    "colab_gpu/batch/trial.py:release_memory": "only for the index _cuda_index gave (CUDA initialized)",
+    "colab_gpu/batch/trial.py:reset": "a CudaGauge exists only for the index _cuda_index gave",
+    "colab_gpu/batch/trial.py:peak": "a CudaGauge exists only for the index _cuda_index gave",
+    "colab_gpu/batch/trial.py:capacity": "a CudaGauge exists only for the index _cuda_index gave",
+    "colab_gpu/batch/trial.py:label": "a CudaGauge exists only for the index _cuda_index gave",
+}
+
+
+def test_every_cuda_call_in_the_code_is_behind_a_known_guard():
+    """A new torch.cuda call must be added here with the guard that keeps CUDA from starting."""
+    found = cuda_calls_in_the_code()
+    assert found, "the scan finds the calls"
+    unknown = sorted(set(found) - set(CUDA_GUARDS))
+    assert not unknown, {name: found[name] for name in unknown}
+
+
+# --- bad input: one UsageError line, nothing changed -------------------------------------------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from IPython.core.error import UsageError  # noqa: E402
+
+
+@pytest.mark.parametrize("line, message", [
+    ("--device ''", "--device '': use auto, cpu, cuda or cuda:N"),  # before: taken for auto
+    ("--device cuda:\u0661", "--device 'cuda:\u0661': use auto, cpu, cuda or cuda:N"),  # before: cuda:1
+    ("--var def", "--var 'def': give a Python variable name, like batch_size or bs"),
+])
+def test_find_batch_refuses_what_it_took_or_hinted_at_before(shell, capsys, line, message):
+    shell.user_ns["batch_size"] = 3
+    with pytest.raises(UsageError) as refused:
+        shell.run_cell_magic("find_batch", line, "y = [0] * batch_size")
+    assert str(refused.value) == message
+    assert capsys.readouterr().err == ""  # before, --var def first printed "the cell never mentions def"
+    assert shell.user_ns["batch_size"] == 3 and "y" not in shell.user_ns
+
+
+@pytest.mark.parametrize("line", ["max_split_size_mb=\u0661\u0662\u0668", "--check max_split_size_mb:\u0661\u0662\u0668",
+                                  "roundup_power2_divisions=[\u0662\u0665\u0666:1]"])
+def test_alloc_conf_refuses_digits_torch_cannot_read(shell, line):
+    """Python reads "١٢٨" as 128; torch's parser does not: --check said it would accept it."""
+    before = {name: os.environ.get(name) for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    with pytest.raises(UsageError) as refused:
+        shell.run_line_magic("alloc_conf", line)
+    assert "\n" not in str(refused.value)
+    assert {name: os.environ.get(name) for name in before} == before
+
+
+MAGIC_LINES = st.lists(st.one_of(
+    st.sampled_from(["--json", "--live", "--stop", "--interval", "--demo", "--cells", "--from", "--unset",
+                     "--reset", "--check", "--preset", "--save", "--forget", "--keys", "--history",
+                     "--vars", "--quiet", "-1", "0", "nan", "''", "=", ":", ",", "max_split_size_mb=64"]),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\x00"),
+            max_size=12)), max_size=4).map(" ".join)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(magic=st.sampled_from(["alloc_conf", "clear_cache"]), line=MAGIC_LINES)
+def test_fuzzed_lines_either_run_or_are_one_usage_error_line_and_change_nothing(shell, capsys, magic, line):
+    if "--save" in line or "--forget" in line:
+        line = line.replace("--save", "").replace("--forget", "")  # no writes to the config dir
+    shell.user_ns.update(model=[1], data=[2])
+    before = {name: os.environ.get(name) for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    try:
+        shell.run_line_magic(magic, line)
+    except UsageError as refused:
+        assert "\n" not in str(refused) and str(refused)
+        assert {name: os.environ.get(name) for name in before} == before
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    for name in ("model", "data"):  # %clear_cache deletes only the names it is given
+        if name not in line.split():
+            assert name in shell.user_ns
+    for name in before:
+        os.environ.pop(name, None)
