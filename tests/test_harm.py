@@ -157,7 +157,7 @@ def test_every_nvml_call_failing_while_the_monitor_samples_ends_it_in_words(func
 # --- imports that fail, CUDA that must not start: a fresh shell in a subprocess --------------------
 
 SHELL_SESSION = r'''
-import contextlib, io, json, os, sys, time, traceback
+import contextlib, io, json, os, sys, traceback
 {setup}
 from IPython.testing.globalipapp import start_ipython
 from IPython.core.error import UsageError
@@ -197,21 +197,19 @@ steps = [
     ("a cell", lambda: shell.run_cell("x = 1")),
     ("%gpu_status --stop", lambda: magic("gpu_status", "--stop")),
     ("widgets", lambda: (magic("config", "GPUMagics.live_display = 'widgets'"),
-                         magic("gpu_status", "--live --demo"), magic("gpu_status", "--stop"))),
-    ("the run's chart", lambda: (colab_gpu.live.start(demo=True, interval=0.01), time.sleep(0.05),
-                                 colab_gpu.live.stop())[-1]),
+                         magic("gpu_status", "--live --demo"), colab_gpu.live.stop(), None)[-1]),
     ("%alloc_conf", lambda: magic("alloc_conf", "")),
     ("%alloc_conf set", lambda: magic("alloc_conf", "max_split_size_mb=128")),
     ("%alloc_conf --check", lambda: magic("alloc_conf", "--check expandable_segments:True")),
     ("%alloc_conf --keys", lambda: magic("alloc_conf", "--keys")),
     ("%clear_cache", lambda: magic("clear_cache", "")),
     ("%clear_cache --vars", lambda: magic("clear_cache", "--vars")),
-    ("%%find_batch", lambda: cell("find_batch", "-o --max 8", "y = [0] * batch_size")),
+    ("%%find_batch", lambda: cell("find_batch", "-o --max 4", "y = [0] * batch_size")),
     ("status()", lambda: colab_gpu.status()),
     ("status(path)", lambda: colab_gpu.status("{t4}")),
     ("alloc_conf()", lambda: colab_gpu.alloc_conf()),
     ("clear_cache()", lambda: colab_gpu.clear_cache()),
-    ("find_batch()", lambda: colab_gpu.find_batch(lambda size: [0] * size, max=8, progress=False)),
+    ("find_batch()", lambda: str(colab_gpu.find_batch(lambda size: [0] * size, max=4, progress=False))),
     ("history()", lambda: colab_gpu.history()),
     ("is_out_of_memory()", lambda: colab_gpu.is_out_of_memory(RuntimeError("CUDA out of memory."))),
     {extra}
@@ -220,22 +218,43 @@ for label, action in steps:
     run(label, action)
 report["user_ns"] = sorted(name for name in ("batch_size", "model") if name in shell.user_ns)
 {finish}
-print("REPORT" + json.dumps(report))
+print("\nREPORT" + json.dumps(report))
 '''
 
 
-def shell_session(setup="", extra="", finish="", timeout=120) -> dict:
-    """Run every magic and API entry point in a fresh IPython shell; what each one did."""
+def start_session(setup="", extra="", finish="") -> subprocess.Popen:
+    """Start running every magic and API entry point in a fresh IPython shell."""
     script = SHELL_SESSION.format(setup=setup, extra=extra, finish=finish, t4=T4)
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLAB_GPU_CONFIG_DIR=os.environ["COLAB_GPU_CONFIG_DIR"])
     for name in list(env):
         if name.startswith(("PYTORCH_", "CUDA_", "COLAB_RELEASE", "KAGGLE_")):
             del env[name]
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=str(ROOT))
-    line = next((line for line in done.stdout.splitlines() if line.startswith("REPORT")), None)
-    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=str(ROOT))
+
+
+def session_report(process: subprocess.Popen, timeout=300) -> dict:
+    """What each entry point of a started session did."""
+    stdout, stderr = process.communicate(timeout=timeout)
+    line = next((line for line in stdout.splitlines() if line.startswith("REPORT")), None)
+    assert line is not None, stdout[-3000:] + stderr[-3000:]
     return json.loads(line[len("REPORT"):])
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    """The fresh-shell sessions, started together (each spends seconds importing)."""
+    started = {missing: start_session(setup=BLOCKED.format(name=missing)) for missing in OPTIONAL_PACKAGES}
+    started["cuda"] = start_session(
+        setup=RECORD_CUDA_CALLS.format(starters=CUDA_STARTERS),
+        extra='("%%find_batch --device cpu", lambda: cell("find_batch", "--device cpu --max 4", '
+              '"import torch\\ny = torch.zeros(batch_size)")),',
+        finish='report["cuda_calls"] = cuda_calls; report["initialized"] = torch.cuda.is_initialized()')
+    yield started
+    for process in started.values():
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 
 def assert_no_harm(report: dict) -> None:
@@ -258,9 +277,12 @@ sys.meta_path.insert(0, Blocked())
 '''
 
 
-@pytest.mark.parametrize("missing", ["torch", "ipywidgets", "matplotlib", "pandas"])
-def test_every_magic_and_api_without_an_optional_package(missing):
-    report = shell_session(setup=BLOCKED.format(name=missing))
+OPTIONAL_PACKAGES = ("torch", "ipywidgets", "matplotlib", "pandas")
+
+
+@pytest.mark.parametrize("missing", OPTIONAL_PACKAGES)
+def test_every_magic_and_api_without_an_optional_package(sessions, missing):
+    report = session_report(sessions[missing])
     assert_no_harm(report)
     assert report["heavy_after_load"] == []  # import colab_gpu and %load_ext import none of them
     for run in report["runs"]:  # whoever needed it says, on one line, what to install
@@ -272,8 +294,8 @@ def test_every_magic_and_api_without_an_optional_package(missing):
         (widgets,) = [run for run in report["runs"] if run["label"] == "widgets"]
         assert "pip install ipywidgets" in widgets["err"]
     if missing == "matplotlib":  # before: a traceback from the notebook's HTML formatter
-        (chart,) = [run for run in report["runs"] if run["label"] == "the run's chart"]
-        assert chart["outcome"] == "ok"
+        (stop,) = [run for run in report["runs"] if run["label"] == "%gpu_status --stop"]
+        assert stop["outcome"] == "ok" and stop["out"].startswith("Live monitor stopped: ")
 
 
 def test_the_run_without_matplotlib_shows_its_summary_and_says_what_the_chart_needs(monkeypatch):
@@ -308,14 +330,10 @@ assert not torch.cuda.is_initialized()
 '''
 
 
-def test_no_magic_or_api_calls_a_cuda_function_before_cuda_started():
+def test_no_magic_or_api_calls_a_cuda_function_before_cuda_started(sessions):
     """torch imported, CUDA not started: every entry point, and nothing that would start CUDA
     is called (each recorder raises too, so a call could not pass unnoticed)."""
-    report = shell_session(setup=RECORD_CUDA_CALLS.format(starters=CUDA_STARTERS),
-                           extra='("%%find_batch --device cpu", lambda: cell("find_batch", "--device cpu --max 4", '
-                                 '"import torch\\ny = torch.zeros(batch_size)")),',
-                           finish='report["cuda_calls"] = cuda_calls; '
-                                  'report["initialized"] = torch.cuda.is_initialized()')
+    report = session_report(sessions["cuda"])
     assert_no_harm(report)
     assert report["cuda_calls"] == [] and report["initialized"] is False
     assert len(report["runs"]) >= 20
@@ -381,6 +399,7 @@ from IPython.core.error import UsageError  # noqa: E402
 ])
 def test_find_batch_refuses_what_it_took_or_hinted_at_before(shell, capsys, line, message):
     shell.user_ns["batch_size"] = 3
+    shell.user_ns.pop("y", None)
     with pytest.raises(UsageError) as refused:
         shell.run_cell_magic("find_batch", line, "y = [0] * batch_size")
     assert str(refused.value) == message
@@ -426,3 +445,112 @@ def test_fuzzed_lines_either_run_or_are_one_usage_error_line_and_change_nothing(
             assert name in shell.user_ns
     for name in before:
         os.environ.pop(name, None)
+
+
+# --- variables: none deleted or rebound unless asked ---------------------------------------------
+
+
+def user_variables(shell) -> dict:
+    hidden = set(shell.user_ns_hidden) | {"_", "__", "___", "_i", "_ii", "_iii", "_oh", "_dh", "Out", "In"}
+    return {name: value for name, value in shell.user_ns.items()
+            if not name.startswith("_") and name not in hidden}
+
+
+@pytest.mark.parametrize("ending, answered", [
+    ("raise ValueError('a bug')", False),  # the user's error: batch_size stays as it was
+    ("raise KeyboardInterrupt", True),  # Ctrl-C: the best size so far
+    ("raise MemoryError()", True),  # out of memory from 16 on: the largest that fitted
+])
+def test_find_batch_rebinds_only_its_variable_however_the_search_ends(shell, ending, answered):
+    shell.run_cell("batch_size = 3; kept = [1, 2]; x = 'the user\\'s x'; cfg = {'lr': 0.1}")
+    before = user_variables(shell)
+    shell.run_cell(f"%%find_batch --max 64\nx = [0] * batch_size\nif batch_size >= 16:\n    {ending}\n")
+    after = user_variables(shell)
+    assert after.keys() == before.keys()
+    assert all(after[name] is before[name] for name in before if name != "batch_size")
+    if answered:  # a size that ran
+        assert 2 <= after["batch_size"] < 16
+    else:
+        assert after["batch_size"] is before["batch_size"]
+
+
+def test_clear_cache_without_options_deletes_or_rebinds_no_variable(shell, capsys):
+    shell.run_cell("import torch; model = torch.nn.Linear(4, 4); kept = torch.zeros(1000); n = 3")
+    shell.run_cell("kept")  # an output-history entry holding a tensor: the history may go, not the name
+    before = user_variables(shell)
+    shell.run_line_magic("clear_cache", "")
+    after = user_variables(shell)
+    assert after.keys() == before.keys() and all(after[name] is before[name] for name in before)
+
+
+# --- old and deprecated pynvml modules -----------------------------------------------------------
+
+# What nvidia-ml-py (or the old `pynvml` package, 8.x-11.x) added late: an old module lacks them.
+LATE_NAMES = ("nvmlMemory_v2", "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetMigMode",
+              "NVML_DEVICE_MIG_ENABLE", "nvmlSystemGetCudaDriverVersion", "nvmlDeviceGetMaxPcieLinkGeneration")
+
+
+def old_pynvml_module(nvml: RecordedNvml):
+    """A `pynvml` module as an old release ships it: bytes names, and none of LATE_NAMES."""
+    import types
+
+    module = types.ModuleType("pynvml")
+    for name in dir(nvml):
+        if name.startswith(("nvml", "NVML")) and name not in LATE_NAMES:
+            setattr(module, name, getattr(nvml, name))
+    assert not any(hasattr(module, name) for name in LATE_NAMES)
+    return module
+
+
+def test_an_old_pynvml_module_still_gives_the_card(shell, capsys, monkeypatch):
+    nvml = RecordedNvml(two_t4s(), names_as_bytes=True)
+    monkeypatch.setitem(sys.modules, "pynvml", old_pynvml_module(nvml))
+    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())  # the real `import pynvml`
+    shell.run_line_magic("gpu_status", "")
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert "Traceback" not in captured.out + captured.err
+    assert "GPU 0  Tesla T4  (cuda:0, compute capability 7.5)" in lines
+    assert "GPU 1  Tesla T4  (cuda:1, compute capability 7.5)" in lines
+    assert "Driver 515.105.01" in captured.out  # the CUDA driver version is n/a, not an error
+    assert sum("(13.61 GiB free" in line for line in lines) == 2  # memory through v1
+    assert "nvmlDeviceGetCurrentClocksThrottleReasons" in nvml.calls
+
+
+def test_the_deprecated_pynvml_package_that_warns_on_import_still_gives_the_card(shell, capsys, monkeypatch):
+    """pynvml 12+ is a shim over nvidia-ml-py that warns (FutureWarning) when imported."""
+    import types
+    import warnings
+
+    nvml = RecordedNvml(two_t4s())
+
+    class DeprecatedPackage(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(nvml, name)
+
+    monkeypatch.delitem(sys.modules, "pynvml")
+
+    class Finder:
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname != "pynvml":
+                return None
+            import importlib.util
+
+            class Loader:
+                def create_module(self, spec):
+                    return DeprecatedPackage("pynvml")
+
+                def exec_module(self, module):
+                    warnings.warn("The pynvml package is deprecated. Please install nvidia-ml-py instead.",
+                                  FutureWarning, stacklevel=2)
+
+            return importlib.util.spec_from_loader("pynvml", Loader())
+
+    finder = Finder()
+    monkeypatch.setattr(sys, "meta_path", [finder] + sys.meta_path)
+    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    with pytest.warns(FutureWarning, match="pynvml package is deprecated"):  # the user's to act on
+        shell.run_line_magic("gpu_status", "")
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    assert "GPU 1  Tesla T4  (cuda:1, compute capability 7.5)" in captured.out.splitlines()
