@@ -462,7 +462,8 @@ def user_variables(shell) -> dict:
     ("raise MemoryError()", True),  # out of memory from 16 on: the largest that fitted
 ])
 def test_find_batch_rebinds_only_its_variable_however_the_search_ends(shell, ending, answered):
-    shell.run_cell("batch_size = 3; kept = [1, 2]; x = 'the user\\'s x'; cfg = {'lr': 0.1}")
+    # Not `cfg`: IPython 7.34's %config evaluates its line with the user's namespace as locals.
+    shell.run_cell("batch_size = 3; kept = [1, 2]; x = 'the user\\'s x'; hparams = {'lr': 0.1}")
     before = user_variables(shell)
     shell.run_cell(f"%%find_batch --max 64\nx = [0] * batch_size\nif batch_size >= 16:\n    {ending}\n")
     after = user_variables(shell)
