@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pynvml
 import pytest
@@ -363,13 +362,13 @@ CUDA_GUARDS = {
     "colab_gpu/gpu_status.py:torch_memory": "returns () unless torch.cuda.is_initialized()",
     "colab_gpu/memory.py:cuda_devices_in_use": "called by empty_cuda_cache and _cuda_index, after their check",
     "colab_gpu/memory.py:empty_cuda_cache": "returns at once unless CUDA is initialized",
-    "colab_gpu/live/cells.py:before": "only with the torch _cuda_torch() returned: CUDA initialized",
-    "colab_gpu/live/cells.py:_torch_line": "only with the torch _cuda_torch() returned: CUDA initialized",
+    "colab_gpu/live/cells.py:before": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
+    "colab_gpu/live/cells.py:_torch_line": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
     "colab_gpu/batch/__init__.py:_cuda_devices": "device_count() only after torch.cuda.is_initialized()",
     "colab_gpu/batch/state.py:__init__": "get_rng_state_all only if torch.cuda.is_initialized()",
     "colab_gpu/batch/state.py:restore": "set_rng_state_all only with a CUDA state saved while initialized",
-    "colab_gpu/batch/trial.py:_cuda_index": "returns None unless _cuda_initialized()",
-    "colab_gpu/batch/trial.py:synchronize": "only for the index _cuda_index gave (CUDA initialized)",
+    "colab_gpu/batch/trial.py:_cuda_index": "returns None unless runtime.cuda_torch() gives torch (CUDA initialized)",
+    "colab_gpu/batch/trial.py:run_trial": "synchronize only for the index _cuda_index gave (CUDA initialized)",
     "colab_gpu/batch/trial.py:release_memory": "only for the index _cuda_index gave (CUDA initialized)",
     "colab_gpu/batch/trial.py:reset": "a CudaGauge exists only for the index _cuda_index gave",
     "colab_gpu/batch/trial.py:peak": "a CudaGauge exists only for the index _cuda_index gave",
