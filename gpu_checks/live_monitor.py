@@ -70,7 +70,7 @@ def main() -> int:
     record = live.stop()
     for sample in record.samples:
         phase = "train" if sample.time >= training_from else "idle "
-        print(f"   {phase} {sample_line(sample, record.gpu_names)}")
+        print(f"   {phase} {sample_line(sample, record.torch_labels)}")
     idle = [r.utilization for s in record.samples if s.time < training_from for r in s.gpus[:1]]
     busy = [r.utilization for s in record.samples if s.time >= training_from + 2 for r in s.gpus[:1]]
     print(f"   GPU 0 utilization: idle max {max(idle, default=None)}%, training median "
