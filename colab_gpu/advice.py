@@ -179,17 +179,16 @@ def _memories(status):
     live_and_known = not status.snapshot.recorded and status.cuda_numbering_known
     named = status.mig_torch_index_of
     for gpu in status.gpus:
+        gpu_hidden = live_and_known and gpu.index not in status.torch_index_of
         if not gpu.mig_instances:
-            hidden = live_and_known and gpu.index not in status.torch_index_of
-            yield f"GPU {gpu.index}", gpu.memory_used_fraction, gpu, status.torch_memory_of(gpu.index), hidden
+            yield f"GPU {gpu.index}", gpu.memory_used_fraction, gpu, status.torch_memory_of(gpu.index), gpu_hidden
             continue
         for mig in gpu.mig_instances:
             torch_index = named.get((gpu.index, mig.index))
             if named:  # CUDA_VISIBLE_DEVICES picks instances: the others are not this kernel's
                 hidden = torch_index is None
             else:  # unset, whole GPUs, or instances whose UUIDs NVML did not give
-                hidden = live_and_known and gpu.index not in status.torch_index_of \
-                    and not names_mig_instances(status.runtime.cuda_visible_devices)
+                hidden = gpu_hidden and not names_mig_instances(status.runtime.cuda_visible_devices)
             memory = next((m for m in status.torch_memory if m.torch_index == torch_index), None)
             yield f"MIG instance {mig.index} of GPU {gpu.index}", mig.memory_used_fraction, gpu, memory, hidden
 
