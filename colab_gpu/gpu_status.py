@@ -9,9 +9,10 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from .advice import Advice, advise
+from .cuda_order import driver_torch_indices
 from .devices import GPU, DeviceSource, Snapshot, default_source, open_source
 from .runtime import Runtime, cuda_numbering_known, cuda_torch, detect_runtime, mig_torch_indices, torch_indices
 
@@ -60,9 +61,12 @@ class Status:
     torch_memory: Tuple[TorchMemory, ...] = ()
     breakdown: Tuple[MemoryBreakdown, ...] = ()
     advice: Tuple[Advice, ...] = ()
-    # False on a box of different GPUs numbered fastest first: torch_index_of is then a guess,
-    # and torch's figures are not put on any NVML GPU.
+    # False on a box of different GPUs numbered fastest first that the CUDA driver could not be
+    # asked about: torch_index_of is then a guess, and torch's figures are not put on any NVML GPU.
     cuda_numbering_known: bool = True
+    # torch_index_of came from asking the CUDA driver, in a child process (a box of different
+    # GPUs numbered fastest first)
+    cuda_numbering_asked: bool = False
     # (NVML index, MIG index) -> torch index of each MIG instance CUDA_VISIBLE_DEVICES names
     mig_torch_index_of: Dict[Tuple[int, int], int] = dataclasses.field(default_factory=dict)
 
@@ -181,8 +185,35 @@ def torch_view(snapshot: Snapshot, runtime: Runtime) -> Status:
     """The status of ``snapshot`` without torch's figures or advice: how torch numbers each GPU
     under ``runtime``'s CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, which every display labels
     its GPUs by (the card, and the live monitor from its first sample)."""
-    # A recording comes from another machine: this one's CUDA_VISIBLE_DEVICES says nothing about it.
+    # A recording comes from another machine: this one's CUDA_VISIBLE_DEVICES and driver say
+    # nothing about it; its GPUs are numbered as recorded.
     visible = None if snapshot.recorded else runtime.cuda_visible_devices
-    known = snapshot.recorded or cuda_numbering_known(visible, runtime.cuda_device_order, snapshot.gpus)
-    return Status(runtime=runtime, snapshot=snapshot, torch_index_of=torch_indices(visible, snapshot.gpus),
-                  cuda_numbering_known=known, mig_torch_index_of=mig_torch_indices(visible, snapshot.gpus))
+    numbering = cuda_numbering(visible, runtime.cuda_device_order, snapshot.gpus, ask_driver=not snapshot.recorded)
+    return Status(runtime=runtime, snapshot=snapshot, torch_index_of=numbering.torch_index_of,
+                  cuda_numbering_known=numbering.known or snapshot.recorded,
+                  cuda_numbering_asked=numbering.asked, mig_torch_index_of=mig_torch_indices(visible, snapshot.gpus))
+
+
+class CudaNumbering(NamedTuple):
+    """NVML index -> torch index, whether CUDA really numbers the GPUs so, and whether the
+    CUDA driver was asked (in a child process) to know it."""
+
+    torch_index_of: Dict[int, int]
+    known: bool
+    asked: bool
+
+
+def cuda_numbering(cuda_visible_devices: Optional[str], cuda_device_order: str, gpus: Sequence[GPU],
+                   ask_driver: bool = True) -> CudaNumbering:
+    """How torch numbers ``gpus`` under these settings. In NVML's bus order where CUDA keeps it;
+    on a box of different GPUs numbered fastest first, as this machine's CUDA driver numbers
+    them (asked once per setting, in a child process: :mod:`colab_gpu.cuda_order`), else a
+    guess in bus order that is not ``known``. ``ask_driver`` False: ``gpus`` are not this
+    machine's."""
+    in_bus_order = torch_indices(cuda_visible_devices, gpus)
+    if cuda_numbering_known(cuda_visible_devices, cuda_device_order, gpus):
+        return CudaNumbering(in_bus_order, known=True, asked=False)
+    asked = driver_torch_indices(cuda_visible_devices, cuda_device_order, gpus) if ask_driver else None
+    if asked is None:
+        return CudaNumbering(in_bus_order, known=False, asked=False)
+    return CudaNumbering(asked, known=True, asked=True)

@@ -27,10 +27,9 @@ import types
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .devices import DeviceSource
-from .gpu_status import MemoryBreakdown, breakdown, torch_memory
+from .gpu_status import MemoryBreakdown, breakdown, cuda_numbering, torch_memory
 from .render import count
-from .runtime import (cuda_device_order, cuda_numbering_known, cuda_torch, current_shell, names_mig_instances,
-                      torch_indices)
+from .runtime import cuda_device_order, cuda_torch, current_shell, names_mig_instances
 
 # IPython's own names in the user namespace: the output and input history and its helpers.
 _OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
@@ -331,8 +330,9 @@ def _gpu_view(snapshot, torch):
     this process is there, and another user's job on it would read as memory freed or grown."""
     gpus = snapshot.gpus if snapshot is not None and snapshot.ok else ()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    index_of = torch_indices(visible, gpus)
-    if not cuda_numbering_known(visible, cuda_device_order(os.environ), gpus):
+    index_of, known, _ = cuda_numbering(visible, cuda_device_order(os.environ), gpus,
+                                        ask_driver=snapshot is not None and not snapshot.recorded)
+    if not known:
         index_of = {}  # which GPU is cuda:N is unknown: torch's figures stand on their own; keep all
     elif not names_mig_instances(visible):  # NVML lists no MIG instance, so keep all then
         gpus = tuple(gpu for gpu in gpus if gpu.index in index_of)  # "" or -1: none at all

@@ -6,7 +6,9 @@ In a real IPython shell it loads the extension, imports torch and runs ``%gpu_st
 checks that (1) the GPU torch calls cuda:0 is shown, under its NVML name; (2) CUDA was not
 initialized by it; (3) the memory it showed agrees with ``torch.cuda.mem_get_info()`` taken
 afterwards, within the size of the CUDA context that call created (measured by NVML);
-(4) once CUDA is running, ``%gpu_status`` adds torch's allocator view. Prints its findings;
+(4) once CUDA is running, ``%gpu_status`` adds torch's allocator view; (5) the CUDA driver,
+asked in a child process (colab_gpu.cuda_order), names and numbers the GPUs as the card does,
+and asking loads nothing into this process. Prints its findings;
 exit status 0 when every check passes, 1 when one fails, 2 when this machine has no CUDA GPU.
 Takes well under a minute.
 """
@@ -44,6 +46,32 @@ def gpu_of_cuda0(data: dict) -> dict:
     """The NVML GPU that torch calls cuda:0 (CUDA_VISIBLE_DEVICES may reorder or hide GPUs)."""
     nvml_index = next(int(nvml) for nvml, torch_index in data["torch_index_of"].items() if torch_index == 0)
     return next(gpu for gpu in data["snapshot"]["gpus"] if gpu["index"] == nvml_index)
+
+
+def libcuda_mapped() -> bool:
+    with open("/proc/self/maps") as maps:
+        return any("libcuda" in line for line in maps)
+
+
+def check_driver_numbering(check, snapshot, card: dict) -> None:
+    """(5) The real CUDA driver, asked in a child process as on a box of different GPUs, names
+    NVML's GPUs (bus ids, UUIDs and ctypes calls as colab_gpu.cuda_order reads them), numbers
+    them as the card does, and asking it loads nothing into this process."""
+    import os
+
+    from colab_gpu import cuda_order
+    from colab_gpu.runtime import cuda_device_order
+
+    mapped_before = libcuda_mapped()
+    started = time.perf_counter()
+    devices = cuda_order.ask_driver(os.environ.get("CUDA_VISIBLE_DEVICES"), cuda_device_order(os.environ))
+    seconds = time.perf_counter() - started
+    index_of = cuda_order.match_devices(devices, snapshot.gpus) if devices is not None else None
+    print(f"  the CUDA driver, asked in a child process in {seconds * 1000:.0f} ms, lists {devices}")
+    check(bool(devices) and index_of is not None, "the driver's devices are NVML's GPUs, found by UUID or bus id")
+    card_numbers = {int(nvml): torch_index for nvml, torch_index in card["torch_index_of"].items()}
+    check(index_of == card_numbers, f"the driver numbers them as the card does ({index_of} vs {card_numbers})")
+    check(libcuda_mapped() == mapped_before, f"asking loaded nothing into this process (libcuda mapped: {mapped_before})")
 
 
 def main() -> int:
@@ -84,6 +112,7 @@ def main() -> int:
     check(not torch.cuda.is_initialized(), "CUDA not initialized by %gpu_status (torch.cuda.is_initialized() is False)")
     gpu = gpu_of_cuda0(before)
     check(f"GPU {gpu['index']}  {gpu['name']}  (cuda:0" in text, f"cuda:0 shown as GPU {gpu['index']} {gpu['name']}")
+    check_driver_numbering(check, snapshot, before)
 
     free_torch, total_torch = torch.cuda.mem_get_info(0)  # this creates the CUDA context
     torch_name = torch.cuda.get_device_name(0)

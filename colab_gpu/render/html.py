@@ -16,8 +16,9 @@ from __future__ import annotations
 from html import escape
 from typing import List
 
-from . import (NA, allocator_summary, capability, celsius, mig_instance_summary, number, pcie_link,
-               power, process_name, ratio, seen_as, size, torch_summary, this_process, unrecorded_rows, words)
+from . import (DRIVER_NUMBERING_NOTE, NA, allocator_summary, capability, celsius, mig_instance_summary, number,
+               pcie_link, power, process_name, ratio, seen_as, size, torch_summary, this_process, unrecorded_rows,
+               words)
 
 STYLE = """
 <style>
@@ -121,6 +122,8 @@ def render_status(status) -> str:
         parts.append(escape(f" · {snapshot.source}"))
     if runtime.cuda_visible_devices is not None and not snapshot.recorded:  # this machine's, not the file's
         parts.append(escape(f" · CUDA_VISIBLE_DEVICES={runtime.cuda_visible_devices!r}"))
+    if status.cuda_numbering_asked:
+        parts.append(escape(f" · {DRIVER_NUMBERING_NOTE}"))
     parts.append("</span></div>")
     if snapshot.problem:
         parts.append(f"<p>No GPU read: {escape(snapshot.problem)}</p>")

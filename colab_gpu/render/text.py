@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import List
 
-from . import (NA, allocator_summary, breakdown_summary, capability, celsius, fold, mig_instance_summary, number,
-               pcie_link, power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
+from . import (DRIVER_NUMBERING_NOTE, NA, allocator_summary, breakdown_summary, capability, celsius, fold,
+               mig_instance_summary, number, pcie_link, power, process_name, ratio, seen_as, size, this_process,
+               torch_summary, unrecorded_rows, words)
 
 
 def _gpu_lines(status, gpu) -> List[str]:
@@ -48,6 +49,8 @@ def render_status(status) -> str:
         lines.append(f"Driver {snapshot.driver_version or NA}, CUDA driver {snapshot.cuda_driver_version or NA}")
     if runtime.cuda_visible_devices is not None and not snapshot.recorded:
         lines.append(f"CUDA_VISIBLE_DEVICES={runtime.cuda_visible_devices!r}")
+    if status.cuda_numbering_asked:
+        lines.append(DRIVER_NUMBERING_NOTE)
     if snapshot.problem:
         lines.append(f"No GPU read: {snapshot.problem}")
     elif not snapshot.gpus:
