@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 from .devices import GiB, gpu_models
 from .devices.nvml import NO_PYNVML
 from .render import count
-from .runtime import COLAB, KAGGLE, names_mig_instances
+from .runtime import COLAB, KAGGLE
 
 if TYPE_CHECKING:
     from .gpu_status import Status
@@ -83,11 +83,9 @@ def tpu_runtime(status):
 
 
 def visible_devices_hide_all(status):
-    visible = status.runtime.cuda_visible_devices
-    # MIG instances' UUIDs are not among NVML's GPUs: CUDA resolves them, this cannot.
-    if status.gpus and visible is not None and not status.torch_index_of and not names_mig_instances(visible):
-        return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from torch: unset it or "
-                f"list GPU indices or UUIDs, before torch starts CUDA.")
+    if status.gpus and all(status.hidden_from_torch(gpu) is True for gpu in status.gpus):
+        return (f"CUDA_VISIBLE_DEVICES={status.runtime.cuda_visible_devices!r} hides every GPU from torch: "
+                f"unset it or list GPU indices or UUIDs, before torch starts CUDA.")
 
 
 def device_order_differs(status):
@@ -175,22 +173,18 @@ def _largest_holder(gpu) -> str:
 def _memories(status):
     """(name, fraction used, GPU, torch memory or None, hidden from torch) of each memory this
     kernel could fill: a GPU's, or on a GPU split into MIG instances each instance's (the
-    parent's total means nothing to a process given one instance)."""
-    live_and_known = not status.snapshot.recorded and status.cuda_numbering_known
-    named = status.mig_torch_index_of
+    parent's total means nothing to a process given one instance). Hidden is the card's
+    answer (Status.hidden_from_torch); where that is unknown, the memory may be this kernel's."""
     for gpu in status.gpus:
-        gpu_hidden = live_and_known and gpu.index not in status.torch_index_of
         if not gpu.mig_instances:
-            yield f"GPU {gpu.index}", gpu.memory_used_fraction, gpu, status.torch_memory_of(gpu.index), gpu_hidden
+            yield (f"GPU {gpu.index}", gpu.memory_used_fraction, gpu, status.torch_memory_of(gpu.index),
+                   status.hidden_from_torch(gpu) is True)
             continue
         for mig in gpu.mig_instances:
-            torch_index = named.get((gpu.index, mig.index))
-            if named:  # CUDA_VISIBLE_DEVICES picks instances: the others are not this kernel's
-                hidden = torch_index is None
-            else:  # unset, whole GPUs, or instances whose UUIDs NVML did not give
-                hidden = gpu_hidden and not names_mig_instances(status.runtime.cuda_visible_devices)
+            torch_index = status.mig_torch_index_of.get((gpu.index, mig.index))
             memory = next((m for m in status.torch_memory if m.torch_index == torch_index), None)
-            yield f"MIG instance {mig.index} of GPU {gpu.index}", mig.memory_used_fraction, gpu, memory, hidden
+            yield (f"MIG instance {mig.index} of GPU {gpu.index}", mig.memory_used_fraction, gpu, memory,
+                   status.hidden_from_torch(gpu, mig) is True)
 
 
 def memory_nearly_full(status):

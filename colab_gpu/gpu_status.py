@@ -13,8 +13,9 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 from .advice import Advice, advise
 from .cuda_order import driver_torch_indices
-from .devices import GPU, DeviceSource, Snapshot, default_source, open_source
-from .runtime import Runtime, cuda_numbering_known, cuda_torch, detect_runtime, mig_torch_indices, torch_indices
+from .devices import GPU, DeviceSource, MigInstance, Snapshot, default_source, open_source
+from .runtime import (Runtime, cuda_numbering_known, cuda_torch, detect_runtime, mig_torch_indices,
+                      names_mig_instances, torch_indices, visible_entries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +82,47 @@ class Status:
     def torch_memory_without_gpu(self) -> Tuple[TorchMemory, ...]:
         """torch devices NVML could not be matched to (no NVML, or an unresolvable mapping)."""
         return tuple(m for m in self.torch_memory if m.nvml_index is None)
+
+    @property
+    def visible_devices(self) -> Optional[str]:
+        """CUDA_VISIBLE_DEVICES as it applies to these GPUs: a recording comes from another
+        machine, which this one's variable says nothing about (None: every GPU visible)."""
+        return None if self.snapshot.recorded else self.runtime.cuda_visible_devices
+
+    def hidden_from_torch(self, gpu: GPU, mig: Optional[MigInstance] = None) -> Optional[bool]:
+        """Whether CUDA_VISIBLE_DEVICES hides ``gpu`` (or its MIG instance ``mig``) from this
+        process's torch: True, False, or None where it cannot be told. The one answer the
+        card, the advice, the live labels and clear_cache's readings all follow."""
+        if names_mig_instances(self.visible_devices):
+            return self._hidden_by_mig_entries(gpu, mig)
+        if not self.torch_index_of:
+            return True  # "" or "-1", or entries naming no GPU here: none is visible, in any order
+        if len(self.torch_index_of) == len(self.gpus):
+            return False  # every GPU visible, whichever order CUDA numbers them in
+        if not self.cuda_numbering_known:
+            return None  # ordinals count fastest first: which GPUs they pick is unknown
+        return gpu.index not in self.torch_index_of
+
+    def _hidden_by_mig_entries(self, gpu: GPU, mig: Optional[MigInstance]) -> Optional[bool]:
+        """hidden_from_torch where CUDA_VISIBLE_DEVICES names MIG instances. Those it names that
+        NVML gave UUIDs for are matched; CUDA stops at the first entry it cannot resolve, but
+        where an entry was left unmatched and some instance's UUID is unknown, that entry (and
+        those after it) may be that instance: unknown, not hidden."""
+        named = self.mig_torch_index_of
+        if mig is not None:
+            if (gpu.index, mig.index) in named:
+                return False
+            instances: Tuple[MigInstance, ...] = (mig,)
+        else:
+            if gpu.index in self.torch_index_of or any(index == gpu.index for index, _ in named):
+                return False
+            if not gpu.mig_enabled:
+                return True  # a whole GPU: CUDA sees the MIG instances named, not it
+            instances = gpu.mig_instances or ()
+        entries = sum(entry.startswith("MIG-") for entry in visible_entries(self.visible_devices))
+        if len(named) < entries and (not instances or any(instance.uuid is None for instance in instances)):
+            return None
+        return True
 
     def breakdown_of(self, nvml_index: int) -> Optional[MemoryBreakdown]:
         return next((part for part in self.breakdown if part.nvml_index == nvml_index), None)
@@ -185,13 +227,13 @@ def torch_view(snapshot: Snapshot, runtime: Runtime) -> Status:
     """The status of ``snapshot`` without torch's figures or advice: how torch numbers each GPU
     under ``runtime``'s CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, which every display labels
     its GPUs by (the card, and the live monitor from its first sample)."""
-    # A recording comes from another machine: this one's CUDA_VISIBLE_DEVICES and driver say
-    # nothing about it; its GPUs are numbered as recorded.
-    visible = None if snapshot.recorded else runtime.cuda_visible_devices
+    status = Status(runtime=runtime, snapshot=snapshot, torch_index_of={})
+    visible = status.visible_devices
     numbering = cuda_numbering(visible, runtime.cuda_device_order, snapshot.gpus, ask_driver=not snapshot.recorded)
-    return Status(runtime=runtime, snapshot=snapshot, torch_index_of=numbering.torch_index_of,
-                  cuda_numbering_known=numbering.known or snapshot.recorded,
-                  cuda_numbering_asked=numbering.asked, mig_torch_index_of=mig_torch_indices(visible, snapshot.gpus))
+    return dataclasses.replace(status, torch_index_of=numbering.torch_index_of,
+                               cuda_numbering_known=numbering.known or snapshot.recorded,
+                               cuda_numbering_asked=numbering.asked,
+                               mig_torch_index_of=mig_torch_indices(visible, snapshot.gpus))
 
 
 class CudaNumbering(NamedTuple):

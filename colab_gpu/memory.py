@@ -26,10 +26,10 @@ import sys
 import types
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from .devices import DeviceSource
-from .gpu_status import MemoryBreakdown, breakdown, cuda_numbering, torch_memory
+from .devices import DeviceSource, Snapshot
+from .gpu_status import MemoryBreakdown, breakdown, torch_memory, torch_view
 from .render import count
-from .runtime import cuda_device_order, cuda_torch, current_shell, names_mig_instances
+from .runtime import cuda_torch, current_shell, detect_runtime
 
 # IPython's own names in the user namespace: the output and input history and its helpers.
 _OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
@@ -326,16 +326,15 @@ def _namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
 def _gpu_view(snapshot, torch):
     """The GPUs this process can use (NVML's), NVML index -> torch index, and torch's
-    allocator view once CUDA runs. A GPU CUDA_VISIBLE_DEVICES hides is left out: nothing of
-    this process is there, and another user's job on it would read as memory freed or grown."""
-    gpus = snapshot.gpus if snapshot is not None and snapshot.ok else ()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    index_of, known, _ = cuda_numbering(visible, cuda_device_order(os.environ), gpus,
-                                        ask_driver=snapshot is not None and not snapshot.recorded)
-    if not known:
-        index_of = {}  # which GPU is cuda:N is unknown: torch's figures stand on their own; keep all
-    elif not names_mig_instances(visible):  # NVML lists no MIG instance, so keep all then
-        gpus = tuple(gpu for gpu in gpus if gpu.index in index_of)  # "" or -1: none at all
+    allocator view once CUDA runs. A GPU the status card calls hidden from torch is left out:
+    nothing of this process is there, and another user's job on it would read as memory
+    freed or grown."""
+    if snapshot is None or not snapshot.ok:
+        snapshot = Snapshot(source="none")  # unreadable: torch's figures stand on their own
+    view = torch_view(snapshot, detect_runtime())
+    gpus = tuple(gpu for gpu in view.gpus if view.hidden_from_torch(gpu) is not True)
+    # which GPU is cuda:N may be unknown (fastest first): torch's figures then stand on their own
+    index_of = view.torch_index_of if view.cuda_numbering_known else {}
     memory = torch_memory(index_of) if torch is not None else ()  # () until CUDA is initialized
     return gpus, index_of, memory
 

@@ -168,12 +168,17 @@ def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> d
     if cuda_visible_devices is None:
         return {index: position for position, (index, _) in enumerate(ids)}
     mapping: dict = {}
-    for entry in (part.strip() for part in cuda_visible_devices.split(",")):
+    for entry in visible_entries(cuda_visible_devices):
         match = _resolve_visible_entry(entry, ids)
         if match is None or match in mapping:
             break
         mapping[match] = len(mapping)
     return mapping
+
+
+def visible_entries(cuda_visible_devices: Optional[str]) -> list:
+    """CUDA_VISIBLE_DEVICES's entries, stripped, in order; none when it is unset or empty."""
+    return [part.strip() for part in cuda_visible_devices.split(",")] if cuda_visible_devices else []
 
 
 def names_mig_instances(cuda_visible_devices: Optional[str]) -> bool:
@@ -192,7 +197,7 @@ def mig_torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) 
     instances = [((gpu.index, mig.index), mig.uuid) for gpu in gpus for mig in gpu.mig_instances or ()]
     whole_gpus = [(gpu.index, gpu.uuid) for gpu in gpus]
     mapping: dict = {}
-    for position, entry in enumerate(part.strip() for part in cuda_visible_devices.split(",")):
+    for position, entry in enumerate(visible_entries(cuda_visible_devices)):
         if not entry.startswith("MIG-"):
             if _resolve_visible_entry(entry, whole_gpus) is None:
                 break
@@ -214,7 +219,7 @@ def cuda_numbering_known(cuda_visible_devices: Optional[str], cuda_device_order:
     """
     if cuda_device_order == "PCI_BUS_ID" or len(gpu_models(gpus)) <= 1:
         return True
-    entries = [part.strip() for part in cuda_visible_devices.split(",")] if cuda_visible_devices else []
+    entries = visible_entries(cuda_visible_devices)
     return bool(entries) and all(entry.startswith(("GPU-", "MIG-")) for entry in entries)
 
 

@@ -112,22 +112,22 @@ DRIVER_NUMBERING_NOTE = ("cuda:N as the CUDA driver numbers these different GPUs
 
 
 def seen_as(status, gpu, short: bool = False) -> str:
-    """How torch names an NVML GPU: "cuda:1", "hidden from torch", or why that is unknown.
-    ``short``: "cuda:?" without the why, for a display that says FASTEST_FIRST_NOTE once."""
-    if not status.cuda_numbering_known:
-        return UNKNOWN_CUDA_NAME if short else FASTEST_FIRST_NOTE
+    """How torch names an NVML GPU: "cuda:1", "hidden from torch", or why that is unknown, as
+    ``status.hidden_from_torch`` answers. ``short``: "cuda:?" without the why, for a display
+    that says FASTEST_FIRST_NOTE once."""
     torch_index = status.torch_index_of.get(gpu.index)
-    if torch_index is not None:
+    if torch_index is not None and status.cuda_numbering_known:
         return f"cuda:{torch_index}"
-    visible = status.runtime.cuda_visible_devices
-    if gpu.mig_enabled and names_mig_instances(visible) and not status.snapshot.recorded:
-        named = sorted(mig for index, mig in status.mig_torch_index_of if index == gpu.index)
-        if named:
-            return f"torch runs on its MIG instance {', '.join(map(str, named))}"
-        if not gpu.mig_instances or not all(mig.uuid for mig in gpu.mig_instances):
-            # the instances' UUIDs are unknown: which GPU holds the named one cannot be told
-            return "hidden from torch unless the MIG instance in CUDA_VISIBLE_DEVICES is on it"
-    return "hidden from torch"
+    hidden = status.hidden_from_torch(gpu)
+    named = sorted(mig for index, mig in status.mig_torch_index_of if index == gpu.index)
+    if hidden is False and named:
+        return f"torch runs on its MIG instance {', '.join(map(str, named))}"
+    if hidden:
+        return "hidden from torch"
+    if names_mig_instances(status.visible_devices):
+        # the instances' UUIDs are unknown: which GPU holds the named one cannot be told
+        return "hidden from torch unless the MIG instance in CUDA_VISIBLE_DEVICES is on it"
+    return UNKNOWN_CUDA_NAME if short else FASTEST_FIRST_NOTE
 
 
 def short_uuid(uuid: Optional[str]) -> str:
