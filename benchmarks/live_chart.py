@@ -46,7 +46,7 @@ def long_run(path: str, samples: int) -> RunRecord:
 
 def every_sample(x, y, columns, span):
     """The old final chart: no reduction."""
-    return x, y
+    return list(range(len(x)))
 
 
 def constrained_layout(figure, **margins):

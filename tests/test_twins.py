@@ -8,12 +8,13 @@ so NvmlSource's own code runs.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 import colab_gpu
-from colab_gpu.live.panel import torch_labels
-from colab_gpu.live.sampler import Sampler
+from colab_gpu.live.panel import chart_svg, min_max_per_column, torch_labels
+from colab_gpu.live.sampler import GPUReading, Sample, Sampler
 
 from test_mig import filled, live, recorded_a100, shown, with_instances  # noqa: F401 (shown: a fixture)
 
@@ -53,3 +54,28 @@ def test_a_mig_gpu_is_hidden_or_not_in_one_answer_everywhere(shell, shown, clean
         sampler.stop()
     report = colab_gpu.clear_cache(shell=shell, source=source)
     assert ("GPU 0" in [reading.device for reading in report.before]) is maybe_this_kernels
+
+
+# --- one thinning of a chart line: spikes and dips survive ------------------------------------------
+
+
+def test_min_max_per_column_keeps_a_one_sample_spike_and_dip_in_time_order():
+    x = [float(t) for t in range(3000)]
+    y = [{700: 100.0, 2100: 0.0}.get(t, 50.0 + t % 3) for t in range(3000)]
+    kept = min_max_per_column(x, y, 100, (0.0, 2999.0))
+    assert len(kept) <= 2 * 100 + 2 and kept == sorted(set(kept))
+    assert 700 in kept and 2100 in kept  # the spike and the dip
+    assert kept[0] == 0 and kept[-1] == 2999  # the line spans the run
+    assert {y[i] for i in kept} == {0.0, 50.0, 52.0, 100.0}  # each column's lowest and highest
+    assert min_max_per_column(x[:150], y[:150], 100, (0.0, 149.0)) == list(range(150))  # few: all
+
+
+def test_the_rolling_chart_keeps_a_one_sample_dip():
+    """The panel kept each pixel column's highest value only: a GPU busy 100 % but for one
+    sample at 0 (a stall) drew a flat line."""
+    samples = [Sample(t * 0.1, (GPUReading(0, 0.0 if t == 1234 else 100.0, None, None, None, None),))
+               for t in range(3000)]
+    svg = chart_svg(samples, "busy %", lambda r: r.utilization, width=320, height=110)
+    (points,) = re.findall(r"points='([^']*)'", svg)
+    heights = sorted({float(point.split(",")[1]) for point in points.split()})
+    assert len(heights) == 2 and heights[-1] == pytest.approx(108.0)  # 0 % drawn at the bottom

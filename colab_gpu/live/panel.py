@@ -6,9 +6,10 @@ encoding per update, and the front end swaps it in without a flicker.
 """
 from __future__ import annotations
 
+import bisect
 import time
 from html import escape
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
 from ..render.html import STYLE, fraction_bar
@@ -95,34 +96,54 @@ def _y(percent: float, height: int, inset: float = 2.0) -> float:
     return inset + (100.0 - max(0.0, min(100.0, percent))) / 100 * (height - 2 * inset)
 
 
+def min_max_per_column(x: Sequence[float], y: Sequence[float], columns: int,
+                       span: Tuple[float, float]) -> List[int]:
+    """The positions of the points to draw of a line (``x`` ascending, within ``span``) on a
+    chart ``columns`` pixels wide: at most two per pixel column, its lowest and highest, in
+    the order they came (one where they are the same point), and the first and last. At that resolution the line looks
+    the same, a one-sample spike or dip included; the rolling chart and the final one use it."""
+    if len(x) <= 2 * columns:
+        return list(range(len(x)))
+    start, width = span[0], ((span[1] - span[0]) or 1.0) / columns
+    kept = {0, len(x) - 1}  # the line starts and ends where the samples do
+    first = 0
+    while first < len(x):
+        column = min(int((x[first] - start) / width), columns - 1)
+        end = len(x) if column == columns - 1 else bisect.bisect_left(x, start + (column + 1) * width, first)
+        end = max(end, first + 1)  # rounding never leaves a point in no column
+        points = range(first, end)
+        kept.update((min(points, key=y.__getitem__), max(points, key=y.__getitem__)))
+        first = end
+    return sorted(kept)
+
+
 def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
               height: int = 110, seconds: float = CHART_SECONDS) -> str:
     """One 0-100 % panel: a line per GPU over the last ``seconds`` of ``samples``.
 
     ``value(reading)`` gives the percentage to draw, or None where there is none (the line
-    joins the points either side). A line
-    has at most one point per pixel column, the column's highest value (a short peak stays
-    visible): at ``--interval 0.1`` the window holds 3000 samples, and redrawing them all
-    after every sample cost the sampler thread more time than the interval.
+    joins the points either side). A line has at most two points per pixel column
+    (:func:`min_max_per_column`): at ``--interval 0.1`` the window holds 3000 samples, and
+    redrawing them all after every sample cost the sampler thread more time than the interval.
     """
     end = samples[-1].time if samples else time.time()
     start = max(samples[0].time, end - seconds) if samples else end
     span = max(end - start, 1.0)  # the axis grows until it spans ``seconds``
-    columns: dict = {}  # GPU index -> {pixel column: highest percentage}
+    lines: Dict[int, Tuple[List[float], List[float]]] = {}  # GPU index -> (x in pixels, percentages)
     for sample in samples:
         if sample.time < start:
             continue
-        column = round((sample.time - start) / span * width)
         for reading in sample.gpus:
             percent = value(reading)
             if percent is not None:
-                line = columns.setdefault(reading.index, {})
-                line[column] = max(percent, line.get(column, percent))
+                xs, ys = lines.setdefault(reading.index, ([], []))
+                xs.append((sample.time - start) / span * width)
+                ys.append(percent)
     body = "".join(
-        _polyline([f"{x},{_y(percent, height):.1f}"
-                   for x, percent in sorted(line.items())], PALETTE[index % len(PALETTE)], False)
-        for index, line in sorted(columns.items()))
-    if samples and not columns:  # e.g. a log without memory: say so, as the final chart does
+        _polyline([f"{xs[i]:.0f},{_y(ys[i], height):.1f}" for i in min_max_per_column(xs, ys, width, (0, width))],
+                  PALETTE[index % len(PALETTE)], False)
+        for index, (xs, ys) in sorted(lines.items()))
+    if samples and not lines:  # e.g. a log without memory: say so, as the final chart does
         body = f"<text x='{width / 2:g}' y='{height / 2:g}' text-anchor='middle'>not reported</text>"
     return (
         f"<svg class='cgpu-chart' width='{width}' height='{height + 14}' "

@@ -14,7 +14,7 @@ from typing import Dict, Iterator, Optional, Tuple
 from ..render import celsius, count, number, size
 from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE
-from .panel import PALETTE
+from .panel import PALETTE, min_max_per_column
 from .sampler import Sample
 
 ROW_FIELDS = ("time", "gpu", "name", "utilization", "memory_used", "memory_total", "power",
@@ -47,23 +47,6 @@ def _time_unit(span: float) -> Tuple[float, str]:
     if span <= 3 * 3600:
         return 60.0, "minutes"
     return 3600.0, "hours"
-
-
-def min_max_per_column(x, y, columns: int, span: Tuple[float, float]):
-    """(x, y) numpy arrays (x ascending, within ``span``) cut to at most two points per pixel
-    column of a chart ``columns`` wide: each column's lowest and highest, in the order they
-    came. At that resolution the line looks the same, a one-sample spike or dip included."""
-    import numpy
-
-    if len(x) <= 2 * columns:
-        return x, y
-    column = numpy.minimum(((x - span[0]) / ((span[1] - span[0]) or 1.0) * columns).astype(int), columns - 1)
-    order = numpy.lexsort((y, column))  # by column, then value: each column's lowest first
-    by_column = column[order]
-    firsts = numpy.flatnonzero(numpy.r_[True, by_column[1:] != by_column[:-1]])
-    lasts = numpy.r_[firsts[1:], len(order)] - 1
-    kept = numpy.unique(numpy.concatenate([order[firsts], order[lasts]]))  # sorted: time order
-    return x[kept], y[kept]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +195,9 @@ class RunRecord:
                 y = values[:, position, field]
                 known = ~numpy.isnan(y)
                 if known.any():
-                    line, = axes.plot(*min_max_per_column(x[known], y[known], columns, span),
+                    drawn_x, drawn_y = x[known], y[known]
+                    kept = min_max_per_column(drawn_x.tolist(), drawn_y.tolist(), columns, span)
+                    line, = axes.plot(drawn_x[kept], drawn_y[kept],
                                       label=f"GPU {index}", linewidth=1.2, color=PALETTE[index % len(PALETTE)])
                     legend.setdefault(index, line)
                     highest = max(highest, float(y[known].max()))
