@@ -8,16 +8,25 @@ so NvmlSource's own code runs.
 from __future__ import annotations
 
 import dataclasses
+import html
 import re
 
 import pytest
 
 import colab_gpu
-from colab_gpu.live.panel import chart_svg, min_max_per_column, torch_labels
+from colab_gpu.devices.nvml import NvmlSource
+from colab_gpu.devices.replay import ReplaySource
+from colab_gpu.live.panel import chart_svg, min_max_per_column, render_panel, torch_labels
 from colab_gpu.live.sampler import GPUReading, Sample, Sampler
+from colab_gpu.live.server import page_state
+from colab_gpu.live.terminal import watch
 
+from conftest import DATA
+from nvml_recording import RecordedNvml
 from test_mig import filled, live, recorded_a100, shown, with_instances  # noqa: F401 (shown: a fixture)
 
+T4 = DATA / "nvidia-smi-xml" / "tesla-t4.xml"
+V100 = DATA / "nvidia-smi-csv" / "v100s-pcie-32gb_miris.csv"
 ELSEWHERE = "MIG-77777777-0000-5000-8000-000000000000"  # a MIG instance of no GPU here
 
 
@@ -79,3 +88,26 @@ def test_the_rolling_chart_keeps_a_one_sample_dip():
     (points,) = re.findall(r"points='([^']*)'", svg)
     heights = sorted({float(point.split(",")[1]) for point in points.split()})
     assert len(heights) == 2 and heights[-1] == pytest.approx(108.0)  # 0 % drawn at the bottom
+
+
+# --- a replay is what its snapshots say, not what its label starts with ---------------------------
+
+
+def test_a_recording_is_marked_as_a_replay_whatever_its_label_and_a_live_source_is_not():
+    replay = ReplaySource(V100, follow=True)
+    replay.label = "V100 training run"  # not "replay of ..."
+    nvml = NvmlSource(nvml=RecordedNvml(ReplaySource(T4).snapshot()))
+    nvml.label = "replay of my own GPU"  # a live source whose label starts with the old prefix
+    for source, title, mark in ((replay, "REPLAY of a recorded trace (V100 training run), not this machine's GPU",
+                                 "REPLAY  GPU0 "),
+                                (nvml, "live from replay of my own GPU", None)):
+        sampler = Sampler(source, interval=60).start()
+        try:
+            lines = []
+            watch(sampler, lines.append, max_lines=1, width=200)
+            panel = render_panel(sampler)
+            assert page_state(sampler)["title"] == title and html.escape(title) in panel
+            assert ("<b class='cgpu-replay'>" in panel) is (mark is not None)
+            assert (mark in lines[0]) if mark else "REPLAY" not in lines[0] + panel
+        finally:
+            sampler.stop()

@@ -528,8 +528,11 @@ def _parse(data: bytes, label: str, fallback_time: float) -> Tuple[Snapshot, ...
     return _csv_frames(text, label, fallback_time)
 
 
+LABEL_PREFIX = "replay of "
+
+
 def replay_label(path: "str | os.PathLike[str]") -> str:
-    return f"replay of {os.path.basename(os.fspath(path))}"
+    return LABEL_PREFIX + os.path.basename(os.fspath(path))
 
 
 def latest(frames: Sequence[Snapshot]) -> Snapshot:

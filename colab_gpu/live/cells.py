@@ -14,7 +14,7 @@ from typing import Callable, List, Optional
 
 from ..render import count, size
 from ..runtime import cuda_torch
-from .panel import is_replay, source_title, torch_labels
+from .panel import source_title, torch_labels
 
 
 def _signed(value: int) -> str:
@@ -86,8 +86,8 @@ class CellPeaks:
                 change = used[-1] - (used[0] if start is None else start)
                 named = f"GPU {index} ({labels[index]})" if index in labels else f"GPU {index}"
                 parts.append(f"{named} peak {size(max(used))} used ({_signed(change)})")
-        if is_replay(sampler.label):  # --demo / --from FILE: not this machine's GPU at all
-            source = f"{source_title(sampler.label)}, {count(len(during), 'sample')}"
+        if sampler.recorded:  # --demo / --from FILE: not this machine's GPU at all
+            source = f"{source_title(sampler)}, {count(len(during), 'sample')}"
         else:
             source = f"NVML, all processes, {count(len(during), 'sample')}; CUDA not started by this process"
         return f"cell GPU memory ({source}): " + "; ".join(parts)

@@ -11,6 +11,7 @@ import time
 from html import escape
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..devices.replay import LABEL_PREFIX
 from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
 from ..render.html import STYLE, fraction_bar
 from .sampler import Sample
@@ -30,15 +31,13 @@ EXTRA_STYLE = """
 """
 
 
-def is_replay(label: str) -> bool:
-    return label.startswith("replay of")
-
-
-def source_title(label: str) -> str:
-    """The header's words for a source: a replay never passes for the user's own GPU."""
-    if is_replay(label):
-        return f"REPLAY of a recorded trace ({label[len('replay of '):]}), not this machine's GPU"
-    return f"live from {label}"
+def source_title(sampler) -> str:
+    """The header's words for the sampler's source: a recording (``Snapshot.recorded``) never
+    passes for the user's own GPU, whatever its label says."""
+    if sampler.recorded:
+        return (f"REPLAY of a recorded trace ({sampler.label.removeprefix(LABEL_PREFIX)}), "
+                f"not this machine's GPU")
+    return f"live from {sampler.label}"
 
 
 def torch_labels(sampler) -> Dict[int, str]:
@@ -170,9 +169,9 @@ def render_panel(sampler, now: float = None) -> str:
     now = time.time() if now is None else now
     samples = sampler.samples()
     latest = {reading.index: reading for reading in samples[-1].gpus} if samples else {}
-    label_class = "cgpu-replay" if is_replay(sampler.label) else ""
+    label_class = "cgpu-replay" if sampler.recorded else ""
     parts = [STYLE, EXTRA_STYLE, "<div class='cgpu-card cgpu-live'>",
-             f"<div><b class='{label_class}'>{escape(source_title(sampler.label))}</b> "
+             f"<div><b class='{label_class}'>{escape(source_title(sampler))}</b> "
              f"<span class='cgpu-muted cgpu-state'>&middot; {escape(state_words(sampler, now))}</span></div>"]
     if sampler.error:
         parts.append(f"<p class='cgpu-error'>Stopped: {escape(sampler.error)}</p>")

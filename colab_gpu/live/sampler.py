@@ -95,6 +95,9 @@ class Sampler:
         # The first sample's GPUs as the card sees them (cuda:N, hidden from torch): what the
         # displays label them by, read with the CUDA_VISIBLE_DEVICES of the start.
         self.torch_view = None
+        # The source is a recording of some other machine (its first snapshot says so), not
+        # this one's GPUs: every display marks it, whatever the source's label.
+        self.recorded = False
         self.started_at: Optional[float] = None
         self.stopped_at: Optional[float] = None
         self._buffer: "collections.deque[Sample]" = collections.deque(maxlen=history)
@@ -133,6 +136,7 @@ class Sampler:
         from ..runtime import detect_runtime
 
         self.torch_view = torch_view(first, detect_runtime())
+        self.recorded = first.recorded
         self.started_at = time.time()
         self._record(first)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)

@@ -27,7 +27,7 @@ def page_state(sampler: Sampler) -> dict:
     latest = sampler.latest()
     return {
         "label": sampler.label,
-        "title": source_title(sampler.label),
+        "title": source_title(sampler),
         "running": sampler.running,
         "error": sampler.error,
         "count": sampler.count,

@@ -6,7 +6,7 @@ import time
 from typing import Callable, Dict, Optional
 
 from ..render import NA, celsius, number, size
-from .panel import is_replay, numbering_note, torch_labels
+from .panel import numbering_note, torch_labels
 from .sampler import Sample, Sampler
 
 
@@ -50,7 +50,7 @@ def watch(sampler: Sampler, write: Callable[[str], None], max_lines: int = 0,
     """Write a line per sample until the sampler ends or ``max_lines`` (0: no limit) were
     written; Ctrl-C (KeyboardInterrupt) reaches the caller. Returns the lines written.
     ``width``: the terminal's columns, read from it when not given."""
-    replay, labels, note = is_replay(sampler.label), torch_labels(sampler), numbering_note(sampler)
+    replay, labels, note = sampler.recorded, torch_labels(sampler), numbering_note(sampler)
     width = shutil.get_terminal_size().columns if width is None else width
     if note:
         write(note)
