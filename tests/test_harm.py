@@ -1,6 +1,6 @@
 """The "never do harm" promises, checked by injecting faults at the boundaries.
 
-NVML: every function NvmlSource calls (the list comes from a healthy run of the real code) raises,
+NVML: every function NvmlSource calls (the lists come from healthy runs of the real code) raises,
 one at a time, each error pynvml raises for a broken machine: at init, on the second of two GPUs,
 and while the live monitor samples. Imports: torch, ipywidgets, matplotlib or pandas missing, in a
 fresh process. CUDA: with torch imported and CUDA not started, no magic or API calls a torch.cuda
@@ -53,7 +53,21 @@ def nvml_calls() -> list:
     return list(dict.fromkeys(nvml.calls))
 
 
+def light_calls(after_full: bool) -> list:
+    """Every NVML function the live monitor's light read calls, in order: after a full
+    snapshot (the sampler's reads), or as a source's first read (handles, fixed fields too)."""
+    nvml = RecordedNvml(two_t4s())
+    source = NvmlSource(nvml=nvml)
+    if after_full:
+        assert source.snapshot().ok
+        nvml.calls.clear()
+    assert source.light_snapshot().ok
+    return list(dict.fromkeys(nvml.calls))
+
+
 NVML_CALLS = nvml_calls()
+LIGHT_CALLS = light_calls(after_full=True)
+FIRST_LIGHT_CALLS = light_calls(after_full=False)
 SYSTEM_CALLS = {"nvmlInit", "nvmlDeviceGetCount"}  # no GPU is read without them
 DEVICE_CALLS = sorted(name for name in set(NVML_CALLS) - SYSTEM_CALLS if name.startswith("nvmlDevice"))
 
@@ -62,6 +76,8 @@ def test_the_call_list_is_the_real_codes():
     assert len(NVML_CALLS) >= 20 and NVML_CALLS[0] == "nvmlInit"
     assert {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetHandleByIndex", "nvmlSystemGetDriverVersion",
             "nvmlDeviceGetComputeRunningProcesses", "nvmlSystemGetProcessName"} <= set(NVML_CALLS)
+    assert {"nvmlDeviceGetCount", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates"} <= set(LIGHT_CALLS)
+    assert set(LIGHT_CALLS) < set(FIRST_LIGHT_CALLS) <= set(NVML_CALLS) and FIRST_LIGHT_CALLS[0] == "nvmlInit"
 
 
 @pytest.fixture
@@ -134,13 +150,34 @@ def test_init_failures_nvml_has_no_words_for_are_said_in_words(error):
 
 
 @pytest.mark.parametrize("error", NVML_ERRORS)
-@pytest.mark.parametrize("function", sorted(set(NVML_CALLS) - {"nvmlInit"}))
+@pytest.mark.parametrize("function, index", [(function, None) for function in FIRST_LIGHT_CALLS]
+                         + [(function, 1) for function in FIRST_LIGHT_CALLS if function in DEVICE_CALLS])
+def test_every_nvml_call_failing_in_a_light_read_is_said_in_words(function, index, error):
+    """The live monitor's light read, as a source's first read (every call it can make)."""
+    nvml = RecordedNvml(two_t4s()).fail(function, NVML_ERRORS[error], index=index)
+    snapshot = NvmlSource(nvml=nvml).light_snapshot()  # never raises
+    if snapshot.problem is not None:
+        assert function in SYSTEM_CALLS and snapshot.gpus == ()
+        assert_worded(snapshot.problem)
+        return
+    assert [gpu.index for gpu in snapshot.gpus] == [0, 1]
+    for gpu in snapshot.gpus:
+        assert gpu.error is None or (gpu.error.count("\n") == 0 and "NVMLError" not in gpu.error)
+    if index == 1:  # the first GPU is read whole
+        first = snapshot.gpus[0]
+        assert first.error is None and first.name == "Tesla T4" and first.memory_used == two_t4s().gpus[0].memory_used
+
+
+@pytest.mark.parametrize("error", NVML_ERRORS)
+@pytest.mark.parametrize("function", sorted((set(NVML_CALLS) | set(LIGHT_CALLS)) - {"nvmlInit"}))
 def test_every_nvml_call_failing_while_the_monitor_samples_ends_it_in_words(function, error):
-    """Fixed fields are read once, at the first sample: a later failure of one is never seen."""
+    """Fixed fields are read once, at the first sample, and the monitor's later reads are light
+    (LIGHT_CALLS): a later failure of another call is never seen; one of these is met."""
     nvml = RecordedNvml(two_t4s())
     sampler = Sampler(NvmlSource(nvml=nvml), interval=0.001).start()
     try:
         nvml.fail(function, NVML_ERRORS[error], index=1 if function in DEVICE_CALLS else None)
+        mark = len(nvml.calls)
         first = sampler.count
         assert sampler.wait(first + 2, timeout=5) or not sampler.running
         sampler.wait(first + 3, timeout=5)
@@ -149,6 +186,7 @@ def test_every_nvml_call_failing_while_the_monitor_samples_ends_it_in_words(func
             assert_worded(sampler.error)
         else:  # a field became n/a: sampling goes on
             assert sampler.running and sampler.count >= first + 2
+        assert (function in nvml.calls[mark:]) is (function in LIGHT_CALLS)
     finally:
         sampler.stop()
 

@@ -17,7 +17,7 @@ import colab_gpu
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource
 from colab_gpu.live.panel import chart_svg, min_max_per_column, render_panel, torch_labels
-from colab_gpu.live.sampler import GPUReading, Sample, Sampler
+from colab_gpu.live.sampler import GPUReading, Sample, Sampler, reading_of
 from colab_gpu.live.server import page_state
 from colab_gpu.live.terminal import watch
 
@@ -111,3 +111,43 @@ def test_a_recording_is_marked_as_a_replay_whatever_its_label_and_a_live_source_
             assert (mark in lines[0]) if mark else "REPLAY" not in lines[0] + panel
         finally:
             sampler.stop()
+
+
+# --- the live monitor's light read ---------------------------------------------------------------
+
+
+def two_t4s():
+    snapshot = ReplaySource(T4).snapshot()
+    (gpu,) = snapshot.gpus
+    second = dataclasses.replace(gpu, index=1, uuid="GPU-00000000-0000-0000-0000-000000000001")
+    return dataclasses.replace(snapshot, gpus=(gpu, second))
+
+
+SAMPLED_CALLS = {"nvmlDeviceGetCount", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
+                 "nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"}
+
+
+def test_the_light_read_gives_what_the_monitor_keeps_and_skips_the_slow_calls():
+    nvml = RecordedNvml(two_t4s())
+    source = NvmlSource(nvml=nvml)
+    full = source.snapshot()
+    assert any(gpu.processes for gpu in full.gpus)  # the recording lists processes
+    nvml.calls.clear()
+    light = source.light_snapshot()
+    assert set(nvml.calls) == SAMPLED_CALLS  # no processes, clocks, PCIe link or power limit
+    assert [reading_of(gpu) for gpu in light.gpus] == [reading_of(gpu) for gpu in full.gpus]
+    assert [gpu.name for gpu in light.gpus] == ["Tesla T4"] * 2 and light.ok and not light.recorded
+    assert {gpu.processes for gpu in light.gpus} == {None}
+
+
+def test_the_sampler_reads_whole_once_then_lightly():
+    nvml = RecordedNvml(two_t4s())
+    sampler = Sampler(NvmlSource(nvml=nvml), interval=0.005).start()
+    try:
+        assert "nvmlDeviceGetComputeRunningProcesses" in nvml.calls  # the first read: labels, names
+        nvml.calls.clear()
+        assert sampler.wait(sampler.count + 3, timeout=10)
+    finally:
+        sampler.stop()
+    assert set(nvml.calls) == SAMPLED_CALLS
+    assert sampler.latest().gpus[1].memory_used == two_t4s().gpus[1].memory_used

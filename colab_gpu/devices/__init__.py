@@ -153,6 +153,11 @@ class DeviceSource(Protocol):
     def snapshot(self) -> Snapshot:
         """Read every GPU now. Never raises: a failure becomes ``Snapshot.problem``."""
 
+    def light_snapshot(self) -> Snapshot:
+        """Read only what the live monitor samples every second: each GPU's index, name,
+        memory, utilization, temperature, power draw and error; any other field may be None.
+        Never raises, as :meth:`snapshot`."""
+
     def close(self) -> None:
         """Release the library (NVML) or file; harmless to call twice."""
 

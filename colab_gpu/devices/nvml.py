@@ -128,6 +128,15 @@ class NvmlSource:
         return None
 
     def snapshot(self) -> Snapshot:
+        return self._read(self._read_fields)
+
+    def light_snapshot(self) -> Snapshot:
+        """Only what a live chart keeps of each GPU: no processes (NVML's slowest calls,
+        one more per process), clocks, PCIe link or MIG instances."""
+        return self._read(self._read_light_fields)
+
+    def _read(self, read_fields: Callable[..., GPU]) -> Snapshot:
+        """Every GPU, each read by ``read_fields(index, handle, name, fixed)``."""
         with self._lock:
             problem = self._start()
             if problem:
@@ -142,7 +151,7 @@ class NvmlSource:
                 return Snapshot(source=self.label, problem=describe_nvml_error(error))
             return Snapshot(
                 source=self.label,
-                gpus=tuple(self._read_gpu(index) for index in range(count)),
+                gpus=tuple(self._read_gpu(index, read_fields) for index in range(count)),
                 driver_version=self._versions[0],
                 cuda_driver_version=self._versions[1],
             )
@@ -172,13 +181,13 @@ class NvmlSource:
         version = self._nvml.nvmlSystemGetCudaDriverVersion()
         return f"{version // 1000}.{version % 1000 // 10}"
 
-    def _read_gpu(self, index: int) -> GPU:
+    def _read_gpu(self, index: int, read_fields: Callable[..., GPU]) -> GPU:
         try:
             handle, name, fixed = self._device(index)
         except Exception as error:
             return GPU(index=index, name=UNKNOWN_GPU, error=describe_nvml_error(error))
         try:
-            return self._read_fields(index, handle, name, fixed)
+            return read_fields(index, handle, name, fixed)
         except Exception as error:  # only a lost GPU gets here: the fields let the rest through
             return GPU(index=index, name=name, error=describe_nvml_error(error))
 
@@ -203,22 +212,33 @@ class NvmlSource:
             self._devices[index] = (handle, name, fixed)
         return self._devices[index]
 
-    def _read_fields(self, index: int, handle: Any, name: str, fixed: Dict[str, Any]) -> GPU:
+    def _read_light_fields(self, index: int, handle: Any, name: str, fixed: Dict[str, Any]) -> GPU:
+        return GPU(index=index, name=name, **self._light_fields(handle))
+
+    def _light_fields(self, handle: Any) -> Dict[str, Any]:
+        """Memory, utilization, temperature and power draw: what the live monitor samples."""
         nvml = self._nvml
         field = self._field
         utilization = field(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
         power = field(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        return dict(
+            **self._memory_fields(handle),
+            utilization_gpu=utilization and float(utilization.gpu),
+            utilization_memory=utilization and float(utilization.memory),
+            temperature=field(lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+            power_draw=None if power is None else power / 1000.0,
+        )
+
+    def _read_fields(self, index: int, handle: Any, name: str, fixed: Dict[str, Any]) -> GPU:
+        nvml = self._nvml
+        field = self._field
         limit = field(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
         reasons = field(lambda: self._clock_event_mask(handle))
         pstate = field(lambda: nvml.nvmlDeviceGetPerformanceState(handle))
         return GPU(
             index=index,
             name=name,
-            **self._memory_fields(handle),
-            utilization_gpu=utilization and float(utilization.gpu),
-            utilization_memory=utilization and float(utilization.memory),
-            temperature=field(lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
-            power_draw=None if power is None else power / 1000.0,
+            **self._light_fields(handle),
             power_limit=None if limit is None else limit / 1000.0,
             sm_clock=field(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
             memory_clock=field(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_MEM)),

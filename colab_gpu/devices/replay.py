@@ -578,5 +578,10 @@ class ReplaySource:
             self._next = (self._next + 1) % len(frames)
             return frame
 
+    def light_snapshot(self) -> Snapshot:
+        """The same as :meth:`snapshot`: the recording was parsed whole at the first read, so
+        leaving fields out would save nothing."""
+        return self.snapshot()
+
     def close(self) -> None:
         """Nothing to release: the file was read whole and closed at once."""

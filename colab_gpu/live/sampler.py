@@ -1,7 +1,8 @@
 """The sampler: one background thread per process that reads a device source into a ring buffer.
 
-It stores only what the live charts need (utilization, memory, power, temperature per GPU),
-so an hour at one sample a second stays small. It never imports torch and never prints: the
+It reads and stores only what the live charts need (utilization, memory, power, temperature
+per GPU: the source's light read, without processes or clocks), so an hour at one sample a
+second stays small and each sample cheap. It never imports torch and never prints: the
 displays read its buffer. A failure of the source (an exception, a lost GPU, a driver that
 went away) stops it and is kept in :attr:`Sampler.error` for the display to show once.
 """
@@ -129,7 +130,7 @@ class Sampler:
         """Read once here (a source that cannot be read raises SourceError), then in a thread."""
         if self._thread is not None:
             return self
-        first, problem = self._read()
+        first, problem = self._read(self.source.snapshot)  # whole: the labels need UUIDs, MIG
         if problem is not None:
             raise SourceError(f"{self.label}: {problem}")
         from ..gpu_status import torch_view
@@ -189,10 +190,10 @@ class Sampler:
             return self._changed.wait_for(
                 lambda: self._count > count or not self.running, timeout)
 
-    def _read(self):
+    def _read(self, read: Callable[[], Snapshot]):
         """(snapshot, None), or (None, why the source cannot be read)."""
         try:
-            snapshot = self.source.snapshot()
+            snapshot = read()
         except Exception as error:  # a source that breaks its promise not to raise
             return None, _one_line(error)
         return snapshot, snapshot_problem(snapshot)
@@ -201,7 +202,7 @@ class Sampler:
         try:
             next_time = time.monotonic() + self.interval
             while not self._stop.wait(max(0.0, next_time - time.monotonic())):
-                snapshot, problem = self._read()
+                snapshot, problem = self._read(self.source.light_snapshot)  # what _record keeps
                 if problem is not None:
                     self.error = problem
                     break
