@@ -71,12 +71,14 @@ def test_a_mig_gpu_is_hidden_or_not_in_one_answer_everywhere(shell, shown, clean
 def test_min_max_per_column_keeps_a_one_sample_spike_and_dip_in_time_order():
     x = [float(t) for t in range(3000)]
     y = [{700: 100.0, 2100: 0.0}.get(t, 50.0 + t % 3) for t in range(3000)]
-    kept = min_max_per_column(x, y, 100, (0.0, 2999.0))
+    kept = list(min_max_per_column(x, y, 100, (0.0, 2999.0)))
     assert len(kept) <= 2 * 100 + 2 and kept == sorted(set(kept))
     assert 700 in kept and 2100 in kept  # the spike and the dip
     assert kept[0] == 0 and kept[-1] == 2999  # the line spans the run
     assert {y[i] for i in kept} == {0.0, 50.0, 52.0, 100.0}  # each column's lowest and highest
-    assert min_max_per_column(x[:150], y[:150], 100, (0.0, 149.0)) == list(range(150))  # few: all
+    flat = list(min_max_per_column(x, [7.0] * 3000, 100, (0.0, 2999.0)))
+    assert len(flat) == 100 + 1  # a flat column is one point (and the last sample ends the line)
+    assert list(min_max_per_column(x[:150], y[:150], 100, (0.0, 149.0))) == list(range(150))  # few: all
 
 
 def test_the_rolling_chart_keeps_a_one_sample_dip():

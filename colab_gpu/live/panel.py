@@ -6,7 +6,6 @@ encoding per update, and the front end swaps it in without a flicker.
 """
 from __future__ import annotations
 
-import bisect
 import time
 from html import escape
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -96,24 +95,25 @@ def _y(percent: float, height: int, inset: float = 2.0) -> float:
 
 
 def min_max_per_column(x: Sequence[float], y: Sequence[float], columns: int,
-                       span: Tuple[float, float]) -> List[int]:
+                       span: Tuple[float, float]) -> Sequence[int]:
     """The positions of the points to draw of a line (``x`` ascending, within ``span``) on a
     chart ``columns`` pixels wide: at most two per pixel column, its lowest and highest, in
-    the order they came (one where they are the same point), and the first and last. At that resolution the line looks
-    the same, a one-sample spike or dip included; the rolling chart and the final one use it."""
+    the order they came (one where the column is flat), and the first and last. At that
+    resolution the line looks the same, a one-sample spike or dip included; the rolling chart
+    and the final one use it. numpy (matplotlib's) is imported only for a line that needs it."""
     if len(x) <= 2 * columns:
-        return list(range(len(x)))
-    start, width = span[0], ((span[1] - span[0]) or 1.0) / columns
-    kept = {0, len(x) - 1}  # the line starts and ends where the samples do
-    first = 0
-    while first < len(x):
-        column = min(int((x[first] - start) / width), columns - 1)
-        end = len(x) if column == columns - 1 else bisect.bisect_left(x, start + (column + 1) * width, first)
-        end = max(end, first + 1)  # rounding never leaves a point in no column
-        points = range(first, end)
-        kept.update((min(points, key=y.__getitem__), max(points, key=y.__getitem__)))
-        first = end
-    return sorted(kept)
+        return range(len(x))
+    import numpy
+
+    x, y = numpy.asarray(x, dtype=float), numpy.asarray(y, dtype=float)
+    column = numpy.minimum(((x - span[0]) / ((span[1] - span[0]) or 1.0) * columns).astype(int), columns - 1)
+    order = numpy.lexsort((y, column))  # by column, then value: each column's lowest first
+    by_column = column[order]
+    firsts = numpy.flatnonzero(numpy.r_[True, by_column[1:] != by_column[:-1]])
+    lows, highs = order[firsts], order[numpy.r_[firsts[1:], len(order)] - 1]
+    highs = highs[y[highs] != y[lows]]  # a flat column: its one point is enough
+    kept = [lows, highs, [0, len(x) - 1]]  # and the line starts and ends where the samples do
+    return numpy.unique(numpy.concatenate(kept))  # sorted: time order
 
 
 def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,

@@ -196,7 +196,7 @@ class RunRecord:
                 known = ~numpy.isnan(y)
                 if known.any():
                     drawn_x, drawn_y = x[known], y[known]
-                    kept = min_max_per_column(drawn_x.tolist(), drawn_y.tolist(), columns, span)
+                    kept = min_max_per_column(drawn_x, drawn_y, columns, span)
                     line, = axes.plot(drawn_x[kept], drawn_y[kept],
                                       label=f"GPU {index}", linewidth=1.2, color=PALETTE[index % len(PALETTE)])
                     legend.setdefault(index, line)
