@@ -23,6 +23,7 @@ from colab_gpu.live.terminal import watch
 
 from conftest import DATA
 from nvml_recording import RecordedNvml
+from test_harm import two_t4s
 from test_mig import filled, live, recorded_a100, shown, with_instances  # noqa: F401 (shown: a fixture)
 
 T4 = DATA / "nvidia-smi-xml" / "tesla-t4.xml"
@@ -116,13 +117,6 @@ def test_a_recording_is_marked_as_a_replay_whatever_its_label_and_a_live_source_
 
 
 # --- the live monitor's light read ---------------------------------------------------------------
-
-
-def two_t4s():
-    snapshot = ReplaySource(T4).snapshot()
-    (gpu,) = snapshot.gpus
-    second = dataclasses.replace(gpu, index=1, uuid="GPU-00000000-0000-0000-0000-000000000001")
-    return dataclasses.replace(snapshot, gpus=(gpu, second))
 
 
 SAMPLED_CALLS = {"nvmlDeviceGetCount", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates",
