@@ -245,7 +245,8 @@ def test_no_child_where_the_numbering_is_known(shell, capsys, driver, mixed_box,
     assert status.torch_index_of == {0: 0, 1: 1} and not status.cuda_numbering_asked
     from colab_gpu.memory import read_memory
 
-    assert [reading.device for reading in read_memory(None, recording)] == ["GPU 0", "GPU 1"]
+    # numbered as recorded, as the card numbers a recording
+    assert [reading.device for reading in read_memory(None, recording)] == ["cuda:0", "cuda:1"]
     assert driver.children() == []
 
 
