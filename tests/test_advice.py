@@ -48,7 +48,7 @@ def test_colab_no_gpu__on_a_gpu_runtime_is_not_told_to_pick_a_gpu():
     driver = fired(make_status(platform="colab", hint="gpu", problem="the NVIDIA driver is not loaded"))
     assert "Change runtime type" not in driver["colab_no_gpu"]
     assert "COLAB_GPU=1" in driver["colab_no_gpu"] and "Disconnect and delete runtime" in driver["colab_no_gpu"]
-    lost = dataclasses.replace(T4, error="a GPU has fallen off the bus: restart the runtime or the machine")
+    lost = dataclasses.replace(T4, error="a GPU fell off the bus: restart the runtime or the machine")
     assert "Disconnect and delete runtime" in fired(make_status([lost], platform="colab", hint="gpu"))["colab_no_gpu"]
     module = fired(make_status(platform="colab", hint="gpu", problem=NO_PYNVML))["colab_no_gpu"]
     assert "pip install nvidia-ml-py" in module and "Disconnect" not in module
@@ -193,7 +193,7 @@ def test_several_gpus():
     assert "torch sees 2 GPUs" in message and "DataParallel" in message and "notebook_launcher" in message
     assert "several_gpus" not in fired(make_status([T4]))
     assert "several_gpus" not in fired(make_status(two, recorded=True))  # another machine's run
-    lost = dataclasses.replace(two[1], error="a GPU has fallen off the bus")
+    lost = dataclasses.replace(two[1], error="a GPU fell off the bus")
     assert "several_gpus" not in fired(make_status([T4, lost]))
 
 

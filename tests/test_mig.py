@@ -133,7 +133,7 @@ def test_a_gpu_lost_while_reading_its_instances_is_marked_lost():
     nvml = RecordedNvml(with_instances(recorded_a100())).fail("nvmlDeviceGetMigDeviceHandleByIndex",
                                                               pynvml.NVML_ERROR_GPU_IS_LOST)
     (gpu,) = NvmlSource(nvml=nvml).snapshot().gpus
-    assert gpu.error and "fallen off the bus" in gpu.error
+    assert gpu.error and "fell off the bus" in gpu.error
 
 
 # --- which instance CUDA sees ------------------------------------------------------------
@@ -150,9 +150,22 @@ def test_cuda_visible_devices_maps_mig_uuids_and_prefixes_to_torch_indices():
 # --- the card ----------------------------------------------------------------------------
 
 
+def instance_rows(text: str) -> list:
+    """The card's "  MIG N" rows, each with the lines it is folded onto (80 columns) joined back."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("  MIG "):
+            rows.append(line)
+        elif rows and rows[-1] is not None and line.startswith(" " * 14):
+            rows[-1] += " " + line.strip()
+        elif rows and rows[-1] is not None:
+            rows.append(None)  # the instance rows have ended
+    return [row for row in rows if row is not None]
+
+
 def test_gpu_status_from_the_recording_shows_one_row_per_instance(shown, clean_env):
     text, html = shown(f"--from {A100}")
-    rows = [line for line in text.splitlines() if line.startswith("  MIG ")]
+    rows = instance_rows(text)
     assert rows == [f"  MIG {index}       12 MiB used of 19.50 GiB, GPU instance {gi}, compute instance 0, 14 SMs"
                     for index, gi in enumerate((3, 4, 5, 6))]
     assert html.count("MIG ") >= 4 and "12 MiB used of 19.50 GiB, GPU instance 6, compute instance 0, 14 SMs" in html
@@ -163,8 +176,8 @@ def test_gpu_status_marks_the_instance_cuda_visible_devices_names(shown, clean_e
     live(with_instances(recorded_a100()), monkeypatch)
     clean_env.setenv("CUDA_VISIBLE_DEVICES", UUIDS[2])
     text, html = shown()
-    assert "GPU 0  NVIDIA A100-SXM4-80GB  (torch runs on its MIG instance 2, compute capability 8.0, MIG on)" in text
-    rows = {line.split()[1]: line for line in text.splitlines() if line.startswith("  MIG ")}
+    assert "GPU 0  NVIDIA A100-SXM4-80GB  (torch runs on its MIG instance 2,\n       compute capability 8.0, MIG on)" in text
+    rows = {line.split()[1]: line for line in instance_rows(text)}
     assert rows["2"].endswith("uuid MIG-9a7b3c1d, cuda:0 of this process (CUDA_VISIBLE_DEVICES)")
     assert [key for key, row in rows.items() if "cuda:" in row] == ["2"]
     assert "uuid MIG-1d4f6a0e" in rows["0"]
@@ -186,7 +199,7 @@ def test_a_mig_uuid_on_no_instance_of_this_gpu_hides_it(shown, clean_env, monkey
     live(with_instances(recorded_a100()), monkeypatch)
     clean_env.setenv("CUDA_VISIBLE_DEVICES", "MIG-77777777-0000-5000-8000-000000000000")
     text, _ = shown()
-    assert "GPU 0  NVIDIA A100-SXM4-80GB  (hidden from torch, compute capability 8.0, MIG on)" in text
+    assert "GPU 0  NVIDIA A100-SXM4-80GB  (hidden from torch, compute capability 8.0,\n       MIG on)" in text
     assert "cuda:0 of this process" not in text
 
 

@@ -191,8 +191,8 @@ def test_a_whole_command_line_is_cut_so_the_card_keeps_its_width():
 
     status = colab_gpu.status(XML / "rtx-3080-v12.xml")
     (edge,) = [line for line in pretty(status).splitlines() if " 2214 " in line]
-    assert edge.endswith("/opt/microsoft/msedge/msedge --type=gpu-process --crashpad-…")
-    assert max(len(line) for line in pretty(status).splitlines() if line.startswith("  process")) < 100
+    assert edge == "  process        2214      79 MiB  /opt/microsoft/msedge/msedge --type=gpu-proc…"
+    assert max(len(line) for line in pretty(status).splitlines() if line.startswith("  process")) == 80
     html = status._repr_html_()
     assert "--variations-seed-version</span>" not in html  # shown cut ...
     assert "title='/opt/microsoft/msedge/msedge --type=gpu-process" in html  # ... whole on hover

@@ -58,10 +58,12 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
 
 
 def render_text(result) -> str:
-    lines = [_title(result)]
+    """Folded for an 80-column terminal; the configuration string and paths, which cannot be
+    broken, go whole on a line of their own."""
+    lines = [fold(_title(result), 4)]
     for heading, body in _sections(result):
         lines.append(f"  {heading}:")
-        lines += [f"    {line}" for line in body]
+        lines += [fold(f"    {line}", 6) for line in body]
     return "\n".join(lines)
 
 
@@ -81,7 +83,7 @@ def render_keys(version) -> str:
     for key in KEYS:
         span = f"{format_version(key.added)}" + (
             f", removed in {format_version(key.removed)}" if key.removed else "+")
-        mark = "" if version is None or key.available(version) else "  (not in the installed torch)"
+        mark = "" if version is None or key.available(version) else f"  (not in torch {format_version(version)})"
         # two short lines and the meaning folded under them: one 100-column row per key
         # wrapped mid-word in a notebook and in a terminal
         lines.append(f"{key.name}  torch {span}{mark}")

@@ -21,7 +21,8 @@ def trial_line(trial, variable: str, number: int) -> str:
         measured = f"peak {peak:>9}  {step + '/step':>13}  {speed:>9} samples/s"
     else:
         measured = f"({trial.error})" if trial.error else ""
-    return f"trial {number:>2}: {variable}={size:>6}  {outcome:<13}  {measured}".rstrip()
+    # folded under the trial's number: an error's message runs to 200 characters
+    return fold(f"trial {number:>2}: {variable}={size:>6}  {outcome:<13}  {measured}".rstrip(), 10)
 
 
 def _table_text(result) -> str:

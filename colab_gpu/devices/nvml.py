@@ -28,21 +28,21 @@ CLOCK_EVENT_REASONS = (
 )
 
 # Why NVML could not start, by the pynvml exception class name (classes are made at import).
+# At most 67 characters: "No GPU read: ..." stays one line of an 80-column terminal.
 _INIT_PROBLEMS = {
-    "NVMLError_LibraryNotFound": "the NVML library (libnvidia-ml.so) was not found: no NVIDIA driver is installed here",
-    "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded: this machine has no usable NVIDIA GPU",
-    "NVMLError_LibRmVersionMismatch": "the NVIDIA driver and its library differ in version (the driver was updated): restart the machine",
+    "NVMLError_LibraryNotFound": "no NVIDIA driver is installed here: libnvidia-ml.so was not found",
+    "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded: no usable NVIDIA GPU here",
+    "NVMLError_LibRmVersionMismatch": "the NVIDIA driver was updated but not reloaded: restart the machine",
     "NVMLError_NoPermission": "no permission to read the GPU through NVML",
-    "NVMLError_GpuIsLost": "a GPU has fallen off the bus: restart the runtime or the machine",
+    "NVMLError_GpuIsLost": "a GPU fell off the bus: restart the runtime or the machine",
     "NVMLError_FunctionNotFound": "the NVIDIA driver is too old for this NVML function",
     "NVMLError_Uninitialized": "NVML is not initialized",
     "NVMLError_NotSupported": "the NVIDIA driver does not support this read on this GPU",
-    "NVMLError_Timeout": "the NVIDIA driver did not answer in time: try again; if it persists, restart the machine",
-    "NVMLError_Unknown": "the NVIDIA driver failed with an unknown error: try again; if it persists, restart the machine",
+    "NVMLError_Timeout": "the NVIDIA driver timed out: try again, or restart the machine",
+    "NVMLError_Unknown": "the NVIDIA driver failed: try again, or restart the machine",
 }
 
-NO_PYNVML = ("the pynvml module is not installed (it comes with NVIDIA's nvidia-ml-py package: "
-             "pip install nvidia-ml-py)")
+NO_PYNVML = "the pynvml module is not installed: pip install nvidia-ml-py"
 
 
 DRIVER_WITHOUT_NVML = ("the NVIDIA driver is loaded but its NVML library (libnvidia-ml.so.1) is not "

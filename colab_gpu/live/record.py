@@ -9,9 +9,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 from html import escape
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
-from ..render import celsius, count, number, size
+from ..render import celsius, count, fold_items, number, size
 from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE
 from .panel import PALETTE, min_max_per_column
@@ -120,10 +120,14 @@ class RunRecord:
     def __repr__(self) -> str:
         return f"<RunRecord {self.label}: {count(self.count, 'sample')} over {self.duration:.1f} s>"
 
+    def facts(self) -> List[str]:
+        """A line per GPU, then the numbering note: what the summary says under the headline."""
+        return [s.line() for s in self.summaries()] + ([self.numbering_note] if self.numbering_note else [])
+
     def __str__(self) -> str:
-        """The summary ``%gpu_status --stop`` prints, so ``print(...)`` shows it in a script."""
-        return "\n".join([self.headline()] + [s.line() for s in self.summaries()]
-                         + ([self.numbering_note] if self.numbering_note else []))
+        """The summary ``%gpu_status --stop`` prints, so ``print(...)`` shows it in a script;
+        folded for an 80-column terminal."""
+        return "\n".join(fold_items(line, 2) for line in [self.headline(), *self.facts()])
 
     def _repr_pretty_(self, printer, cycle) -> None:
         printer.text(str(self))
@@ -138,7 +142,7 @@ class RunRecord:
             else:
                 image = (f"<img alt='{escape(self.label)}: the whole run' "
                          f"src='data:image/png;base64,{encoded}'>")
-        lines = "".join(f"<li>{escape(line)}</li>" for line in str(self).splitlines()[1:])
+        lines = "".join(f"<li>{escape(fact)}</li>" for fact in self.facts())
         return (f"{STYLE}<div class='cgpu-card'><div><b>{escape(self.headline())}</b></div>"
                 f"<ul class='cgpu-facts'>{lines}</ul>{image}</div>")
 

@@ -5,6 +5,7 @@ Shared here: the few formatting rules every renderer must agree on (sizes, n/a).
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from typing import Optional, Sequence
 
@@ -22,6 +23,19 @@ def fold(line: str, indent: int, width: int = WIDTH) -> str:
     text = line.lstrip(" ")
     return textwrap.fill(text, width, initial_indent=line[:len(line) - len(text)],
                          subsequent_indent=" " * indent, break_long_words=False, break_on_hyphens=False)
+
+
+_GLUE = "\x00"  # stands for a space that must not break, while fold() runs
+
+
+def fold_items(line: str, indent: int, width: int = WIDTH) -> str:
+    """``line``, a list of facts ("a, b; c"), folded like :func:`fold` but after a comma or a
+    semicolon: "388 MiB reserved by the driver" is not split across two lines, unless that
+    fact alone is too wide."""
+    text = line.lstrip(" ")
+    glued = line[:len(line) - len(text)] + re.sub(r"(?<![,;]) ", _GLUE, text)
+    folded = fold(glued, indent, width).replace(_GLUE, " ")
+    return "\n".join(fold(part, indent, width) for part in folded.split("\n"))
 
 
 def _digits(value: float, unit: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Optional, Tuple
 
-from . import NA, count, size
+from . import NA, count, fold, fold_items, size
 from .html import STYLE, rows_table
 
 # Reading field -> what the user calls it, per device kind.
@@ -71,8 +71,8 @@ def _holder_line(holder) -> str:
 def _outside_line(part) -> Tuple[str, str]:
     others = size(part.other_processes) if part.other_processes is not None else "unknown"
     return (f"GPU {part.nvml_index}",
-            f"other processes {others}; this process outside torch (CUDA context, other "
-            f"libraries) {size(part.context_and_non_torch)}; torch cache {size(part.torch_cache)}")
+            f"other processes {others}; this process {size(part.context_and_non_torch)} (CUDA "
+            f"context and other libraries); torch cache {size(part.torch_cache)}")
 
 
 def _holder_rows(holders) -> List[Tuple[str, str]]:
@@ -109,15 +109,20 @@ def holders_line(holders) -> str:
     return f"{len(holders.holders)} variables hold tensors; the most: {top}"
 
 
+def _text_rows(rows, label_width: int = 16) -> List[str]:
+    """Labelled rows of facts for an 80-column terminal, each continued under its value."""
+    return [fold_items(f"  {name:<{label_width}} {text}", label_width + 3) for name, text in rows]
+
+
 def holders_text(holders) -> str:
     lines = ["Who holds memory (your variables, by the tensor bytes they reach):"]
     note = _holders_note(holders)
-    lines += [f"  {note}"] if note else [f"  {name:<16} {text}" for name, text in _holder_rows(holders)]
+    lines += [f"  {note}"] if note else _text_rows(_holder_rows(holders))
     if holders.outside_torch:
         lines.append("Outside torch:")
-        lines += [f"  {name:<16} {text}" for name, text in map(_outside_line, holders.outside_torch)]
+        lines += _text_rows(map(_outside_line, holders.outside_torch))
     if _gpu_note(holders):
-        lines.append(_gpu_note(holders))
+        lines.append(fold(_gpu_note(holders), len("GPUs not read: ")))
     return "\n".join(lines)
 
 
@@ -131,10 +136,10 @@ def report_line(report) -> str:
 
 
 def report_text(report) -> str:
-    lines = [report_line(report)]
-    lines += [f"  {device:<16} {text}" for device, text in _device_lines(report)]
+    lines = [fold_items(report_line(report), len("clear_cache: "))]
+    lines += _text_rows(_device_lines(report))
     lines.append("Steps:")
-    lines += [f"  {name:<22} {text}" for name, text in _step_rows(report)]
+    lines += _text_rows(_step_rows(report), 22)
     if not report.cuda_initialized:
         lines.append("  CUDA is not initialized: torch's CUDA cache was left alone.")
     lines.append(holders_text(report.holders))
