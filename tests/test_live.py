@@ -366,7 +366,7 @@ def test_the_final_chart_of_an_hour_on_eight_gpus_draws_no_more_points_than_pixe
 
 def test_a_run_of_one_sample_says_1_sample():
     sampler, _ = live.start(demo=True, interval=60)  # the first sample, read at the start
-    assert "sampling every 60 s, 1 sample over 0 s" in render_panel(sampler)
+    assert "sampling every 60&nbsp;s, 1 sample over 0&nbsp;s" in render_panel(sampler)  # no break in "60 s"
     record = live.stop()
     assert record.headline().startswith("Live monitor stopped: 1 sample every 60 s ")
     assert repr(record).endswith(": 1 sample over 0.0 s>")
@@ -794,7 +794,7 @@ def test_after_stop_the_live_page_says_when_and_why_the_run_stopped(live_config,
     url = live.page_server().url
     assert not refused(live_port(url))
     state = json.loads(fetch(url + "data.json")[2])
-    assert state["running"] and "sampling every 0.02 s" in state["panel"]
+    assert state["running"] and "sampling every 0.02&nbsp;s" in state["panel"]
     live.running().wait(3, timeout=10)
     run_live(live_config, "--stop")
     summary = capsys.readouterr().out

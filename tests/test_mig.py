@@ -168,7 +168,8 @@ def test_gpu_status_from_the_recording_shows_one_row_per_instance(shown, clean_e
     rows = instance_rows(text)
     assert rows == [f"  MIG {index}       12 MiB used of 19.50 GiB, GPU instance {gi}, compute instance 0, 14 SMs"
                     for index, gi in enumerate((3, 4, 5, 6))]
-    assert html.count("MIG ") >= 4 and "12 MiB used of 19.50 GiB, GPU instance 6, compute instance 0, 14 SMs" in html
+    assert html.count("MIG ") >= 4 and \
+        "12&nbsp;MiB used of 19.50&nbsp;GiB, GPU instance 6, compute instance 0, 14 SMs" in html
     assert "uuid" not in "".join(rows)  # nvidia-smi's XML has none: not a row of n/a
 
 

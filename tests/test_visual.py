@@ -121,4 +121,4 @@ def test_the_status_card_names_temperature_and_state_as_the_text_report_does():
     """The card's power row read "26.8 W of 70 W, 40 °C, P0": a bare P0 means nothing to a student."""
     status = colab_gpu.status(path=str(XML / "tesla-t4.xml"))
     assert "temperature 40 °C   state P0" in str(status)
-    assert "26.8 W of 70 W, temperature 40 °C, state P0" in status._repr_html_()
+    assert "26.8&nbsp;W of 70&nbsp;W, temperature 40&nbsp;°C, state P0" in status._repr_html_()

@@ -61,6 +61,29 @@ CHART_CORNERS = """() => [...document.querySelectorAll('.cgpu-card img')].map(im
 })"""
 
 
+# Each number and its unit in the cards' text ("388 MiB", "26.8 W"): split when the number's
+# first character and the unit's last sit on different lines.
+SPLIT_UNITS = r"""() => {
+  const pattern = /\d+(?:\.\d+)?[ \u00a0](?:B|KiB|MiB|GiB|TiB|%|W|°C|MHz)(?!\w)/g;
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const split = [];
+  let checked = 0;
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.parentElement.closest('.cgpu-card') || node.parentElement.closest('style, svg')) continue;
+    for (const match of node.data.matchAll(pattern)) {
+      const top = offset => {
+        const range = document.createRange();
+        range.setStart(node, offset); range.setEnd(node, offset + 1);
+        return range.getBoundingClientRect().top;
+      };
+      checked += 1;
+      if (Math.abs(top(match.index) - top(match.index + match[0].length - 1)) > 2) split.push(match[0]);
+    }
+  }
+  return [checked, split];
+}"""
+
+
 def alignments(cells):
     return cells.evaluate_all("cells => cells.map(cell => getComputedStyle(cell).textAlign)")
 
@@ -91,6 +114,8 @@ def test_cards_read_in_the_dark_theme_at_600_px(browser, jupyterlab):  # noqa: F
     status, batch = page.locator(".jp-Cell").nth(1), page.locator(".jp-Cell").nth(3)
     rows = batch.locator(".cgpu-card tr")
     assert rows.count() > 2
+    checked, split = page.evaluate(SPLIT_UNITS)
+    assert checked >= 20  # the sizes, powers, temperatures and clocks of the five cards
     seen = {
         # Before: the allocator string, find_batch's 720 px chart and the live widget stuck out.
         "cards sticking out": [card for card in cards if card[1] > 1],
@@ -103,6 +128,8 @@ def test_cards_read_in_the_dark_theme_at_600_px(browser, jupyterlab):  # noqa: F
             "items => items.map(item => getComputedStyle(item).borderLeftWidth)")),
         # Charts (find_batch's, the live run's): no white box in the dark theme.
         "chart corner alpha": [alpha for _, alpha in page.evaluate(CHART_CORNERS)],
+        # "388" at the end of a line, "MiB" on the next (the status card's memory row).
+        "numbers split from their unit": split,
     }
     assert seen == {
         "cards sticking out": [],
@@ -110,5 +137,6 @@ def test_cards_read_in_the_dark_theme_at_600_px(browser, jupyterlab):  # noqa: F
         "find_batch columns": [["right", "left", "right", "right", "right"]] * rows.count(),
         "find_batch fact bars": {"0px"},
         "chart corner alpha": [0, 0],
+        "numbers split from their unit": [],
     }
     page.close()

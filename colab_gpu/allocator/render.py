@@ -5,7 +5,7 @@ from html import escape
 from typing import List, Tuple
 
 from ..render import fold, torch_summary
-from ..render.html import STYLE, rows_table
+from ..render.html import STYLE, rows_table, unbroken_units
 from .parse import format_version, to_torch
 from .schema import KEYS
 
@@ -72,9 +72,9 @@ def render_html(result) -> str:
             for heading, body in _sections(result)]
     title = escape(_title(result))
     warnings = "".join(f"<li class='warning'><b>warning</b> {escape(w)}</li>" for w in result.warnings)
-    return (STYLE + f'<div class="cgpu-card"><h4>{title}</h4>'
-            + rows_table([row for row in rows if row[0] != "warnings"])
-            + (f"<ul>{warnings}</ul>" if warnings else "") + "</div>")
+    return unbroken_units(STYLE + f'<div class="cgpu-card"><h4>{title}</h4>'
+                          + rows_table([row for row in rows if row[0] != "warnings"])
+                          + (f"<ul>{warnings}</ul>" if warnings else "") + "</div>")
 
 
 def render_keys(version) -> str:

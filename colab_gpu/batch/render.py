@@ -7,7 +7,7 @@ from typing import Optional
 
 from ..render import count, fold, size as format_size
 from ..render.chart import neutral_style, to_png
-from ..render.html import STYLE
+from ..render.html import STYLE, unbroken_units
 from .result import RUNNING, trial_row
 
 HEADER = ("size", "outcome", "peak memory", "time/step", "samples/s")
@@ -80,8 +80,9 @@ def render_html(result) -> str:
     """The card: the table, the facts and, once the search has ended, the chart inside it, so
     that the one output a notebook keeps (a progress display or a cell's Out) holds all."""
     facts = "".join(f"<li>{escape(fact)}</li>" for fact in _facts(result))
-    return (STYLE + TABLE_STYLE + f"<div class='cgpu-card cgpu-trials'><h4>{escape(result.summary())}</h4>{table_html(result)}"
-            f"<ul class='cgpu-muted cgpu-facts'>{facts}</ul>{_chart_html(result)}</div>")
+    return unbroken_units(
+        STYLE + TABLE_STYLE + f"<div class='cgpu-card cgpu-trials'><h4>{escape(result.summary())}</h4>"
+        f"{table_html(result)}<ul class='cgpu-muted cgpu-facts'>{facts}</ul>{_chart_html(result)}</div>")
 
 
 def _chart_html(result) -> str:

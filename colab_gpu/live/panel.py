@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..devices.replay import LABEL_PREFIX
 from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
-from ..render.html import STYLE, fraction_bar
+from ..render.html import STYLE, fraction_bar, unbroken_units
 from .sampler import Sample
 
 CHART_SECONDS = 300  # the rolling chart's time span; the whole run is in history()
@@ -188,4 +188,4 @@ def render_panel(sampler, now: float = None) -> str:
     parts.append(chart_svg(samples, "busy %", _utilization))
     parts.append(chart_svg(samples, "memory used %", _memory_percent))
     parts.append("</div>")
-    return "".join(parts)
+    return unbroken_units("".join(parts))

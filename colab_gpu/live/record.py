@@ -13,7 +13,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..render import celsius, count, fold_items, number, size
 from ..render.chart import neutral_style, to_png
-from ..render.html import STYLE
+from ..render.html import STYLE, unbroken_units
 from .panel import PALETTE, min_max_per_column
 from .sampler import Sample
 
@@ -143,8 +143,8 @@ class RunRecord:
                 image = (f"<img alt='{escape(self.label)}: the whole run' "
                          f"src='data:image/png;base64,{encoded}'>")
         lines = "".join(f"<li>{escape(fact)}</li>" for fact in self.facts())
-        return (f"{STYLE}<div class='cgpu-card'><div><b>{escape(self.headline())}</b></div>"
-                f"<ul class='cgpu-facts'>{lines}</ul>{image}</div>")
+        return unbroken_units(f"{STYLE}<div class='cgpu-card'><div><b>{escape(self.headline())}</b></div>"
+                              f"<ul class='cgpu-facts'>{lines}</ul>{image}</div>")
 
     def chart_png(self, dpi: int = 80) -> bytes:
         """The whole run as a PNG: busy %, memory used, power and temperature per GPU."""

@@ -13,6 +13,7 @@ too (``.cgpu-card.cgpu-live``): a later card's STYLE must not undo them.
 """
 from __future__ import annotations
 
+import re
 from html import escape
 from typing import List
 
@@ -42,6 +43,16 @@ STYLE = """
 .cgpu-card li b{font-weight:600}
 </style>
 """
+
+
+# A number and its unit as the render helpers write them: "388 MiB", "26.8 W", "40 °C", "0.5 s".
+_NUMBER_AND_UNIT = re.compile(r"(\d) (?=(?:[KMGT]i)?B\b|%|W\b|°C|MHz\b|[mµ]?s\b)")
+
+
+def unbroken_units(html: str) -> str:
+    """``html`` with every number held to its unit by a no-break space: a 600 px notebook put
+    "388" at the end of one line and "MiB" on the next. The text views keep plain spaces."""
+    return _NUMBER_AND_UNIT.sub("\\1&nbsp;", html)
 
 
 def fraction_bar(fraction) -> str:
@@ -138,4 +149,4 @@ def render_status(status) -> str:
         parts.append("<ul>" + "".join(
             f"<li class='{advice.level}'><b>{advice.level}</b> {escape(advice.message)}</li>" for advice in status.advice) + "</ul>")
     parts.append("</div>")
-    return "".join(parts)
+    return unbroken_units("".join(parts))

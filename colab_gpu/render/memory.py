@@ -5,7 +5,7 @@ from html import escape
 from typing import List, Optional, Tuple
 
 from . import NA, count, fold, fold_items, size
-from .html import STYLE, rows_table
+from .html import STYLE, rows_table, unbroken_units
 
 # Reading field -> what the user calls it, per device kind.
 _FIELDS = (("allocated", "allocated"), ("reserved", "reserved"), ("nvml_used", "NVML used"))
@@ -162,12 +162,12 @@ def _holders_body(holders) -> str:
 
 
 def holders_html(holders) -> str:
-    return f'{STYLE}<div class="cgpu-card">{_holders_body(holders)}</div>'
+    return unbroken_units(f'{STYLE}<div class="cgpu-card">{_holders_body(holders)}</div>')
 
 
 def report_html(report) -> str:
     cuda = "" if report.cuda_initialized else (
         "<p class='cgpu-muted'>CUDA is not initialized: torch's CUDA cache was left alone.</p>")
-    return (f'{STYLE}<div class="cgpu-card"><div><b>{escape(report_line(report))}</b></div>'
-            f"{_html_rows(_device_lines(report))}<h4>Steps</h4>{_html_rows(_step_rows(report))}"
-            f"{cuda}{_holders_body(report.holders)}</div>")
+    return unbroken_units(f'{STYLE}<div class="cgpu-card"><div><b>{escape(report_line(report))}</b></div>'
+                          f"{_html_rows(_device_lines(report))}<h4>Steps</h4>{_html_rows(_step_rows(report))}"
+                          f"{cuda}{_holders_body(report.holders)}</div>")
