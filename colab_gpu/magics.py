@@ -5,21 +5,69 @@ settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
 import copy
 import dataclasses
 import functools
 import io
+import re
 import shlex
 import sys
 from collections.abc import Iterator
-from typing import Callable, List, Set
+from typing import Callable, Dict, List, Set, Tuple
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import argument, magic_arguments as ipython_magic_arguments
 from traitlets import Enum, Float, Int, TraitError, validate
+
+
+class magic_arguments(ipython_magic_arguments):
+    """IPython's decorator, with abbreviated options refused: argparse took ``--jso`` for
+    ``--json``, and such a word would silently change meaning once an option added later
+    starts the same way. (IPython's parser takes no ``allow_abbrev`` argument.)"""
+
+    def __call__(self, func):
+        func = super().__call__(func)
+        func.parser.allow_abbrev = False
+        return func
+
+
+def _number(kind: type, words: str) -> Callable[[str], object]:
+    """An option's type: argparse's own "invalid int value: '2.5'" does not say what is accepted."""
+    def convert(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {words}") from None
+    return convert
+
+
+_WHOLE_NUMBER = _number(int, "a whole number")
+
+
+# A word that starts like a negative number ("-10%", "-1e3", "-.5"): a value, as no option
+# starts with a digit. argparse reads only plain negative numbers as values: for the others it
+# answered "expected one argument" instead of the option's own check ("cannot be negative").
+_NEGATIVE = re.compile(r"-\.?\d")
+
+
+def _values_attached(argv: List[str]) -> Tuple[List[str], Dict[str, str]]:
+    """``--headroom -10%`` as ``--headroom=-10%``, which argparse gives the option as its value;
+    and each word so made -> the words as typed, for argparse's messages."""
+    attached: List[str] = []
+    typed: Dict[str, str] = {}
+    for word in argv:
+        option = attached[-1] if attached else ""
+        takes_it = option.startswith("-") and "=" not in option and not _NEGATIVE.match(option)
+        if takes_it and _NEGATIVE.match(word):
+            attached[-1] = f"{option}={word}"
+            typed[attached[-1]] = f"{option} {word}"
+        else:
+            attached.append(word)
+    return attached, typed
 
 
 def _parse(magic: Callable, line: str):
@@ -31,14 +79,15 @@ def _parse(magic: Callable, line: str):
     lexer = shlex.shlex(line, posix=True)
     lexer.whitespace_split, lexer.escape, lexer.commenters = True, "", ""
     try:
-        argv = list(lexer)
+        argv, typed = _values_attached(list(lexer))
     except ValueError as error:  # an unclosed quote
         raise UsageError(f"{error.args[0][0].lower()}{error.args[0][1:]} in {line!r}") from None
     try:
         return magic.parser.parse_args(argv)
     except UsageError as error:  # argparse says what was wrong; add what is accepted
+        message = functools.reduce(lambda text, made: text.replace(*made), typed.items(), str(error))
         usage = " ".join(magic.parser.format_usage().split()[1:])
-        raise UsageError(f"{error} (usage: {usage}; {usage.split()[0]}? explains each option)") from None
+        raise UsageError(f"{message} (usage: {usage}; {usage.split()[0]}? explains each option)") from None
 
 
 def _friendly_errors(method: Callable) -> Callable:
@@ -137,7 +186,7 @@ class GPUMagics(Magics):
                    "terminal. A second --live shows the running monitor again.")
     @argument("--stop", action="store_true",
               help="Stop the live monitor and show a chart of the whole run.")
-    @argument("--interval", type=float, metavar="SECONDS",
+    @argument("--interval", type=_number(float, "a number of seconds"), metavar="SECONDS",
               help="With --live: seconds between samples, up to 3600 (default: "
                    "GPUMagics.live_interval, 1).")
     @argument("--demo", action="store_true",
@@ -163,6 +212,13 @@ class GPUMagics(Magics):
         from .gpu_status import status
 
         args = _parse(self.gpu_status, line)
+        if args.interval is not None:  # a wrong value is wrong with or without --live
+            from .live.sampler import check_interval
+
+            try:
+                args.interval = check_interval(args.interval, "--interval")
+            except ValueError as error:
+                raise UsageError(str(error)) from None
         if args.live or args.stop:
             return self._live(args)
         if args.interval is not None or args.demo or args.cells:
@@ -284,13 +340,7 @@ class GPUMagics(Magics):
             raise UsageError("--json does not go with --live; colab_gpu.history() gives the samples")
         if args.demo and args.path:
             raise UsageError("--demo replays the bundled trace and --from FILE your recording: give one")
-        from .live.sampler import check_interval
-
-        try:
-            interval = check_interval(self.live_interval if args.interval is None else args.interval,
-                                      "--interval")
-        except ValueError as error:
-            raise UsageError(str(error)) from None
+        interval = self.live_interval if args.interval is None else args.interval  # both checked
         try:
             sampler, started = live.start(path=args.path, demo=args.demo, interval=interval,
                                           history=self.live_history)
@@ -328,15 +378,15 @@ class GPUMagics(Magics):
     @magic_arguments("%find_batch")  # usage reads %%find_batch: it is a cell magic
     @argument("--var", default="batch_size", metavar="NAME",
               help="The variable the cell reads its batch size from (default batch_size); set to the answer.")
-    @argument("--start", type=int, help="First size tried (default 2, or --multiple-of).")
-    @argument("--max", type=int, dest="maximum", help="Largest size tried (default 65536).")
-    @argument("--steps", type=int, default=3,
+    @argument("--start", type=_WHOLE_NUMBER, help="First size tried (default 2, or --multiple-of).")
+    @argument("--max", type=_WHOLE_NUMBER, dest="maximum", help="Largest size tried (default 65536).")
+    @argument("--steps", type=_WHOLE_NUMBER, default=3,
               help="Runs of the cell per trial, the first not timed unless it is the only one "
                    "(default 3); in throughput mode a fast cell runs until 0.1 s is timed, at "
                    "most 1000 runs.")
     @argument("--headroom", default="0",
               help="Memory kept free: bytes like 512MiB, or a percentage of device memory like 10%%.")
-    @argument("--multiple-of", type=int, default=1, dest="multiple_of", metavar="K",
+    @argument("--multiple-of", type=_WHOLE_NUMBER, default=1, dest="multiple_of", metavar="K",
               help="Only try multiples of K (tensor cores like multiples of 8).")
     @argument("--mode", choices=["max", "throughput"], default="max",
               help="max: the largest size that fits; throughput: the fastest size that fits.")

@@ -56,6 +56,9 @@ class Headroom:
 
     def __init__(self, spec="0"):
         self.spec = str(spec).strip()
+        if self.spec.startswith("-"):
+            raise SearchError(f"--headroom {self.spec!r}: headroom cannot be negative; give bytes like "
+                              f"512MiB or a percentage of device memory like 10%")
         match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(%|[kmg]i?b?|b)?", self.spec.lower())
         if not match:
             raise SearchError(f"--headroom {self.spec!r}: give bytes like 512MiB or 2GB, or a "

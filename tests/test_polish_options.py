@@ -1,0 +1,95 @@
+"""The magics' options as argparse reads them: no abbreviations, and numbers refused in words.
+
+argparse took ``--jso`` for ``--json`` (an abbreviation silently changes meaning when an option
+starting the same way is added later), and answered ``--headroom -10%`` with "expected one
+argument" because "-10%" looked like an option to it. Each is now one UsageError line naming
+the option and saying what is accepted, on IPython 7.34 and the newest alike, and nothing runs.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+from IPython.core.error import UsageError
+
+CELL = "ran.append(batch_size)\n"
+
+
+@pytest.fixture
+def magic(shell, clean_env, tmp_path):
+    """Run a line (or, for find_batch, cell) magic; returns its one-line UsageError message,
+    after checking that the cell never ran and the allocator setting (which --rese, --unse KEY
+    or --forge would change) was left as it was."""
+    clean_env.setenv("COLAB_GPU_CONFIG_DIR", str(tmp_path))
+    clean_env.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    shell.user_ns.update(batch_size=4, ran=[])
+
+    def allocator_setting():
+        return {name: value for name, value in os.environ.items() if name.startswith("PYTORCH_")}
+
+    before = allocator_setting()
+
+    def refused(name: str, line: str) -> str:
+        with pytest.raises(UsageError) as error:
+            if name == "find_batch":
+                shell.run_cell_magic(name, line, CELL)
+            else:
+                shell.run_line_magic(name, line)
+        message = str(error.value)
+        assert "\n" not in message
+        assert shell.user_ns["ran"] == [] and shell.user_ns["batch_size"] == 4 and allocator_setting() == before
+        return message
+
+    yield refused
+    for name in ("batch_size", "ran"):
+        shell.user_ns.pop(name, None)
+
+
+def long_options(shell, name: str) -> list:
+    """The magic's options, read from its usage line as %magic? shows it."""
+    method = shell.find_cell_magic(name) if name == "find_batch" else shell.find_line_magic(name)
+    return sorted(set(re.findall(r"--[a-z][\w-]*", method.parser.format_usage())))
+
+
+@pytest.mark.parametrize("name", ["gpu_status", "alloc_conf", "clear_cache", "find_batch"])
+def test_an_abbreviated_option_is_refused_and_named(shell, magic, name):
+    options = long_options(shell, name)
+    assert len(options) >= 3
+    for option in options:
+        abbreviation = option[:-1]
+        assert abbreviation not in options
+        assert magic(name, abbreviation).startswith(f"unrecognized arguments: {abbreviation} (usage: ")
+
+
+def test_json_abbreviated_is_refused_naming_it(magic):
+    assert magic("gpu_status", "--jso").startswith("unrecognized arguments: --jso (usage: %gpu_status [--json]")
+
+
+@pytest.mark.parametrize("headroom", ["-10%", "-512MiB", "-5", "-.5%"])
+def test_a_negative_headroom_says_it_cannot_be_negative_and_what_is_accepted(magic, headroom):
+    assert magic("find_batch", f"--headroom {headroom}") == (
+        f"--headroom '{headroom}': headroom cannot be negative; give bytes like 512MiB or a "
+        f"percentage of device memory like 10%")
+
+
+@pytest.mark.parametrize("name, line, message", [
+    ("find_batch", "--start -4", "--start -4: give a whole number >= 1"),
+    ("find_batch", "--max -1", "--max -1: give a whole number >= 1"),
+    ("find_batch", "--steps -2", "--steps -2: give a whole number >= 1"),
+    ("find_batch", "--multiple-of -8", "--multiple-of -8: give a whole number >= 1"),
+    ("find_batch", "--max -1e3", "argument --max: '-1e3' is not a whole number (usage: %%find_batch "),
+    ("find_batch", "--start 2.5", "argument --start: '2.5' is not a whole number (usage: %%find_batch "),
+    ("find_batch", "--multiple -8", "unrecognized arguments: --multiple -8 (usage: "),  # as typed
+    ("gpu_status", "--interval -1", "--interval must be a positive number of seconds up to 3600 (an "
+                                    "hour), e.g. 1 or 0.5; not -1"),
+    ("gpu_status", "--live --interval -1e-3", "--interval must be a positive number of seconds up to "
+                                              "3600 (an hour), e.g. 1 or 0.5; not -0.001"),
+    ("gpu_status", "--live --interval abc", "argument --interval: 'abc' is not a number of seconds (usage: "),
+    ("alloc_conf", "max_split_size_mb=-1", "max_split_size_mb=-1: takes a whole number, >= 20 and <= "),
+    ("alloc_conf", "--check garbage_collection_threshold:-0.5",
+     "garbage_collection_threshold=-0.5: takes a decimal number like 0.5, > 0 and < 1"),
+    ("alloc_conf", "--unset -1", "unknown allocator key '-1'"),
+])
+def test_every_numeric_option_says_what_is_wrong_with_its_value(magic, name, line, message):
+    assert magic(name, line).startswith(message)
