@@ -25,6 +25,7 @@ from colab_gpu import cuda_order, live
 from colab_gpu.devices import GiB
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource
+from colab_gpu.render import FASTEST_FIRST_NOTE
 from conftest import DATA, ROOT
 from nvml_recording import RecordedNvml
 from test_live import card_labels, line_labels, live_config, run_live  # noqa: F401 (a fixture)
@@ -33,8 +34,8 @@ from test_multigpu import box, cuda_on_cuda0  # noqa: F401 (a fixture)
 XML = DATA / "nvidia-smi-xml"
 RTX_3090 = ReplaySource(XML / "rtx-3090-v12.xml").snapshot().gpus[0]
 GTX_1660_TI = ReplaySource(XML / "gtx-1660-ti.xml").snapshot().gpus[0]  # "Graphics Device" to driver 418
-UNKNOWN = "cuda:? - CUDA numbers these different GPUs fastest first"
-ASKED = "cuda:N as the CUDA driver numbers these different GPUs (fastest first), asked in a separate process"
+UNKNOWN = "cuda:?"  # in each title; FASTEST_FIRST_NOTE says why, once
+ASKED = "cuda:N as the CUDA driver numbers these different GPUs, asked in a child process"
 
 
 def cuda_bus_id(gpu) -> str:
@@ -197,6 +198,7 @@ def test_a_driver_that_cannot_say_leaves_cuda_unknown_and_is_asked_once(shell, c
     text = card(shell, capsys)
     first = time.monotonic() - start
     assert card_labels(text) == {0: UNKNOWN, 1: UNKNOWN} and ASKED not in text
+    assert text.count(FASTEST_FIRST_NOTE) == 1
     if case == "a cuInit that hangs":
         assert cuda_order.TIMEOUT <= first < cuda_order.TIMEOUT + 3  # waited out, not hung
         (child,) = driver.children()

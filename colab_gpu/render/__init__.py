@@ -121,8 +121,7 @@ def capability(gpu) -> str:
 UNKNOWN_CUDA_NAME = "cuda:?"
 FASTEST_FIRST_NOTE = f"{UNKNOWN_CUDA_NAME} - CUDA numbers these different GPUs fastest first"
 # Said once on the card when cuda:N came from colab_gpu.cuda_order (a user may wonder how)
-DRIVER_NUMBERING_NOTE = ("cuda:N as the CUDA driver numbers these different GPUs (fastest first), "
-                         "asked in a separate process")
+DRIVER_NUMBERING_NOTE = "cuda:N as the CUDA driver numbers these different GPUs, asked in a child process"
 
 
 def seen_as(status, gpu, short: bool = False) -> str:

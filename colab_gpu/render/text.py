@@ -69,7 +69,7 @@ def render_status(status) -> str:
     if runtime.cuda_visible_devices is not None and not snapshot.recorded:
         lines.append(f"CUDA_VISIBLE_DEVICES={runtime.cuda_visible_devices!r}")
     if status.cuda_numbering_asked:
-        lines.append(fold(DRIVER_NUMBERING_NOTE))
+        lines.append(DRIVER_NUMBERING_NOTE)
     if snapshot.problem:
         lines.append(fold(f"No GPU read: {snapshot.problem}", len("No GPU read: ")))
     elif not snapshot.gpus:
