@@ -779,15 +779,19 @@ def test_the_cells_output_is_shown_for_its_first_run_only(shell, capsys):
 def test_throughput_times_the_cell_not_the_hiding_of_its_output(shell):
     # A 200 µs step: hiding a later run's output must not add a fixed cost to every timed run,
     # or larger sizes look faster than they are (IPython's capture_output costs 50-90 µs).
-    # Measured against the cell's own timing of itself, so a loaded machine slows both alike.
+    # Measured against the cell's own timing of itself, trial by trial; a fixed cost is in every
+    # trial, while a loaded machine's preemption inflates only some: the least is judged.
     shell.run_cell("import statistics, time\nown = []")
     result = shell.run_cell_magic("find_batch", "--mode throughput --max 8 -o",
                                   "began = time.perf_counter()\n"
                                   "while time.perf_counter() - began < 200e-6: pass\n"
                                   "own.append(time.perf_counter() - began)\nx = batch_size")
-    reported = statistics.median(trial.seconds_per_step for trial in result.trials)
-    overhead = reported - statistics.median(shell.user_ns["own"])
-    assert overhead < 25e-6, overhead
+    own, overheads, first = shell.user_ns["own"], [], 0
+    for trial in result.trials:  # each trial's runs, the first not timed
+        overheads.append(trial.seconds_per_step - statistics.median(own[first + 1:first + trial.runs]))
+        first += trial.runs
+    assert first == len(own) and len(overheads) >= 2
+    assert min(overheads) < 25e-6, overheads
 
 
 def test_help_shows_a_cell_magic(shell):
