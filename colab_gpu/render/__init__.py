@@ -38,6 +38,12 @@ def fold_items(line: str, indent: int, width: int = WIDTH) -> str:
     return "\n".join(fold(part, indent, width) for part in folded.split("\n"))
 
 
+def labelled_row(label: str, value: str, label_width: int) -> str:
+    """"  label  value", the value in the column after ``label_width`` and a space, a list of
+    facts folded under it (:func:`fold_items`): the rows of every text report."""
+    return fold_items(f"  {label:<{label_width}} {value}", label_width + 3)
+
+
 def _digits(value: float, unit: str) -> str:
     """Three significant digits below 100 (3.81 MiB, not 4 MiB), whole units above."""
     return f"{value:.3g} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"

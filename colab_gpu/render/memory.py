@@ -4,7 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Optional, Tuple
 
-from . import NA, count, fold, fold_items, size
+from . import NA, count, fold, fold_items, labelled_row, size
 from .html import STYLE, rows_table, unbroken_units
 
 # Reading field -> what the user calls it, per device kind.
@@ -110,8 +110,7 @@ def holders_line(holders) -> str:
 
 
 def _text_rows(rows, label_width: int = 16) -> List[str]:
-    """Labelled rows of facts for an 80-column terminal, each continued under its value."""
-    return [fold_items(f"  {name:<{label_width}} {text}", label_width + 3) for name, text in rows]
+    return [labelled_row(name, text, label_width) for name, text in rows]
 
 
 def holders_text(holders) -> str:

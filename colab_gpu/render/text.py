@@ -9,15 +9,14 @@ from __future__ import annotations
 from typing import List
 
 from . import (DRIVER_NUMBERING_NOTE, FASTEST_FIRST_NOTE, NA, WIDTH, allocator_summary, breakdown_summary,
-               capability, celsius, fold, fold_items, mig_instance_summary, number, pcie_link, power, process_name, ratio, seen_as, size,
-               this_process, torch_summary, unrecorded_rows, words)
+               capability, celsius, fold, fold_items, labelled_row, mig_instance_summary, number, pcie_link,
+               power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
 
-VALUE = 14  # the column values start at, after a row's label ("  memory      ")
+LABEL = 11  # a GPU row's label column ("  memory      "): its values start at column 14
 
 
 def _row(label: str, value: str) -> str:
-    """A labelled row of facts, continued under its value."""
-    return fold_items(f"  {label:<{VALUE - 2}}{value}", VALUE)
+    return labelled_row(label, value, LABEL)
 
 
 def _process(status, process) -> str:
