@@ -29,6 +29,8 @@ for env in "${envs[@]}"; do
     "$venv/bin/python" -m pip install -q -e ".[$extras]" -c "ci/$env.txt"
     "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
     echo "== tests in $env: $("$venv/bin/python" -c 'import IPython, ipywidgets, torch; print("IPython", IPython.__version__, "ipywidgets", ipywidgets.__version__, "torch", torch.__version__)')"
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
+    # A hang fails this environment after 40 minutes (a run takes about 8) instead of
+    # using up CI's 90; pytest's faulthandler_timeout has printed where it hangs by then.
+    timeout -k 60 2400 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
 done
 exit $status

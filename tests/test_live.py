@@ -665,10 +665,16 @@ def test_live_from_a_path_under_the_home_folder_written_with_a_tilde(live_config
 def test_ctrl_c_ends_the_terminal_display_and_stops_the_monitor(live_config, capsys):
     import _thread
 
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
+    def press_ctrl_c_once_lines_show():  # not before: it would stop the magic's start instead
+        try:
+            wait_until(lambda: getattr(live.running(), "count", 0) >= 4)
+        finally:  # always: the display would wait for it forever
+            _thread.interrupt_main()
+
+    presser = threading.Thread(target=press_ctrl_c_once_lines_show, daemon=True)
+    presser.start()
     run_live(live_config, "--live --demo --interval 0.05")
-    timer.join()
+    presser.join()
     out = capsys.readouterr().out
     assert out.count("REPLAY") >= 3 and "Live monitor stopped" in out
     assert live.running() is None and live_threads() == []
@@ -1017,3 +1023,87 @@ def test_importing_the_package_and_loading_the_extension_stay_light():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert done.stdout.rstrip().endswith("imported by the extension: []"), done.stdout + done.stderr
+
+
+def _interrupted_at(event_number, run, counted_from):
+    """Run ``run()`` in a thread that raises KeyboardInterrupt at the ``event_number``-th call
+    or return in the live monitor's code or threading's, counted from the first call of the
+    function ``counted_from``: where CPython runs a signal's handler (entering a function,
+    after a call). (None, what it raised), or ("hung", None): in a thread, so that a
+    deadlock fails the test instead of hanging the run."""
+    import atexit
+
+    seen, outcome = [0], [None, None]
+    started = threading.Event()
+
+    def counted(frame):
+        path = frame.f_code.co_filename
+        if started.is_set() and (path == threading.__file__ or f"{os.sep}live{os.sep}" in path):
+            seen[0] += 1
+            if seen[0] == event_number:
+                raise KeyboardInterrupt
+
+    def local(frame, event, arg):
+        if event == "return":
+            counted(frame)
+        return local
+
+    def trace(frame, event, arg):
+        if frame.f_code is counted_from.__code__:
+            started.set()
+        counted(frame)
+        return local
+
+    def target():
+        sys.settrace(trace)
+        try:
+            run()
+        except BaseException as error:
+            outcome[1] = error
+        finally:
+            sys.settrace(None)
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():  # deadlocked: leave nothing whose stop would hang this process
+        sampler, live._sampler = live._sampler, None
+        if sampler is not None:
+            atexit.unregister(sampler.stop)
+        if live._lock.locked():  # held by the stuck thread (a Lock: any thread may release it)
+            live._lock.release()
+        return "hung", None
+    return outcome
+
+
+@pytest.mark.parametrize("event_number", range(1, 61))
+def test_ctrl_c_anywhere_in_the_terminal_display_stops_the_monitor_and_never_hangs(
+        live_config, capsys, event_number):
+    """A Ctrl-C lands wherever the main thread is. One that landed just after Condition's
+    __enter__ (Python code in CPython) took the lock (the sampler thread then waited on it
+    forever) and stop() joined that thread: the kernel hung."""
+    live_config.run_line_magic("config", "GPUMagics.live_interval = 0.01")
+    hung, raised = _interrupted_at(
+        event_number, lambda: live_config.run_line_magic("gpu_status", "--live --demo"), watch)
+    assert hung is None, f"the Ctrl-C at event {event_number} hung the display"
+    assert raised is None and "Live monitor stopped" in capsys.readouterr().out
+    assert live.running() is None
+    wait_until(lambda: not live_threads(), timeout=5)
+
+
+@pytest.mark.parametrize("event_number", range(1, 41))
+def test_ctrl_c_anywhere_in_a_stop_never_hangs_and_a_second_stop_ends_the_monitor(
+        live_config, capsys, event_number):
+    run_live(live_config, "--live --demo --interval 0.01", live_display="widgets")
+    sampler = live.running()
+    sampler.wait(3, timeout=10)
+    hung, raised = _interrupted_at(
+        event_number, lambda: live_config.run_line_magic("gpu_status", "--stop"), live.stop)
+    assert hung is None, f"the Ctrl-C at event {event_number} of the stop hung it"
+    if raised is not None:  # the Ctrl-C reached the user: the stop they type next ends it all
+        assert isinstance(raised, KeyboardInterrupt)
+        hung, raised = _interrupted_at(0, lambda: live_config.run_line_magic("gpu_status", "--stop"),
+                                       live.stop)  # event 0: no Ctrl-C this time
+        assert hung is None and raised is None, "the stop after a Ctrl-C'd stop hung or failed"
+    assert live.running() is None and not sampler.running
+    wait_until(lambda: not live_threads(), timeout=5)

@@ -67,7 +67,7 @@ def stop(reason: Optional[str] = None) -> Optional[RunRecord]:
     global _server
     with _lock:
         sampler, record = _sampler, None
-        if sampler is not None and not sampler.stop_requested:
+        if sampler is not None and not sampler.closed:
             sampler.stop(reason)
             record = record_of(sampler)
         if _server is not None:

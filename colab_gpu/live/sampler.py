@@ -20,6 +20,9 @@ THREAD_NAME = "colab_gpu-sampler"
 # An hour: slower sampling cannot follow a notebook's cells, and far longer waits overflow
 # threading's timeouts (threading.TIMEOUT_MAX), which killed the sampler thread.
 MAX_INTERVAL = 3600.0
+# How often a display waiting for a sample that is due looks again (wait() polls: see
+# Sampler.__init__); until it is due, it sleeps.
+POLL_SECONDS = 0.01
 
 
 def check_interval(seconds: float, name: str = "the interval") -> float:
@@ -103,9 +106,18 @@ class Sampler:
         self.stopped_at: Optional[float] = None
         self._buffer: "collections.deque[Sample]" = collections.deque(maxlen=history)
         self._count = 0
-        self._changed = threading.Condition()
-        self._stop = threading.Event()
-        self._done = threading.Event()
+        self._last_read = time.monotonic()  # when the latest sample was taken
+        # Only C-level locks in ``with`` blocks, never a Condition or an Event waited on or set
+        # by the caller: their __enter__ is Python code, so a Ctrl-C landing just after it
+        # took the lock left it taken, the thread then waited for it forever and stop()
+        # joined that thread. ``_lock`` guards the buffer; ``_running_gate`` is held from
+        # the start and released to ask the thread to stop (it then takes it and ends).
+        self._lock = threading.Lock()
+        self._running_gate = threading.Lock()
+        self._running_gate.acquire()
+        self._stop_asked = False  # set after the release: a Ctrl-C between them asks again
+        self._closed = False  # and one later in stop() leaves it to the next stop() to finish
+        self._done = False
         self._thread: Optional[threading.Thread] = None
         self._listeners: List[Callable[["Sampler"], None]] = []
 
@@ -115,11 +127,12 @@ class Sampler:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and not self._done.is_set()
+        return self._thread is not None and not self._done
 
     @property
-    def stop_requested(self) -> bool:
-        return self._stop.is_set()
+    def closed(self) -> bool:
+        """stop() ran to its end: the thread ended and an owned source was closed."""
+        return self._closed
 
     @property
     def count(self) -> int:
@@ -149,17 +162,23 @@ class Sampler:
         return self
 
     def stop(self, reason: Optional[str] = None) -> None:
-        """End the thread, wait for its read in flight, close a source it owns. Idempotent.
+        """End the thread, wait for its read in flight, close a source it owns. Idempotent,
+        and a call that Ctrl-C cut short is finished by the next one.
         ``reason``: what asked for it, for the displays that outlive the run; the first kept."""
-        if not self._stop.is_set():
+        if not self._stop_asked:
             self.stop_reason = reason
-        self._stop.set()
+            try:
+                self._running_gate.release()
+            except RuntimeError:  # released already (this stop was interrupted, or raced)
+                pass
+            self._stop_asked = True
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         atexit.unregister(self.stop)
-        if self.close_source:
+        if self.close_source and not self._closed:
             self.source.close()
+        self._closed = True
 
     def add_listener(self, listener: Callable[["Sampler"], None]) -> None:
         """Call ``listener(sampler)`` in the sampler thread after each sample and at the end."""
@@ -170,25 +189,34 @@ class Sampler:
             self._listeners.remove(listener)
 
     def samples(self) -> Tuple[Sample, ...]:
-        with self._changed:
+        with self._lock:
             return tuple(self._buffer)
 
     def samples_after(self, count: int) -> Tuple[int, Tuple[Sample, ...]]:
         """(count now, the samples taken after the ``count``-th that are still buffered)."""
-        with self._changed:
+        with self._lock:
             new = min(self._count - count, len(self._buffer))
             recent = tuple(self._buffer)[len(self._buffer) - new:] if new > 0 else ()
             return self._count, recent
 
     def latest(self) -> Optional[Sample]:
-        with self._changed:
+        with self._lock:
             return self._buffer[-1] if self._buffer else None
 
     def wait(self, count: int, timeout: Optional[float] = None) -> bool:
-        """Wait until more than ``count`` samples were taken or the sampler ended."""
-        with self._changed:
-            return self._changed.wait_for(
-                lambda: self._count > count or not self.running, timeout)
+        """Wait until more than ``count`` samples were taken or the sampler ended; False when
+        ``timeout`` seconds passed first. It polls, sharing no lock with the thread, so that
+        Ctrl-C can land anywhere in it (see __init__)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (self._count > count or not self.running):
+            now = time.monotonic()
+            step = max(POLL_SECONDS, self._last_read + self.interval - now)  # till the next is due
+            if deadline is not None:
+                step = min(step, deadline - now)
+                if step <= 0:
+                    return False
+            time.sleep(step)
+        return True
 
     def _read(self, read: Callable[[], Snapshot]):
         """(snapshot, None), or (None, why the source cannot be read)."""
@@ -201,7 +229,7 @@ class Sampler:
     def _run(self) -> None:
         try:
             next_time = time.monotonic() + self.interval
-            while not self._stop.wait(max(0.0, next_time - time.monotonic())):
+            while not self._running_gate.acquire(timeout=max(0.0, next_time - time.monotonic())):
                 snapshot, problem = self._read(self.source.light_snapshot)  # what _record keeps
                 if problem is not None:
                     self.error = problem
@@ -214,19 +242,17 @@ class Sampler:
             self.error = _one_line(error)
         finally:  # a dead thread must never leave a sampler that claims to run
             self.stopped_at = time.time()
-            with self._changed:
-                self._done.set()
-                self._changed.notify_all()
+            self._done = True
             self._notify()
 
     def _record(self, snapshot: Snapshot) -> None:
         for gpu in snapshot.gpus:
             self.gpu_names.setdefault(gpu.index, gpu.name)
         sample = Sample(time.time(), tuple(reading_of(gpu) for gpu in snapshot.gpus))
-        with self._changed:
+        with self._lock:
             self._buffer.append(sample)
             self._count += 1
-            self._changed.notify_all()
+        self._last_read = time.monotonic()
         self._notify()
 
     def _notify(self) -> None:
