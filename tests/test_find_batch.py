@@ -781,7 +781,7 @@ def test_throughput_times_the_cell_not_the_hiding_of_its_output(shell):
     # or larger sizes look faster than they are (IPython's capture_output costs 50-90 µs).
     # Measured against the cell's own timing of itself, trial by trial; a fixed cost is in every
     # trial, while a loaded machine's preemption inflates only some: the least is judged.
-    shell.run_cell("import statistics, time\nown = []")
+    shell.run_cell("import time\nown = []")
     result = shell.run_cell_magic("find_batch", "--mode throughput --max 8 -o",
                                   "began = time.perf_counter()\n"
                                   "while time.perf_counter() - began < 200e-6: pass\n"

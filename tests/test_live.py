@@ -1102,8 +1102,11 @@ def test_ctrl_c_anywhere_in_a_stop_never_hangs_and_a_second_stop_ends_the_monito
     assert hung is None, f"the Ctrl-C at event {event_number} of the stop hung it"
     if raised is not None:  # the Ctrl-C reached the user: the stop they type next ends it all
         assert isinstance(raised, KeyboardInterrupt)
+        cut_short, _ = sampler.closed is False, capsys.readouterr()
         hung, raised = _interrupted_at(0, lambda: live_config.run_line_magic("gpu_status", "--stop"),
                                        live.stop)  # event 0: no Ctrl-C this time
         assert hung is None and raised is None, "the stop after a Ctrl-C'd stop hung or failed"
+        if cut_short:  # ... and shows the run's summary the first did not get to
+            assert capsys.readouterr().out.startswith("Live monitor stopped: ")
     assert live.running() is None and not sampler.running
     wait_until(lambda: not live_threads(), timeout=5)
