@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import functools
 import io
+import numbers
 import re
 import shlex
 import sys
@@ -420,6 +421,12 @@ class GPUMagics(Magics):
         except SearchError as error:
             raise UsageError(str(error)) from None
         namespace = self.shell.user_ns
+        held = namespace.get(args.var)
+        if held is not None and (isinstance(held, bool) or not isinstance(held, numbers.Number)):
+            # The answer is written over it: a model or a tensor named by --var would be lost.
+            raise UsageError(f"--var {args.var}: {args.var} holds a {type(held).__name__}, not a "
+                             f"batch size, and the search would replace it with a number; name "
+                             f"another variable, like --var batch_size or --var bs")
         missing = [name for name in args.restore if name not in namespace]
         if missing:
             raise UsageError(f"--restore: no variable named {', '.join(missing)} in the notebook")

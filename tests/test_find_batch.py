@@ -723,6 +723,20 @@ def test_a_cell_that_assigns_the_variable_itself_is_refused_before_any_trial(she
     assert result is None and shell.user_ns["batch_size"] == 8
 
 
+def test_a_var_naming_a_model_or_a_flag_is_refused_not_overwritten_with_the_answer(shell):
+    from IPython.core.error import UsageError
+
+    shell.run_cell("import torch; model = torch.nn.Linear(4, 4); debug = False; seen = []")
+    model = shell.user_ns["model"]
+    for name, kind in (("model", "Linear"), ("debug", "bool")):
+        with pytest.raises(UsageError) as refused:
+            shell.run_cell_magic("find_batch", f"--var {name} --max 8", f"seen.append({name})")
+        assert str(refused.value) == (f"--var {name}: {name} holds a {kind}, not a batch size, and the "
+                                      f"search would replace it with a number; name another variable, "
+                                      f"like --var batch_size or --var bs")
+    assert shell.user_ns["model"] is model and shell.user_ns["debug"] is False and shell.user_ns["seen"] == []
+
+
 def test_the_magic_parses_the_cell_once(shell, monkeypatch):
     # Its checks (no code? assigns the variable? mentions it? iterators?) read one tree.
     parsed = []
