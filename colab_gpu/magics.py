@@ -431,14 +431,20 @@ class GPUMagics(Magics):
         if missing:
             raise UsageError(f"--restore: no variable named {', '.join(missing)} in the notebook")
         source = self.shell.transform_cell(cell)
-        tree = ast.parse(source)  # once: the checks below all read this tree
+        try:
+            tree = ast.parse(source)  # once: the checks below all read this tree
+        except SyntaxError as error:
+            raise _syntax_error(error, source, below=1) from None
         if not tree.body:  # comments only: every trial would time nothing
             raise UsageError("the cell has no code: put one training step under %%find_batch, "
                              "using the batch-size variable")
         # Registered with IPython like a cell, and one line down for the %%find_batch line:
         # a traceback of the user's error shows their line, numbered as in the cell.
         filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", self.shell.execution_count)
-        code = compile("\n" + source, filename, "exec")
+        try:
+            code = compile("\n" + source, filename, "exec")
+        except SyntaxError as error:  # what only the compiler sees: a return outside a function
+            raise _syntax_error(error, source) from None
         assigned = _checked_names(tree, args.var, namespace)
 
         later_runs = _LaterRuns(self.shell)  # the cell's output is shown for its first run only
@@ -470,6 +476,17 @@ class GPUMagics(Magics):
             return dataclasses.replace(result, text_only=True) if self.output == "text" else result
         if not notebook:  # in a notebook the progress display has become the report
             self._show(result)
+
+
+def _syntax_error(error: SyntaxError, source: str, below: int = 0) -> UsageError:
+    """The cell's syntax error in one line, numbered as in the cell (the %%find_batch line is
+    line 1), instead of a traceback through the magic's insides; nothing has run."""
+    line = (error.lineno or 0) + below  # in the cell; the compiler gives no text for some errors
+    where = f" on line {line} of the cell" if error.lineno else ""
+    lines = [""] + source.splitlines()
+    text = (error.text or (lines[line - 1] if 1 < line <= len(lines) else "")).strip()
+    return UsageError(f"{type(error).__name__}{where}: {error.msg}" + (f": {text}" if text else "")
+                      + "; nothing ran")
 
 
 def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> Set[str]:

@@ -737,6 +737,23 @@ def test_a_var_naming_a_model_or_a_flag_is_refused_not_overwritten_with_the_answ
     assert shell.user_ns["model"] is model and shell.user_ns["debug"] is False and shell.user_ns["seen"] == []
 
 
+@pytest.mark.parametrize("cell, message", [
+    ("seen.append(batch_size)\nx = (batch_size", "SyntaxError on line 3 of the cell: '(' was never "
+                                                 "closed: x = (batch_size; nothing ran"),
+    ("seen.append(batch_size)\nreturn batch_size", "SyntaxError on line 3 of the cell: 'return' "
+                                                   "outside function: return batch_size; nothing ran"),
+])
+def test_a_cell_with_a_syntax_error_is_one_line_naming_its_line_not_the_magics_traceback(shell, capsys,
+                                                                                          cell, message):
+    shell.run_cell("batch_size = 7; seen = []")
+    capsys.readouterr()
+    result = shell.run_cell(f"%%find_batch --max 8\n{cell}\n")
+    shown = capsys.readouterr()
+    assert f"UsageError: {message}\n" in shown.out + shown.err
+    assert "magics.py" not in shown.out + shown.err
+    assert shell.user_ns["batch_size"] == 7 and shell.user_ns["seen"] == [] and result.error_in_exec
+
+
 def test_the_magic_parses_the_cell_once(shell, monkeypatch):
     # Its checks (no code? assigns the variable? mentions it? iterators?) read one tree.
     parsed = []
