@@ -737,6 +737,42 @@ def test_a_var_naming_a_model_or_a_flag_is_refused_not_overwritten_with_the_answ
     assert shell.user_ns["model"] is model and shell.user_ns["debug"] is False and shell.user_ns["seen"] == []
 
 
+class StateDictFails:
+    def state_dict(self):
+        raise TypeError("cannot pickle '_thread.lock' object")
+
+    def load_state_dict(self, saved):
+        pass
+
+
+def test_a_restore_object_whose_state_cannot_be_saved_or_put_back_is_one_line_and_the_rest_restored(shell):
+    from IPython.core.error import UsageError
+
+    shell.user_ns["odd"] = StateDictFails()
+    shell.user_ns.pop("x", None)
+    shell.run_cell("import random, torch\nbatch_size = 7; seen = []\nw = torch.zeros(3)\n"
+                   "head = torch.nn.Sequential(torch.nn.Linear(4, 2))\n"
+                   "random.seed(1); before = random.random(); random.seed(1)")
+    with pytest.raises(UsageError) as refused:
+        shell.run_cell_magic("find_batch", "--max 8 --restore odd", "seen.append(batch_size)")
+    assert str(refused.value) == ("--restore odd: its state_dict() raised TypeError: cannot pickle "
+                                  "'_thread.lock' object; nothing ran")
+    assert shell.user_ns["seen"] == []
+    # A cell that replaces a layer: torch's load_state_dict refuses the saved weights.
+    with pytest.raises(UsageError) as refused:
+        shell.run_cell_magic("find_batch", "--max 8 --restore head w",
+                             "head[0] = torch.nn.Linear(4, 3)\nw += batch_size\nrandom.random()\n"
+                             "x = [0] * batch_size")
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        "--restore head: its state could not be put back after a trial (RuntimeError: Error(s) in "
+        "loading state_dict for Sequential: size mismatch for 0.weight:")
+    assert message.endswith("so the search stopped and it may keep what that trial changed; if the "
+                            "cell replaces its layers, do that in a cell before %%find_batch")
+    assert shell.ev("bool((w == 0).all())") and shell.user_ns["batch_size"] == 7 and "x" not in shell.user_ns
+    assert shell.ev("random.random()") == shell.user_ns["before"]
+
+
 @pytest.mark.parametrize("cell, message", [
     ("seen.append(batch_size)\nx = (batch_size", "SyntaxError on line 3 of the cell: '(' was never "
                                                  "closed: x = (batch_size; nothing ran"),

@@ -68,13 +68,17 @@ class _ObjectState:
     """One --restore object: anything with state_dict()/load_state_dict(), or a tensor."""
 
     def __init__(self, name: str, obj: Any):
-        self.obj = obj
+        self.name, self.obj = name, obj
         torch = sys.modules.get("torch")
         self.is_tensor = torch is not None and isinstance(obj, torch.Tensor)
         if self.is_tensor:
             self.saved = _to_cpu(obj)
         elif callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
-            self.saved = _to_cpu(obj.state_dict())
+            try:
+                self.saved = _to_cpu(obj.state_dict())
+            except Exception as error:  # the object's own failure, before anything ran
+                raise RestoreError(f"--restore {name}: its state_dict() raised {_first_line(error)}; "
+                                   f"nothing ran") from None
         else:
             raise RestoreError(f"--restore {name}: a {type(obj).__name__} has no state_dict() / "
                                f"load_state_dict(); give models, optimizers, schedulers or tensors")
@@ -148,6 +152,23 @@ class Snapshot:
                 del self.namespace[name]
         for name, value in self.names.items():
             self.namespace[name] = value
-        for state in self.objects:
-            state.restore()
+        failed = []
+        for state in self.objects:  # one that cannot be put back stops the search, not the others
+            try:
+                state.restore()
+            except Exception as error:
+                failed.append(f"--restore {state.name}: its state could not be put back after a trial "
+                              f"({_first_line(error)}), so the search stopped and it may keep what "
+                              f"that trial changed; if the cell replaces its layers, do that in a "
+                              f"cell before %%find_batch")
         self.generators.restore()
+        if failed:
+            raise RestoreError("; ".join(failed))
+
+
+def _first_line(error: BaseException) -> str:
+    """``Type: message``, its first line and, after a heading ending in a colon (torch's
+    "Error(s) in loading state_dict for Linear:"), the line that says what went wrong."""
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
+    return f"{type(error).__name__}: {text}".strip()
