@@ -460,6 +460,25 @@ def test_magic_refuses_options_that_contradict_each_other(magic_env, capsys, lin
     assert open(saved).read() == "expandable_segments:True\n"
 
 
+@pytest.mark.parametrize("line, message", [
+    ("max_split_size_mb=64 --save", "--save: cannot write {dir}/alloc_conf.txt (File exists: {dir}); "
+                                    "nothing was changed (COLAB_GPU_CONFIG_DIR names another folder)"),
+    ("--forget", "--forget: cannot delete {dir}/alloc_conf.txt (Not a directory: {dir}/alloc_conf.txt); "
+                 "nothing was changed (COLAB_GPU_CONFIG_DIR names another folder)"),
+])
+def test_a_config_folder_that_cannot_be_written_is_one_line_and_applies_nothing(magic_env, tmp_path, line,
+                                                                                message):
+    folder = tmp_path / "a-file"
+    folder.write_text("")
+    os.environ["COLAB_GPU_CONFIG_DIR"] = str(folder)
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    before = {name: value.encode() for name, value in os.environ.items()}
+    with pytest.raises(UsageError) as error:
+        magic_env.run_line_magic("alloc_conf", line)
+    assert str(error.value) == message.format(dir=folder)
+    assert {name: value.encode() for name, value in os.environ.items()} == before
+
+
 def test_magic_check_json_keys_and_show(magic_env, capsys):
     import json
 

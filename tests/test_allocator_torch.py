@@ -168,6 +168,15 @@ def test_torch_refusing_restores_env_and_torchs_settings(torch_env):
         alloc_conf(["max_split_size_mb=30"])
     assert {name: value.encode() for name, value in os.environ.items()} == before
     assert getter() == "large_segment_size_mb:40"
+    saved = Path(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt")  # --save keeps the saved file too
+    for kept in ("expandable_segments:True\n", None):
+        if kept is None:
+            saved.unlink()
+        else:
+            saved.write_text(kept)
+        with pytest.raises(AllocConfError, match="nothing was changed"):
+            alloc_conf(["max_split_size_mb=30"], save=True)
+        assert (saved.read_text() if saved.exists() else None) == kept
 
 
 def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env):

@@ -305,9 +305,17 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         raise AllocConfError(refused)
     new_settings = validate(merge(base, changes, unset), version, rocm)
     deferred = _deferred(current, new_settings, state, allow=save)
-    result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
-                    env_before)
+    # The file first: one that cannot be written or deleted then changes nothing, and a setting
+    # torch refuses puts the file back, so that either all of it happens or none.
+    previous, _ = saved_setting(environ)
     saved, forgotten, path = _save_or_forget(to_torch(new_settings), save, forget, environ)
+    try:
+        result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
+                        env_before)
+    except AllocConfError:
+        if save or forget:
+            _save_or_forget(previous, previous is not None, previous is None, environ)
+        raise
     return dataclasses.replace(
         result, action="set", preset=explanation, saved=saved, saved_path=str(path),
         forgotten=forgotten,
@@ -395,13 +403,19 @@ def _save_or_forget(text: str, save: bool, forget: bool, environ
     """(saved, forgotten, path): what stays saved, and what --forget deleted, for the report."""
     saved, path = saved_setting(environ)
     forgotten = None
-    if forget:
-        forgotten, saved = saved or "", None
-        path.unlink(missing_ok=True)
-    if save:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
-        saved = text
+    try:
+        if forget:
+            forgotten, saved = saved or "", None
+            path.unlink(missing_ok=True)
+        if save:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text + "\n")
+            saved = text
+    except OSError as error:  # a read-only home, a file where the folder should be
+        where = f": {error.filename}" if error.filename else ""
+        raise AllocConfError(f"--{'save' if save else 'forget'}: cannot {'write' if save else 'delete'} "
+                             f"{path} ({error.strerror or error}{where}); nothing was changed "
+                             f"(COLAB_GPU_CONFIG_DIR names another folder)") from None
     return saved, forgotten, path
 
 
