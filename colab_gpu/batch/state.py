@@ -12,6 +12,7 @@ import sys
 from typing import Any, Dict, Iterable, List, MutableMapping, Optional, Set
 
 from ..runtime import cuda_torch
+from .trial import describe
 
 
 class RestoreError(ValueError):
@@ -77,7 +78,7 @@ class _ObjectState:
             try:
                 self.saved = _to_cpu(obj.state_dict())
             except Exception as error:  # the object's own failure, before anything ran
-                raise RestoreError(f"--restore {name}: its state_dict() raised {_first_line(error)}; "
+                raise RestoreError(f"--restore {name}: its state_dict() raised {describe(error)}; "
                                    f"nothing ran") from None
         else:
             raise RestoreError(f"--restore {name}: a {type(obj).__name__} has no state_dict() / "
@@ -158,17 +159,10 @@ class Snapshot:
                 state.restore()
             except Exception as error:
                 failed.append(f"--restore {state.name}: its state could not be put back after a trial "
-                              f"({_first_line(error)}), so the search stopped and it may keep what "
+                              f"({describe(error)}), so the search stopped and it may keep what "
                               f"that trial changed; if the cell replaces its layers, do that in a "
                               f"cell before %%find_batch")
         self.generators.restore()
         if failed:
             raise RestoreError("; ".join(failed))
 
-
-def _first_line(error: BaseException) -> str:
-    """``Type: message``, its first line and, after a heading ending in a colon (torch's
-    "Error(s) in loading state_dict for Linear:"), the line that says what went wrong."""
-    lines = [line.strip() for line in str(error).strip().splitlines()]
-    text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
-    return f"{type(error).__name__}: {text}".strip()

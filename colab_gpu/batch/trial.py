@@ -175,8 +175,11 @@ def _forget_frames(error: BaseException) -> None:
 
 
 def describe(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
+    """``Type: message`` in one line: the first line and, after a heading ending in a colon
+    (torch's "Error(s) in loading state_dict for Linear:"), the line that says what went wrong."""
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
+    return f"{type(error).__name__}: {text}".strip()
 
 
 class CtrlC:
