@@ -910,6 +910,29 @@ def test_chart_is_a_png_with_memory_and_throughput():
     assert png.startswith(b"\x89PNG")
 
 
+def test_chart_marks_at_the_capacity_only_the_sizes_that_ran_out_of_memory():
+    """A red cross on the capacity line says "ran out of memory here". A trial over the
+    headroom (its real peak is drawn), one cut short by Ctrl-C and one that raised the user's
+    error never reached the capacity; they were drawn there too, with no legend entry."""
+    from colab_gpu.batch.render import _chart_figure
+    from colab_gpu.batch.result import ERROR, INTERRUPTED, OVER_HEADROOM, BatchResult
+    from colab_gpu.render.chart import neutral_style
+
+    gib = 2 ** 30
+    trials = (Trial(2, FITS, peak_memory=gib, capacity=16 * gib, seconds_per_step=0.01, runs=3),
+              Trial(64, OUT_OF_MEMORY, runs=1),
+              Trial(32, OVER_HEADROOM, peak_memory=15 * gib, capacity=16 * gib, seconds_per_step=0.1, runs=3),
+              Trial(24, INTERRUPTED, runs=1), Trial(20, ERROR, runs=1, error="ValueError: bug"))
+    result = BatchResult("bs", "max", "cuda:0 (Tesla T4)", trials, answer=2, largest_fitting=2,
+                         fastest=2, capacity=16 * gib, usable=15 * gib, fit=None, stopped="interrupted")
+    with neutral_style():
+        memory = _chart_figure(result, [trials[0]]).axes[0]
+    crosses = [line for line in memory.lines if line.get_marker() == "x"]
+    assert [list(line.get_xdata()) for line in crosses] == [[64]]
+    assert list(crosses[0].get_ydata()) == [16]
+    assert "out of memory" in [text.get_text() for text in memory.get_legend().get_texts()]
+
+
 def test_throughput_with_one_step_of_two_runs_says_the_time_includes_the_warm_up():
     """--steps 1 and a 0.06 s step: two runs reach 0.1 s, and the median of two times is their
     mean, the warm-up half of it; the note said nothing then. Two steps time warm runs only."""

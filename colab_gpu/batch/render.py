@@ -8,7 +8,7 @@ from typing import Optional
 from ..render import count, fold, size as format_size
 from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE, unbroken_units
-from .result import RUNNING, trial_row
+from .result import OUT_OF_MEMORY, RUNNING, trial_row
 
 HEADER = ("size", "outcome", "peak memory", "time/step", "samples/s")
 NUMERIC = (True, False, True, True, True)  # right-aligned, so digits line up; words read from the left
@@ -115,11 +115,14 @@ def _chart_figure(result, fits):
     gib = 1024 ** 3
     measured = [t for t in result.trials if t.peak_memory is not None]
     memory.plot([t.size for t in measured], [t.peak_memory / gib for t in measured], "o", label="peak (ran)")
-    failed = [t.size for t in result.trials if not t.fits]
+    # An out-of-memory trial reached the capacity; one cut short by Ctrl-C, an error or the
+    # headroom did not, so it has no mark there.
+    out_of_memory = [t.size for t in result.trials if t.outcome == OUT_OF_MEMORY]
     if result.capacity is not None:
         memory.axhline(result.capacity / gib, color="tab:red", label="capacity")
-        for size in failed:
-            memory.plot([size], [result.capacity / gib], "x", color="tab:red")
+        if out_of_memory:
+            memory.plot(out_of_memory, [result.capacity / gib] * len(out_of_memory), "x",
+                        color="tab:red", label="out of memory")
         if result.usable != result.capacity:
             memory.axhline(result.usable / gib, color="tab:orange", linestyle=":", label="capacity - headroom")
     if result.fit is not None:
