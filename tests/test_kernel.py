@@ -41,6 +41,15 @@ def test_gpu_status_from_a_recording_is_an_html_card_with_a_text_twin(notebook):
     assert "GPU 0  Tesla T4" in text and "Traceback" not in text
 
 
+def test_the_html_card_names_the_gpus_uuid_as_its_text_twin_does(notebook):
+    """CUDA_VISIBLE_DEVICES takes a GPU's UUID, and the advice says to list one; a notebook
+    shows the HTML card, which gave each MIG instance's UUID but not the GPU's own."""
+    (bundle,) = bundles(notebook.cells[1])
+    uuid = "GPU-d37e67a5-91dd-3774-a5cb-99096249601a"
+    assert f"uuid        {uuid}" in bundle["text/plain"]
+    assert f"<td class='cgpu-muted cgpu-label'>uuid</td><td>{uuid}</td>" in bundle["text/html"]
+
+
 def test_live_gpu_status_after_import_torch_leaves_cuda_uninitialized(notebook):
     cell = notebook.cells[3]
     assert stream(cell).strip().endswith("cuda initialized: False")
