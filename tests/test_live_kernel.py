@@ -37,6 +37,9 @@ def test_widget_updates_reach_the_front_end_and_stop_leaves_a_chart(monkeypatch)
     live_output = notebook.cells[1].outputs
     assert [o.output_type for o in live_output] == ["display_data"]
     model_id = live_output[0].data[WIDGET_VIEW]["model_id"]
+    # Where the widget cannot be drawn (the saved notebook on GitHub), its text names it, not its CSS.
+    assert live_output[0].data["text/plain"] == ("Live GPU monitor (replay of v100s-pcie-32gb_miris.csv); "
+                                                 "%gpu_status --stop leaves its summary and chart")
     state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"][model_id]["state"]
     # The last value the front end received came from the sampler thread after --stop.
     assert "REPLAY of a recorded trace" in state["value"]

@@ -21,7 +21,14 @@ def live_widget(sampler: Sampler):
     """A widget that follows ``sampler`` until it stops (its last state stays shown)."""
     import ipywidgets
 
-    widget = ipywidgets.HTML(value=render_panel(sampler))
+    class LivePanel(ipywidgets.HTML):
+        def __repr__(self) -> str:
+            # The display's text/plain, all that a notebook saved without its widget state
+            # (GitHub, nbviewer, a reopened notebook) shows: ipywidgets' own repr was the
+            # panel's CSS, "HTML(value='\n<style>\n.cgpu-card{--cgpu-muted:...".
+            return f"Live GPU monitor ({sampler.label}); %gpu_status --stop leaves its summary and chart"
+
+    widget = LivePanel(value=render_panel(sampler))
     drawn_at = [time.monotonic()]
 
     def update(current: Sampler) -> None:
