@@ -366,10 +366,18 @@ def test_the_final_chart_of_an_hour_on_eight_gpus_draws_no_more_points_than_pixe
 
 def test_a_run_of_one_sample_says_1_sample():
     sampler, _ = live.start(demo=True, interval=60)  # the first sample, read at the start
-    assert "sampling every 60&nbsp;s, 1 sample over 0&nbsp;s" in render_panel(sampler)  # no break in "60 s"
+    assert "sampling every 60&nbsp;s, 1 sample over 0.0&nbsp;s" in render_panel(sampler)  # no break in "60 s"
     record = live.stop()
     assert record.headline().startswith("Live monitor stopped: 1 sample every 60 s ")
     assert repr(record).endswith(": 1 sample over 0.0 s>")
+
+
+def test_a_stopped_panel_and_the_summary_say_the_same_number_of_samples_over_the_same_time():
+    sampler, _ = live.start(demo=True, interval=0.05)
+    wait_until(lambda: sampler.count >= 6)  # a run of a fraction of a second or so
+    record = live.stop()
+    samples, seconds = re.search(r"stopped: (\d+ samples) every 0.05 s over ([0-9.]+) s", record.headline()).groups()
+    assert f"{samples} over {seconds}&nbsp;s" in render_panel(sampler)  # it said "over 0 s" or "1 s"
 
 
 def test_the_rolling_chart_draws_100_and_0_percent_inside_its_frame():

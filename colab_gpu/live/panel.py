@@ -53,10 +53,10 @@ def numbering_note(sampler) -> Optional[str]:
 
 
 def state_words(sampler, now: float) -> str:
-    """"sampling every 1 s, 42 samples over 41 s", or when and why it stopped: "stopped at
-    12:03:04 by %gpu_status --stop, 42 samples over 41 s" (a lost GPU: "stopped by itself")."""
+    """"sampling every 1 s, 42 samples over 41.0 s", or when and why it stopped: "stopped at
+    12:03:04 by %gpu_status --stop, 42 samples over 41.0 s" (a lost GPU: "stopped by itself")."""
     end = sampler.stopped_at or now
-    span = f"{count(sampler.count, 'sample')} over {end - (sampler.started_at or end):.0f} s"
+    span = f"{count(sampler.count, 'sample')} over {end - (sampler.started_at or end):.1f} s"  # as the summary says it
     if sampler.running:
         return f"sampling every {sampler.interval:g} s, {span}"
     clock = time.strftime("%H:%M:%S", time.localtime(end))
