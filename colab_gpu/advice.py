@@ -10,7 +10,7 @@ import importlib.metadata
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB, gpu_models
-from .devices.nvml import NO_PYNVML
+from .devices.nvml import DRIVER_PRESENT_PROBLEMS, NO_PYNVML
 from .render import count
 from .runtime import COLAB, KAGGLE
 
@@ -36,7 +36,10 @@ class Rule:
 
 
 def _no_gpu(status: "Status") -> bool:
-    return not status.gpus and status.runtime.tpu_type is None
+    """No GPU here: none read, no TPU, and no problem that says a driver is here (pynvml
+    missing, no permission ...), where "no GPU" would contradict the card's "No GPU read:" line."""
+    return (not status.gpus and status.runtime.tpu_type is None
+            and status.snapshot.problem not in DRIVER_PRESENT_PROBLEMS)
 
 
 def colab_no_gpu(status):

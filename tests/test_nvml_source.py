@@ -279,6 +279,27 @@ def test_gpu_status_without_pynvml(shell, capsys, monkeypatch):
     assert f"No GPU read: {NO_PYNVML}" in text.splitlines()
 
 
+@pytest.mark.parametrize("platform", [{}, {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}], ids=["local", "kaggle"])
+def test_a_driver_the_card_says_is_here_is_not_called_no_gpu(shell, capsys, live, monkeypatch, clean_env, platform):
+    """The card's line says a driver is here (pynvml missing, no permission, a driver updated
+    but not reloaded): the advice said "No NVIDIA GPU found: torch will run on the CPU" (on
+    Kaggle, "has no GPU: Settings > Accelerator"). Where there is no driver, it still says so."""
+    for name, value in platform.items():
+        clean_env.setenv(name, value)
+    no_gpu = ("No NVIDIA GPU found", "This Kaggle notebook has no GPU")
+    monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: True)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    text = run_status(shell, capsys)
+    assert f"No GPU read: {NO_PYNVML}" in text.splitlines() and not any(words in text for words in no_gpu)
+    for code in (pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH):
+        live(RecordedNvml.from_recording(T4).fail("nvmlInit", code))
+        text = run_status(shell, capsys)
+        assert "No GPU read: " in text and not any(words in text for words in no_gpu), text
+    live(RecordedNvml.from_recording(T4).fail("nvmlInit", pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    assert any(words in run_status(shell, capsys) for words in no_gpu)
+
+
 def test_gpu_status_shows_the_lost_gpu_and_the_others(shell, capsys, live):
     live(RecordedNvml.from_recording(EIGHT_GPUS).fail("nvmlDeviceGetHandleByIndex", pynvml.NVML_ERROR_GPU_IS_LOST, index=2))
     lines = run_status(shell, capsys).splitlines()

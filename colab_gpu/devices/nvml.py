@@ -50,6 +50,13 @@ DRIVER_WITHOUT_NVML = ("the NVIDIA driver is loaded but its NVML library (libnvi
                        "libraries (docker run --gpus all); on WSL, add /usr/lib/wsl/lib to LD_LIBRARY_PATH")
 
 
+# Problems that say an NVIDIA driver is here and answered or is installed, so a GPU most
+# likely is too, only unreadable now: "no GPU" advice would contradict the card's own line.
+DRIVER_PRESENT_PROBLEMS = frozenset({NO_PYNVML, DRIVER_WITHOUT_NVML} | {
+    problem for name, problem in _INIT_PROBLEMS.items()
+    if name not in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")})
+
+
 def _driver_loaded() -> bool:
     """The NVIDIA kernel module (Linux, containers too) or WSL's GPU bridge is there."""
     return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")
