@@ -244,6 +244,9 @@ def mig_mode(status):
 def cuda_not_started(status):
     torch = status.runtime.torch
     if status.gpus and not torch.cuda_initialized:
+        if torch.imported:  # backend is read by `import torch`: %alloc_conf refuses to change it now
+            return ("CUDA is not started yet: %alloc_conf can still change every allocator setting "
+                    "but backend, which torch fixed when it was imported.")
         return ("CUDA is not started yet: %alloc_conf can still change every allocator setting.")
 
 

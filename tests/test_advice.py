@@ -233,6 +233,14 @@ def test_cuda_not_started():
     assert "cuda_not_started" not in fired(make_status([T4]))
 
 
+def test_cuda_not_started__after_import_torch_does_not_promise_the_backend():
+    """torch imported, CUDA not started: the card promised "every allocator setting", and
+    %alloc_conf backend=... then refused it (torch reads backend at import)."""
+    imported = dataclasses.replace(CUDA_TORCH, cuda_initialized=False)
+    message = fired(make_status([T4], torch=imported))["cuda_not_started"]
+    assert message.endswith("every allocator setting but backend, which torch fixed when it was imported.")
+
+
 def test_a_recording_gets_no_advice_about_this_machine():
     """A pasted nvidia-smi file says nothing about the local torch, variables or runtime."""
     recorded = fired(make_status([T4], torch=NO_TORCH, visible="", recorded=True))
