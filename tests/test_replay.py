@@ -379,6 +379,21 @@ def test_compute_capability_known_by_name(name, capability):
     assert known_compute_capability(name) == capability
 
 
+@pytest.mark.parametrize("name, capability, rule", [
+    ("Quadro RTX 4000", (7, 5), "turing_fp16"), ("Quadro RTX 5000", (7, 5), "turing_fp16"),
+    ("NVIDIA RTX 5000 Ada Generation", (8, 9), "ampere_bf16"),
+])
+def test_a_workstation_card_is_not_taken_for_the_geforce_of_its_number(tmp_path, name, capability, rule):
+    """A Quadro RTX 4000 (Turing, Paperspace's free tier) was read as an RTX 4080's 8.9 and told
+    to train in bf16, which it runs emulated; a Quadro RTX 5000 as an RTX 5090's 12.0; an RTX
+    5000 Ada Generation as Blackwell. The recording is the real T4's, renamed."""
+    (tmp_path / "card.xml").write_text((XML / "tesla-t4.xml").read_text().replace(
+        "<product_name>Tesla T4</product_name>", f"<product_name>{name}</product_name>"))
+    status = colab_gpu.status(path=str(tmp_path / "card.xml"))
+    assert f"GPU 0  {name}  (cuda:0, compute capability {capability[0]}.{capability[1]})" in str(status)
+    assert [advice.rule for advice in status.advice] == [rule]
+
+
 def test_a_recorded_t4_gets_the_fp16_advice():
     """nvidia-smi's XML has no compute capability; the T4's is known by name."""
     status = colab_gpu.status(path=str(XML / "tesla-t4.xml"))

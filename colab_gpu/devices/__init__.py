@@ -115,12 +115,16 @@ class Snapshot:
 # XML does not record it. Checked in order; the first pattern that matches the name wins.
 _CAPABILITY_BY_NAME = (
     (r"\bB[12]00\b", (10, 0)),
+    # Before the GeForce names they share: Quadro RTX 3000/4000/5000 are Turing, and
+    # RTX 4000/5000 Ada Generation are Ada, not an RTX 4080 or 5080.
+    (r"Quadro RTX|TITAN RTX", (7, 5)),
+    (r"\bAda\b", (8, 9)),
     (r"RTX 50\d0", (12, 0)),
     (r"\bG?H[12]00\b", (9, 0)),
-    (r"\bL40S?\b|\bL4\b|RTX 40\d0|\bAda\b", (8, 9)),
+    (r"\bL40S?\b|\bL4\b|RTX 40\d0", (8, 9)),
     (r"\bA100\b|\bA800\b|\bA30\b", (8, 0)),
     (r"\bA10G?\b|\bA40\b|\bA16\b|\bA2\b|RTX 30\d0|RTX A\d{4}", (8, 6)),
-    (r"\bT4\b|RTX 20\d0|GTX 16\d0|Quadro RTX|TITAN RTX", (7, 5)),
+    (r"\bT4\b|RTX 20\d0|GTX 16\d0", (7, 5)),
     (r"V100|TITAN V\b", (7, 0)),
     (r"P100", (6, 0)),
     (r"\bP40\b|\bP4\b|GTX 10\d0|Quadro P\d+|TITAN Xp?\b", (6, 1)),
