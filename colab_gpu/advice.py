@@ -112,7 +112,7 @@ def _capabilities(status):
 
 def turing_fp16(status):
     if any((7, 0) <= cc < (8, 0) for cc in _capabilities(status)):
-        return ("A GPU of compute capability 7.x (a T4, a V100) has fp16 tensor cores but no "
+        return ("A GPU of compute capability 7.x (a T4, a V100) runs fp16 fast but has no "
                 "native bf16: train with torch.autocast('cuda', dtype=torch.float16) and a "
                 "torch.amp.GradScaler, not bf16 (which runs emulated, slowly).")
 
@@ -150,7 +150,7 @@ def fragmentation(status):
         waste = memory.reserved_unallocated
         if memory.num_alloc_retries or (waste > 1 * GiB and waste > 0.25 * memory.reserved):
             return (f"cuda:{memory.torch_index} is fragmented ({waste / GiB:.1f} GiB reserved "
-                    f"but unallocated, {memory.num_alloc_retries} cache flushes): after a "
+                    f"but unallocated, {count(memory.num_alloc_retries, 'cache flush', 'cache flushes')}): after a "
                     f"runtime restart run %alloc_conf expandable_segments=True before CUDA starts.")
 
 

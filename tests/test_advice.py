@@ -117,7 +117,16 @@ def test_fragmentation():
     fragmented = memory(allocated=2 * GiB, reserved=6 * GiB)
     assert "expandable_segments=True" in fired(make_status([T4], memory=[fragmented]))["fragmentation"]
     assert "fragmentation" in fired(make_status([T4], memory=[memory(num_alloc_retries=3)]))
+    assert "unallocated, 1 cache flush): after" in fired(make_status([T4], memory=[memory(num_alloc_retries=1)]))[
+        "fragmentation"]
     assert "fragmentation" not in fired(make_status([T4], memory=[memory()]))  # 1 GiB of 5 cached: normal
+
+
+def test_the_torch_row_says_1_oom_and_1_cache_flush():
+    from colab_gpu.render import allocator_summary
+
+    assert allocator_summary(memory(num_ooms=1, num_alloc_retries=1)).endswith("; 1 OOM, 1 cache flush")
+    assert allocator_summary(memory(num_ooms=2, num_alloc_retries=3)).endswith("; 2 OOMs, 3 cache flushes")
 
 
 def test_memory_nearly_full():

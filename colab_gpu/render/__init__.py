@@ -73,9 +73,9 @@ def duration(seconds: Optional[float]) -> str:
     return _digits(seconds, "s")
 
 
-def count(amount: int, noun: str) -> str:
-    """"1 trial", "2 trials": the plural an English reader expects."""
-    return f"{amount} {noun}" + ("" if amount == 1 else "s")
+def count(amount: int, noun: str, plural: Optional[str] = None) -> str:
+    """"1 trial", "2 trials", "1 cache flush", "2 cache flushes": the plural an English reader expects."""
+    return f"{amount} {noun if amount == 1 else plural or noun + 's'}"
 
 
 def number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
@@ -218,8 +218,8 @@ def allocator_summary(memory) -> str:
     """One line of torch's allocator statistics for a device."""
     return (f"allocated {size(memory.allocated)} (peak {size(memory.peak_allocated)}), reserved "
             f"{size(memory.reserved)} (peak {size(memory.peak_reserved)}), reserved but unallocated "
-            f"{size(memory.reserved_unallocated)}; {memory.num_ooms} OOMs, "
-            f"{memory.num_alloc_retries} cache flushes")
+            f"{size(memory.reserved_unallocated)}; {count(memory.num_ooms, 'OOM')}, "
+            f"{count(memory.num_alloc_retries, 'cache flush', 'cache flushes')}")
 
 
 def breakdown_summary(part) -> str:
