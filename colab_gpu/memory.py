@@ -491,8 +491,8 @@ def _forget_outputs(shell: Any, namespace: Dict[str, Any], hidden: Dict[str, Any
         for name in [n for n, v in space.items() if id(v) in ids and _OUTPUT_NAME.match(n)]:
             if name.strip("_"):
                 del space[name]  # _12: IPython's own name, made for that output only
-            else:
-                space[name] = ""  # _, __, ___: IPython's empty value
+            elif space is hidden or _is_ipython_name(name, space[name], shell, hidden):
+                space[name] = ""  # _, __, ___: IPython's empty value; once assigned, the user's
     displayhook = getattr(shell, "displayhook", None)
     for attribute in ("_", "__", "___"):
         if id(getattr(displayhook, attribute, None)) in ids:

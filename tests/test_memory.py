@@ -187,6 +187,17 @@ def test_underscore_assigned_by_the_user_is_their_variable(shell):
     assert shell.user_ns["_"] == "next output"  # IPython's own again
 
 
+def test_underscore_the_user_bound_to_a_shown_output_stays_bound(shell):
+    run(shell, "import torch\nshown_model = torch.nn.Linear(8, 8)\nshown_model")
+    number = shell.execution_count - 1
+    run(shell, "1 + 1")
+    run(shell, "_ = shown_model.eval()")  # the idiom that hides the repr: `_` is now the user's
+    shell.run_line_magic("clear_cache", "--quiet")
+    assert number not in shell.user_ns["Out"]
+    assert shell.user_ns["_"] is shell.user_ns["shown_model"]
+    run(shell, "del _, shown_model")
+
+
 def test_named_variable_also_bound_elsewhere_stays_bound_there(shell):
     run(shell, f"import torch, weakref\nfirst = torch.ones({SIZE})\nsecond = first\nref = weakref.ref(first)")
     shell.run_line_magic("clear_cache", "first --quiet")
