@@ -179,6 +179,19 @@ def test_torch_refusing_restores_env_and_torchs_settings(torch_env):
         assert (saved.read_text() if saved.exists() else None) == kept
 
 
+def test_an_unset_key_goes_back_to_its_default_in_torch_too(shell, torch_env):
+    """torch's parser resets only max_split_size_mb, roundup_power2_divisions and
+    garbage_collection_threshold per string: a key merely left out keeps its value."""
+    shell.run_line_magic("alloc_conf", "large_segment_size_mb=64 pinned_max_cached_size_mb=8 --json")
+    result = alloc_conf(unset=["large_segment_size_mb", "pinned_max_cached_size_mb"])
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+    assert result.warnings == ("pinned_max_cached_size_mb keeps its last value in this process: torch "
+                               "keeps a key until a settings string names it, and its default cannot "
+                               "be written; restart the runtime to drop it",)
+    shell.run_line_magic("alloc_conf", "max_split_size_mb=30 --json")  # >= 64 only while 64 held
+    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:30"
+
+
 def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env):
     """The CUDA-started branch, with the state passed in and torch's real setter called."""
     started = TorchState(imported=True, version=torch_env.__version__, cuda_version="12.8",

@@ -26,6 +26,19 @@ from .schema import BY_NAME, ENV_NAMES, HIP_ENV_SINCE, NEWEST, OLDEST, PRESETS, 
 
 SAVED_NAME = "alloc_conf.txt"
 
+# torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
+# from 2.10) puts only these keys back to their defaults for each new settings string: every
+# other key keeps the last value a string gave it (max_non_split_rounding_mb follows
+# large_segment_size_mb from 2.11). A key dropped from the setting is therefore written to the
+# run-time setter at its default, where torch accepts the default as a value.
+_RESET_BY_EVERY_STRING = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold")
+_DEFAULTS = {"expandable_segments": "False", "release_lock_on_cudamalloc": "False",
+             "pinned_use_cuda_host_register": "False", "pinned_num_register_threads": "1",
+             "max_non_split_rounding_mb": "20", "pinned_use_background_threads": "False",
+             "graph_capture_record_stream_reuse": "False", "per_process_memory_fraction": "1.0",
+             "large_segment_size_mb": "20", "pinned_free_catch_all": "False",
+             "throw_on_cudamalloc_oom": "False", "expandable_segments_reserve": "1.125"}
+
 
 @dataclasses.dataclass(frozen=True)
 class AllocConfResult:
@@ -309,9 +322,11 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     # torch refuses puts the file back, so that either all of it happens or none.
     previous, _ = saved_setting(environ)
     saved, forgotten, path = _save_or_forget(to_torch(new_settings), save, forget, environ)
+    dropped = tuple(name for name in dict(current) if name not in dict(new_settings)
+                    and name in BY_NAME and BY_NAME[name].available(version or NEWEST))
     try:
         result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
-                        env_before)
+                        env_before, dropped)
     except AllocConfError:
         if save or forget:
             _save_or_forget(previous, previous is not None, previous is None, environ)
@@ -356,13 +371,22 @@ def _live(current: Settings, new: Settings, deferred) -> Settings:
                  unset=[name for name in held if name not in before])
 
 
-def _apply(settings: Settings, deferred, state: TorchState, environ, modules, env_before
-           ) -> AllocConfResult:
-    """Write the environment and call torch's setter; restore everything if anything fails."""
+def _apply(settings: Settings, deferred, state: TorchState, environ, modules, env_before,
+           dropped: Sequence[str] = ()) -> AllocConfResult:
+    """Write the environment and call torch's setter; restore everything if anything fails.
+
+    ``dropped``: keys the setting held before and no longer does; torch keeps their values
+    unless the setter's string names them, so they go to it at their defaults."""
     text = to_torch(settings)
     setter = runtime_setter(modules) if state.imported else None
     skip = {name for name, _ in deferred} | {"backend"}
-    runtime_text = to_torch(tuple((n, v) for n, v in settings if n not in skip))
+    values = dict(settings)
+    kept = [name for name in dropped if name not in skip and name not in _RESET_BY_EVERY_STRING]
+    defaults = tuple((name, values.get("large_segment_size_mb", _DEFAULTS[name])
+                      if name == "max_non_split_rounding_mb" else _DEFAULTS[name])
+                     for name in kept if name in _DEFAULTS)
+    kept = [name for name in kept if name not in _DEFAULTS]
+    runtime_text = to_torch(tuple((n, v) for n, v in settings if n not in skip) + defaults)
     previous = setter.get() if setter is not None and setter.get is not None else None
     via = []
     try:
@@ -386,6 +410,10 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
     return AllocConfResult(action="set", torch=state, torch_version=None, settings=settings,
                            env_before=env_before, env_after=_env_snapshot(environ, tuple(env_before)),
                            applied_via=tuple(via), deferred=tuple(deferred),
+                           warnings=tuple(f"{name} keeps its last value in this process: torch "
+                                          f"keeps a key until a settings string names it, and its "
+                                          f"default cannot be written; restart the runtime to drop it"
+                                          for name in kept if len(via) > 1),
                            in_effect=setter.get() if setter is not None and setter.get else None)
 
 
