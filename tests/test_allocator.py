@@ -342,6 +342,16 @@ def test_save_is_visible_applied_on_load_and_forgettable(env):
     assert apply_saved(environ=fresh, modules={}, state=NOT_IMPORTED) is None
 
 
+def test_saved_backend_after_import_waits_and_the_rest_of_the_setting_applies(env):
+    """A restarted notebook whose first cell imports torch, then loads the extension."""
+    alloc_conf(["backend=cudaMallocAsync expandable_segments=True"], save=True, environ=env, modules={})
+    fresh = {"COLAB_GPU_CONFIG_DIR": env["COLAB_GPU_CONFIG_DIR"]}
+    message = apply_saved(environ=fresh, modules={}, state=TorchState(imported=True, version="2.11.0"))
+    assert fresh["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "except backend:cudaMallocAsync (torch was imported before the extension loaded" in message
+    assert "add --save" not in message
+
+
 def test_saved_reset_after_import_keeps_the_loaded_backend_in_the_environment(env):
     env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync,expandable_segments:True"
     imported = TorchState(imported=True, version="2.13.0")

@@ -461,9 +461,21 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
     if state.cuda_initialized:
         return (f"colab_gpu: saved allocator setting {saved!r} not applied: CUDA is already "
                 f"running; restart the runtime and load the extension first {forget}")
+    late = ""
     try:
         result = alloc_conf([saved], environ=environ, modules=modules, state=state)
     except AllocConfError as error:
-        return f"colab_gpu: saved allocator setting from {path} not applied: {error} {forget}"
-    return (f"colab_gpu: applied the saved allocator setting {saved!r} from {path}; now "
+        # `import torch` ran before the extension loaded: torch chose its backend then, and
+        # the rest of the setting still applies (the saved backend waits for the next start)
+        try:
+            backend = dict(parse(saved)).get("backend") if state.imported else None
+            rest = to_torch(tuple(item for item in parse(saved) if item[0] != "backend"))
+            if backend is None:
+                raise error
+            result = alloc_conf([rest] if rest else [], environ=environ, modules=modules, state=state)
+        except AllocConfError:
+            return f"colab_gpu: saved allocator setting from {path} not applied: {error} {forget}"
+        late = (f" except backend:{backend} (torch was imported before the extension loaded "
+                f"and chose its allocator then: restart and load the extension before `import torch`)")
+    return (f"colab_gpu: applied the saved allocator setting {saved!r} from {path}{late}; now "
             f"{to_torch(result.settings)!r} {forget}")
