@@ -20,24 +20,17 @@ from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Seque
 
 from ..render import count
 from ..runtime import TorchState, torch_state
-from .parse import (AllocConfError, Settings, check_key_name, format_version, merge, parse,
-                    parse_many, to_torch, validate, version_of)
-from .schema import BY_NAME, ENV_NAMES, HIP_ENV_SINCE, NEWEST, OLDEST, PRESETS, ROCM_ENV_NAMES
+from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_version, merge,
+                    parse, parse_many, to_torch, validate, version_of)
+from .schema import BY_NAME, ENV_NAMES, HIP_ENV_SINCE, NEWEST, OLDEST, PRESETS, ROCM_ENV_NAMES, Version
 
 SAVED_NAME = "alloc_conf.txt"
 
 # torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
 # from 2.10) puts only these keys back to their defaults for each new settings string: every
-# other key keeps the last value a string gave it (max_non_split_rounding_mb follows
-# large_segment_size_mb from 2.11). A key dropped from the setting is therefore written to the
-# run-time setter at its default, where torch accepts the default as a value.
+# other key keeps the last value a string gave it, so a key dropped from the setting is written
+# to the run-time setter at its default (see _dropped_defaults).
 _RESET_BY_EVERY_STRING = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold")
-_DEFAULTS = {"expandable_segments": "False", "release_lock_on_cudamalloc": "False",
-             "pinned_use_cuda_host_register": "False", "pinned_num_register_threads": "1",
-             "max_non_split_rounding_mb": "20", "pinned_use_background_threads": "False",
-             "graph_capture_record_stream_reuse": "False", "per_process_memory_fraction": "1.0",
-             "large_segment_size_mb": "20", "pinned_free_catch_all": "False",
-             "throw_on_cudamalloc_oom": "False", "expandable_segments_reserve": "1.125"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,8 +315,7 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     # torch refuses puts the file back, so that either all of it happens or none.
     previous, _ = saved_setting(environ)
     saved, forgotten, path = _save_or_forget(to_torch(new_settings), save, forget, environ)
-    dropped = tuple(name for name in dict(current) if name not in dict(new_settings)
-                    and name in BY_NAME and BY_NAME[name].available(version or NEWEST))
+    dropped = _dropped_defaults(current, new_settings, version or NEWEST, rocm)
     try:
         result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
                         env_before, dropped)
@@ -361,6 +353,26 @@ def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool
     return tuple(deferred)
 
 
+def _dropped_defaults(current: Settings, new: Settings, version: Version, rocm: bool
+                      ) -> Tuple[Tuple[str, Optional[str]], ...]:
+    """The keys ``current`` held and ``new`` drops, each with the value that puts it back to
+    torch's default through the run-time setter, or None where torch takes no value meaning
+    its default ("0 (off)", "unlimited")."""
+    after, dropped = dict(new), []
+    for name in dict(current):
+        key = BY_NAME.get(name)
+        if name in after or name in _RESET_BY_EVERY_STRING or key is None or not key.available(version):
+            continue
+        default = key.default
+        if name == "max_non_split_rounding_mb":  # its default follows large_segment_size_mb (2.11)
+            default = after.get("large_segment_size_mb", default)
+        try:
+            dropped.append((name, canonical_value(key, default, version, rocm)))
+        except ValueError:  # AllocConfError, or a list parser given "[] (none)"
+            dropped.append((name, None))
+    return tuple(dropped)
+
+
 def _live(current: Settings, new: Settings, deferred) -> Settings:
     """``new`` with the deferred keys as they are now: torch asserts at CUDA start if the
     environment names another backend than the one it loaded with (pytorch#104801), and
@@ -372,21 +384,17 @@ def _live(current: Settings, new: Settings, deferred) -> Settings:
 
 
 def _apply(settings: Settings, deferred, state: TorchState, environ, modules, env_before,
-           dropped: Sequence[str] = ()) -> AllocConfResult:
+           dropped: Sequence[Tuple[str, Optional[str]]] = ()) -> AllocConfResult:
     """Write the environment and call torch's setter; restore everything if anything fails.
 
-    ``dropped``: keys the setting held before and no longer does; torch keeps their values
-    unless the setter's string names them, so they go to it at their defaults."""
+    ``dropped``: keys the setting held before and no longer does, with their defaults
+    (:func:`_dropped_defaults`); torch keeps a key's value until the setter's string names it."""
     text = to_torch(settings)
     setter = runtime_setter(modules) if state.imported else None
     skip = {name for name, _ in deferred} | {"backend"}
-    values = dict(settings)
-    kept = [name for name in dropped if name not in skip and name not in _RESET_BY_EVERY_STRING]
-    defaults = tuple((name, values.get("large_segment_size_mb", _DEFAULTS[name])
-                      if name == "max_non_split_rounding_mb" else _DEFAULTS[name])
-                     for name in kept if name in _DEFAULTS)
-    kept = [name for name in kept if name not in _DEFAULTS]
-    runtime_text = to_torch(tuple((n, v) for n, v in settings if n not in skip) + defaults)
+    dropped = [(name, default) for name, default in dropped if name not in skip]
+    runtime_text = to_torch(tuple((n, v) for n, v in settings if n not in skip)
+                            + tuple((n, v) for n, v in dropped if v is not None))
     previous = setter.get() if setter is not None and setter.get is not None else None
     via = []
     try:
@@ -413,7 +421,7 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
                            warnings=tuple(f"{name} keeps its last value in this process: torch "
                                           f"keeps a key until a settings string names it, and its "
                                           f"default cannot be written; restart the runtime to drop it"
-                                          for name in kept if len(via) > 1),
+                                          for name, default in dropped if default is None and len(via) > 1),
                            in_effect=setter.get() if setter is not None and setter.get else None)
 
 
