@@ -473,17 +473,27 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
     try:
         result = alloc_conf([saved], environ=environ, modules=modules, state=state)
     except AllocConfError as error:
-        # `import torch` ran before the extension loaded: torch chose its backend then, and
-        # the rest of the setting still applies (the saved backend waits for the next start)
-        try:
-            backend = dict(parse(saved)).get("backend") if state.imported else None
-            rest = to_torch(tuple(item for item in parse(saved) if item[0] != "backend"))
-            if backend is None:
-                raise error
-            result = alloc_conf([rest] if rest else [], environ=environ, modules=modules, state=state)
-        except AllocConfError:
+        retried = _without_backend(saved, environ, modules, state)
+        if retried is None:
             return f"colab_gpu: saved allocator setting from {path} not applied: {error} {forget}"
+        backend, result = retried
         late = (f" except backend:{backend} (torch was imported before the extension loaded "
                 f"and chose its allocator then: restart and load the extension before `import torch`)")
     return (f"colab_gpu: applied the saved allocator setting {saved!r} from {path}{late}; now "
             f"{to_torch(result.settings)!r} {forget}")
+
+
+def _without_backend(saved: str, environ, modules, state: TorchState
+                     ) -> Optional[Tuple[str, AllocConfResult]]:
+    """The saved backend and the rest of the setting applied without it: `import torch` ran
+    before the extension loaded and chose the backend then, and the rest still applies. None
+    where the setting names no backend, torch is not imported, or the rest is refused too."""
+    try:
+        settings = parse(saved)
+        backend = dict(settings).get("backend")
+        if backend is None or not state.imported:
+            return None
+        rest = to_torch(tuple((name, value) for name, value in settings if name != "backend"))
+        return backend, alloc_conf([rest] if rest else [], environ=environ, modules=modules, state=state)
+    except AllocConfError:
+        return None
