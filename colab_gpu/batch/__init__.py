@@ -117,15 +117,17 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
 
     ``fn(batch_size)`` runs one training (or inference) step. Each trial runs it ``steps``
     times, the first untimed; in throughput mode a fast step runs until 0.1 s is timed.
-    ``start`` and ``max``: the first and the largest size tried (default 2 and 65536).
+    ``start`` and ``max``: the first and the largest size tried (default 2, or
+    ``multiple_of`` if larger, and 65536).
     ``restore``: models, optimizers, schedulers or tensors whose state is put back after
     every trial (saved on the CPU). ``headroom``: memory to keep free, bytes (``"512MiB"``)
     or a share (``"10%"``). ``multiple_of``: only its multiples are tried. ``device``:
     ``"auto"`` (CUDA once your code has started it, else the CPU), ``"cpu"``, ``"cuda"``,
-    ``"cuda:N"``. ``variable`` only names the size in the report; ``progress=False`` shows
-    no line per trial. The random generators are restored too. Ctrl-C stops the search and
-    returns the best size so far. The answer (``result.answer``) is always a size that ran
-    and fitted.
+    ``"cuda:N"`` (or N, or a ``torch.device``). ``measure_memory=False`` measures no peak
+    memory: the search doubles, then bisects on real failures. ``variable`` only names the
+    size in the report; ``progress=False`` shows no line per trial. The random generators
+    are restored too. Ctrl-C stops the search and returns the best size so far. The answer
+    (``result.answer``) is always a size that ran and fitted.
     """
     if not isinstance(restore, (dict, list, tuple)):
         restore = [restore]  # one model (or tensor: iterable, but one object)
