@@ -321,6 +321,23 @@ def test_the_final_chart_of_an_overflowed_buffer_counts_seconds_from_the_runs_st
     assert first_kept > 0.25  # about 26 samples at 0.01 s were dropped before it
 
 
+def test_the_summary_of_an_overflowed_buffer_gives_the_whole_runs_peaks_and_means():
+    """A two-hour run kept its last hour (GPUMagics.live_history): --stop gave the peak memory
+    and mean busy % of that hour as the run's, missing the early peak a user looks for."""
+    from colab_gpu.render import size
+
+    frames = load_frames(V100)  # peaks at step 17 (about 1.07 GiB, 19 % busy), then 1 MiB idle
+    sampler, _ = live.start(demo=True, interval=0.005, history=10)
+    sampler.wait(40, timeout=10)
+    record = live.stop()
+    taken = [frames[step % len(frames)].gpus[0] for step in range(record.count)]
+    summary = record.summaries()[0]
+    assert summary.memory_peak == max(gpu.memory_used for gpu in taken) == frames[17].gpus[0].memory_used
+    assert summary.utilization_peak == max(gpu.utilization_gpu for gpu in taken)
+    assert summary.utilization_mean == pytest.approx(sum(gpu.utilization_gpu for gpu in taken) / len(taken))
+    assert f"memory peak {size(frames[17].gpus[0].memory_used)} of 32.00 GiB" in str(record)
+
+
 def test_the_final_chart_of_a_long_run_counts_minutes_or_hours_not_thousands_of_seconds():
     from colab_gpu.live.record import RunRecord
     from colab_gpu.live.sampler import GPUReading, Sample

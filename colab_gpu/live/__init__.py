@@ -102,7 +102,7 @@ def record_of(sampler: Sampler) -> RunRecord:
                      gpu_names=dict(sampler.gpu_names), started_at=sampler.started_at,
                      stopped_at=sampler.stopped_at, error=sampler.error, count=sampler.count,
                      display_error=sampler.listener_error, torch_labels=torch_labels(sampler),
-                     numbering_note=numbering_note(sampler))
+                     numbering_note=numbering_note(sampler), totals=sampler.totals())
 
 
 def history(frame: Optional[bool] = None):

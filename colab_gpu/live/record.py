@@ -84,6 +84,9 @@ class RunRecord:
     display_error: Optional[str] = None  # why a display (the widget) stopped following the run
     torch_labels: Dict[int, str] = dataclasses.field(default_factory=dict)  # panel.torch_labels
     numbering_note: Optional[str] = None  # why a label says "cuda:?" (panel.numbering_note)
+    # GPU index -> sampler.RunTotals over every sample taken, also those the buffer dropped;
+    # without them (a record built from samples alone) the summary reads the samples kept.
+    totals: Dict[int, object] = dataclasses.field(default_factory=dict)
 
     @property
     def duration(self) -> float:
@@ -94,6 +97,15 @@ class RunRecord:
     def summaries(self) -> Tuple[GPURunSummary, ...]:
         result = []
         for index in sorted(self.gpu_names):
+            totals = self.totals.get(index)
+            if totals is not None:
+                peaks = totals.peaks
+                result.append(GPURunSummary(
+                    index=index, name=self.gpu_names[index], utilization_mean=totals.busy_mean,
+                    utilization_peak=peaks["utilization"], memory_peak=peaks["memory_used"],
+                    memory_total=peaks["memory_total"], power_peak=peaks["power"],
+                    temperature_peak=peaks["temperature"], torch_label=self.torch_labels.get(index)))
+                continue
             readings = [r for sample in self.samples for r in sample.gpus if r.index == index]
             result.append(GPURunSummary(
                 index=index, name=self.gpu_names[index],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import copy
 import threading
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -55,6 +56,31 @@ class Sample(NamedTuple):
 def reading_of(gpu) -> GPUReading:
     return GPUReading(gpu.index, gpu.utilization_gpu, gpu.memory_used, gpu.memory_total,
                       gpu.power_draw, gpu.temperature)
+
+
+class RunTotals:
+    """One GPU's readings over every sample of the run, also those the buffer has dropped:
+    what the summary's means and peaks are taken from (a two-hour run's early peak is gone
+    from an hour-long buffer)."""
+
+    PEAKS = ("utilization", "memory_used", "memory_total", "power", "temperature")
+
+    def __init__(self):
+        self.busy_sum, self.busy_count = 0.0, 0
+        self.peaks: Dict[str, Optional[float]] = dict.fromkeys(self.PEAKS)
+
+    def add(self, reading: GPUReading) -> None:
+        if reading.utilization is not None:
+            self.busy_sum += reading.utilization
+            self.busy_count += 1
+        for name in self.PEAKS:
+            value, peak = getattr(reading, name), self.peaks[name]
+            if value is not None and (peak is None or value > peak):
+                self.peaks[name] = value
+
+    @property
+    def busy_mean(self) -> Optional[float]:
+        return self.busy_sum / self.busy_count if self.busy_count else None
 
 
 def snapshot_problem(snapshot: Snapshot) -> Optional[str]:
@@ -105,6 +131,7 @@ class Sampler:
         self.started_at: Optional[float] = None
         self.stopped_at: Optional[float] = None
         self._buffer: "collections.deque[Sample]" = collections.deque(maxlen=history)
+        self._totals: Dict[int, RunTotals] = {}  # GPU index -> over the whole run
         self._count = 0
         self._last_read = time.monotonic()  # when the latest sample was taken
         # Only C-level locks in ``with`` blocks, never a Condition or an Event waited on or set
@@ -199,6 +226,11 @@ class Sampler:
             recent = tuple(self._buffer)[len(self._buffer) - new:] if new > 0 else ()
             return self._count, recent
 
+    def totals(self) -> Dict[int, RunTotals]:
+        """GPU index -> its readings over the whole run (the buffer keeps only the last)."""
+        with self._lock:
+            return copy.deepcopy(self._totals)
+
     def latest(self) -> Optional[Sample]:
         with self._lock:
             return self._buffer[-1] if self._buffer else None
@@ -252,6 +284,8 @@ class Sampler:
         with self._lock:
             self._buffer.append(sample)
             self._count += 1
+            for reading in sample.gpus:
+                self._totals.setdefault(reading.index, RunTotals()).add(reading)
         self._last_read = time.monotonic()
         self._notify()
 
