@@ -721,6 +721,25 @@ def test_widgets_follow_the_sampler_and_stop_leaves_a_chart(live_config, capsys)
     assert capsys.readouterr().out == "colab_gpu: the live monitor is not running\n"
 
 
+def test_running_the_live_cell_again_draws_the_panel_once_per_update_not_once_per_run_of_the_cell(
+        live_config, capsys, monkeypatch):
+    """Each --live in a notebook added a widget that the sampler thread redrew after every
+    sample until --stop: re-running the cell five times drew the panel five times per update,
+    holding the GIL against the training loop five times as long."""
+    from colab_gpu.live import widget
+
+    drawn = []
+    monkeypatch.setattr(widget, "render_panel", lambda sampler: drawn.append(sampler.count) or "")
+    for _ in range(5):
+        run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    sampler = live.running()
+    drawn.clear()
+    sampler.wait(sampler.count + 3, timeout=10)
+    live.stop()
+    assert len(drawn) == len(set(drawn))  # no sample's state drawn twice
+    assert "Live GPU monitor (replay of v100s" in capsys.readouterr().out  # each run still shows it
+
+
 def test_the_widget_value_changes_as_samples_arrive():
     from colab_gpu.live.widget import live_widget
 
