@@ -896,6 +896,53 @@ def test_cells_line_from_nvml_says_it_is_the_whole_gpu(live_config, monkeypatch,
         source.close()
 
 
+class MemoryLevels:
+    """The V100 recording with its memory used set by the test: ``level`` bytes, or the next
+    of ``queue`` while it lasts (a cell's short peak)."""
+
+    label = "memory levels"
+
+    def __init__(self, level):
+        self.replay = ReplaySource(V100, follow=True)
+        self.level, self.queue = level, []
+
+    def snapshot(self):
+        import dataclasses
+
+        used = self.queue.pop(0) if self.queue else self.level
+        snapshot = self.replay.snapshot()
+        return dataclasses.replace(snapshot, gpus=tuple(dataclasses.replace(gpu, memory_used=used)
+                                                        for gpu in snapshot.gpus))
+
+    light_snapshot = snapshot
+
+    def close(self):
+        self.replay.close()
+
+
+def test_cells_line_of_a_cell_longer_than_the_history_gives_its_whole_peak_and_change(
+        live_config, monkeypatch, capsys):
+    """A training cell longer than GPUMagics.live_history samples (an hour at 1 s): its line
+    took the peak, the change and the count from the samples the buffer still held, the last
+    hour's, and measured the change from the first of them instead of from the cell's start."""
+    import colab_gpu.devices
+    from colab_gpu.devices import GiB
+
+    source = MemoryLevels(2 * GiB)
+    monkeypatch.setattr(colab_gpu.devices, "default_source", lambda: source)
+    run_live(live_config, "--live --cells --interval 0.005", live_display="widgets", live_history=5)
+    sampler = live.running()
+    live_config.user_ns.update(source=source, sampler=sampler, GiB=GiB)
+    capsys.readouterr()
+    # The cell peaks at 20 GiB for three samples, then holds 4 GiB for thirty more.
+    live_config.run_cell("source.queue, source.level = [20 * GiB] * 3, 4 * GiB\n"
+                         "sampler.wait(sampler.count + 33, timeout=10)")
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    taken = int(re.search(r"(\d+) samples", line)[1])
+    assert taken >= 33
+    assert line.endswith("GPU 0 (cuda:0) peak 20.00 GiB used (+2.00 GiB)")
+
+
 def test_cells_in_a_terminal_samples_in_the_background_so_later_cells_get_their_line(live_config, capsys):
     run_live(live_config, "--live --demo --cells --interval 0.02", live_display="terminal", live_lines=3)
     out = capsys.readouterr().out

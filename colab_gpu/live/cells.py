@@ -29,8 +29,14 @@ class CellPeaks:
         self._started: Optional[float] = None
         self._allocated: Optional[List[int]] = None  # per torch device at the cell's start
         self._told_stopped = False  # the user was told the monitor stopped
+        self._tally: Optional["_CellTally"] = None  # the samples of the cell running now
 
     def before(self) -> None:
+        self._stop_tally()
+        sampler = self._sampler()
+        if sampler is not None:  # followed from now: the buffer may drop the cell's first samples
+            self._tally = _CellTally(sampler)
+            sampler.add_listener(self._tally.add)
         self._started = time.time()
         torch = cuda_torch()
         self._allocated = None
@@ -43,11 +49,18 @@ class CellPeaks:
     def after(self) -> Optional[str]:
         if self._started is None:  # the cell that turned this on
             return None
-        started, self._started = self._started, None
+        self._started = None
+        tally = self._stop_tally()
         torch = cuda_torch()
         if torch is not None:
             return self._torch_line(torch)
-        return self._sampled_line(started)
+        return self._sampled_line(tally)
+
+    def _stop_tally(self) -> Optional["_CellTally"]:
+        tally, self._tally = self._tally, None
+        if tally is not None:
+            tally.sampler.remove_listener(tally.add)
+        return tally
 
     def _torch_line(self, torch) -> str:
         """Devices that held nothing during the cell are left out: on an 8-GPU box a model on
@@ -62,7 +75,7 @@ class CellPeaks:
                              f"allocated ({_signed(now - before)} kept), {size(reserved)} reserved")
         return "cell GPU memory (torch): " + ("; ".join(parts) or f"nothing held on any of the {devices} GPUs")
 
-    def _sampled_line(self, started: float) -> Optional[str]:
+    def _sampled_line(self, tally: Optional["_CellTally"]) -> Optional[str]:
         sampler = self._sampler()
         if sampler is None:  # it stopped by itself (a lost GPU): said once, not after every cell
             if self._told_stopped:
@@ -71,23 +84,41 @@ class CellPeaks:
             return ("cell GPU memory: CUDA not started by this process and the live monitor has "
                     "stopped; %gpu_status --stop shows why and ends these lines")
         self._told_stopped = False
-        recorded = sampler.samples()
-        during = [s for s in recorded if s.time >= started]
-        if not during:  # e.g. print("x"): a line after each such cell would only be noise
-            return None
-        before = [s for s in recorded if s.time < started]
-        baseline = {r.index: r.memory_used for r in (before[-1] if before else during[0]).gpus}
+        if tally is None or tally.sampler is not sampler or not tally.count:
+            return None  # e.g. print("x"): a line after each such cell would only be noise
         parts, labels = [], torch_labels(sampler)
-        for index in sorted({r.index for s in during for r in s.gpus}):
-            used = [r.memory_used for s in during for r in s.gpus
-                    if r.index == index and r.memory_used is not None]
-            if used:
-                start = baseline.get(index)
-                change = used[-1] - (used[0] if start is None else start)
-                named = f"GPU {index} ({labels[index]})" if index in labels else f"GPU {index}"
-                parts.append(f"{named} peak {size(max(used))} used ({_signed(change)})")
+        for index in sorted(tally.peak):
+            start = tally.baseline.get(index)
+            change = tally.last[index] - (tally.first[index] if start is None else start)
+            named = f"GPU {index} ({labels[index]})" if index in labels else f"GPU {index}"
+            parts.append(f"{named} peak {size(tally.peak[index])} used ({_signed(change)})")
         if sampler.recorded:  # --demo / --from FILE: not this machine's GPU at all
-            source = f"{source_title(sampler)}, {count(len(during), 'sample')}"
+            source = f"{source_title(sampler)}, {count(tally.count, 'sample')}"
         else:
-            source = f"NVML, all processes, {count(len(during), 'sample')}; CUDA not started by this process"
+            source = f"NVML, all processes, {count(tally.count, 'sample')}; CUDA not started by this process"
         return f"cell GPU memory ({source}): " + "; ".join(parts)
+
+
+class _CellTally:
+    """Memory used per GPU over every sample taken during a cell (a sampler listener), also
+    those the sampler's buffer drops before the cell ends: an hour-long cell's early peak."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        latest = sampler.latest()  # the cell's change is counted from the sample before it
+        self.baseline = {r.index: r.memory_used for r in latest.gpus} if latest is not None else {}
+        self.seen = sampler.count
+        self.count = 0
+        self.peak, self.first, self.last = {}, {}, {}
+
+    def add(self, sampler) -> None:
+        """After each sample, in the sampler thread (and once more when the run ends)."""
+        if sampler.count == self.seen:
+            return
+        self.seen = sampler.count
+        self.count += 1
+        for reading in sampler.latest().gpus:
+            if reading.memory_used is not None:
+                self.first.setdefault(reading.index, reading.memory_used)
+                self.peak[reading.index] = max(self.peak.get(reading.index, 0), reading.memory_used)
+                self.last[reading.index] = reading.memory_used
