@@ -410,6 +410,25 @@ def test_the_rolling_chart_draws_100_and_0_percent_inside_its_frame():
     assert 0 < busy.pop() < idle.pop() < 110  # the frame's edges are y=0 and y=110
 
 
+def test_the_rolling_chart_at_a_slow_interval_still_draws_a_line():
+    """At --interval 600 (an overnight run kept whole in the history) the 300 s window held
+    one sample: the chart drew a one-point line, nothing, for the whole run."""
+    from colab_gpu.live.sampler import GPUReading, Sample
+
+    class SlowSampler:
+        label, recorded, running, error, stop_reason, torch_view = "NVML", False, True, None, None, None
+        interval, count, started_at, stopped_at, gpu_names = 600.0, 6, 0.0, None, {0: "Tesla T4"}
+
+        def samples(self):
+            return tuple(Sample(600.0 * t, (GPUReading(0, 10.0 * t, t * 2 ** 30, 16 * 2 ** 30, 70.0, 60.0),))
+                         for t in range(6))
+
+    panel = render_panel(SlowSampler(), now=3000.0)
+    lines = re.findall(r"points='([^']*)'", panel)
+    assert len(lines) == 2 and all(len(points.split()) >= 2 for points in lines)  # busy and memory
+    assert "busy %, last 50 min" in panel
+
+
 def test_the_rolling_chart_of_a_value_the_source_lacks_says_not_reported():
     from colab_gpu.live.panel import _memory_percent, _utilization, chart_svg
 

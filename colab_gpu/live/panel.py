@@ -147,7 +147,7 @@ def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
     return (
         f"<svg class='cgpu-chart' width='{width}' height='{height + 14}' "
         f"viewBox='0 -12 {width} {height + 26}' role='img' aria-label='{escape(title)}'>"
-        f"<text x='0' y='-2'>{escape(title)}, last {span:.0f} s</text>"
+        f"<text x='0' y='-2'>{escape(title)}, last {f'{span / 60:.0f} min' if span >= 600 else f'{span:.0f} s'}</text>"
         f"<rect class='cgpu-axis' x='0' y='0' width='{width}' height='{height}'/>"
         f"<text x='{width + 3}' y='8'>100</text><text x='{width + 3}' y='{height}'>0</text>"
         f"{body}</svg>"
@@ -185,7 +185,9 @@ def render_panel(sampler, now: float = None) -> str:
     note = numbering_note(sampler)
     if note:
         parts.append(f"<div class='cgpu-muted'>{escape(note)}</div>")
-    parts.append(chart_svg(samples, "busy %", _utilization))
-    parts.append(chart_svg(samples, "memory used %", _memory_percent))
+    # Ten samples at least: at --interval 600 a 300 s window held one point, no line at all.
+    seconds = max(CHART_SECONDS, 10 * sampler.interval)
+    parts.append(chart_svg(samples, "busy %", _utilization, seconds=seconds))
+    parts.append(chart_svg(samples, "memory used %", _memory_percent, seconds=seconds))
     parts.append("</div>")
     return unbroken_units("".join(parts))
