@@ -15,7 +15,7 @@ from ..render import celsius, count, fold_items, number, size
 from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE, unbroken_units
 from .panel import PALETTE, min_max_per_column
-from .sampler import Sample
+from .sampler import RunTotals, Sample, totals_of
 
 ROW_FIELDS = ("time", "gpu", "name", "utilization", "memory_used", "memory_total", "power",
               "temperature")
@@ -27,16 +27,6 @@ def rows(samples, names: Dict[int, str]) -> Iterator[tuple]:
         for reading in sample.gpus:
             yield (sample.time, reading.index, names.get(reading.index), reading.utilization,
                    reading.memory_used, reading.memory_total, reading.power, reading.temperature)
-
-
-def _peak(values) -> Optional[float]:
-    known = [value for value in values if value is not None]
-    return max(known) if known else None
-
-
-def _mean(values) -> Optional[float]:
-    known = [value for value in values if value is not None]
-    return sum(known) / len(known) if known else None
 
 
 def _time_unit(span: float) -> Tuple[float, str]:
@@ -84,9 +74,9 @@ class RunRecord:
     display_error: Optional[str] = None  # why a display (the widget) stopped following the run
     torch_labels: Dict[int, str] = dataclasses.field(default_factory=dict)  # panel.torch_labels
     numbering_note: Optional[str] = None  # why a label says "cuda:?" (panel.numbering_note)
-    # GPU index -> sampler.RunTotals over every sample taken, also those the buffer dropped;
+    # GPU index -> its RunTotals over every sample taken, also those the buffer dropped;
     # without them (a record built from samples alone) the summary reads the samples kept.
-    totals: Dict[int, object] = dataclasses.field(default_factory=dict)
+    totals: Dict[int, RunTotals] = dataclasses.field(default_factory=dict)
 
     @property
     def duration(self) -> float:
@@ -95,28 +85,16 @@ class RunRecord:
         return self.stopped_at - self.started_at
 
     def summaries(self) -> Tuple[GPURunSummary, ...]:
+        totals = self.totals or totals_of(self.samples)
         result = []
         for index in sorted(self.gpu_names):
-            totals = self.totals.get(index)
-            if totals is not None:
-                peaks = totals.peaks
-                result.append(GPURunSummary(
-                    index=index, name=self.gpu_names[index], utilization_mean=totals.busy_mean,
-                    utilization_peak=peaks["utilization"], memory_peak=peaks["memory_used"],
-                    memory_total=peaks["memory_total"], power_peak=peaks["power"],
-                    temperature_peak=peaks["temperature"], torch_label=self.torch_labels.get(index)))
-                continue
-            readings = [r for sample in self.samples for r in sample.gpus if r.index == index]
+            run = totals.get(index) or RunTotals()
+            peaks = run.peaks
             result.append(GPURunSummary(
-                index=index, name=self.gpu_names[index],
-                utilization_mean=_mean(r.utilization for r in readings),
-                utilization_peak=_peak(r.utilization for r in readings),
-                memory_peak=_peak(r.memory_used for r in readings),
-                memory_total=_peak(r.memory_total for r in readings),
-                power_peak=_peak(r.power for r in readings),
-                temperature_peak=_peak(r.temperature for r in readings),
-                torch_label=self.torch_labels.get(index),
-            ))
+                index=index, name=self.gpu_names[index], utilization_mean=run.busy_mean,
+                utilization_peak=peaks["utilization"], memory_peak=peaks["memory_used"],
+                memory_total=peaks["memory_total"], power_peak=peaks["power"],
+                temperature_peak=peaks["temperature"], torch_label=self.torch_labels.get(index)))
         return tuple(result)
 
     def headline(self) -> str:

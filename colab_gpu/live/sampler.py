@@ -83,6 +83,20 @@ class RunTotals:
         return self.busy_sum / self.busy_count if self.busy_count else None
 
 
+def count_in(totals: Dict[int, RunTotals], sample: Sample) -> None:
+    """Add ``sample``'s readings to ``totals`` (GPU index -> RunTotals)."""
+    for reading in sample.gpus:
+        totals.setdefault(reading.index, RunTotals()).add(reading)
+
+
+def totals_of(samples) -> Dict[int, RunTotals]:
+    """GPU index -> RunTotals over ``samples``, as the sampler keeps them while it runs."""
+    totals: Dict[int, RunTotals] = {}
+    for sample in samples:
+        count_in(totals, sample)
+    return totals
+
+
 def snapshot_problem(snapshot: Snapshot) -> Optional[str]:
     """Why a snapshot cannot be charted: the source failed or a GPU fell off (one line)."""
     if snapshot.problem:
@@ -284,8 +298,7 @@ class Sampler:
         with self._lock:
             self._buffer.append(sample)
             self._count += 1
-            for reading in sample.gpus:
-                self._totals.setdefault(reading.index, RunTotals()).add(reading)
+            count_in(self._totals, sample)
         self._last_read = time.monotonic()
         self._notify()
 
