@@ -369,6 +369,37 @@ def test_find_batch_restores_model_optimizer_and_generators():
     assert (random.random(), torch.rand(1).item()) == expected
 
 
+def test_an_optimizer_that_has_trained_and_pending_gradients_are_restored_as_they_were():
+    """After a few training steps Adam holds state, and gradients may be accumulating. On the
+    CPU (and for Adam's step counts anywhere) load_state_dict keeps the tensors it is given,
+    and a parameter took the saved gradient itself: each trial then changed the saved state
+    in place, and the user's training went on from what the trials left."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()  # a gradient being accumulated
+    state = {key: value.clone() for key, value in optimizer.state_dict()["state"][0].items()}
+    grad = model.weight.grad.clone()
+
+    def step(batch_size):
+        model(torch.randn(batch_size, 8)).sum().backward()
+        optimizer.step()
+        if batch_size > 20:
+            raise RuntimeError("CUDA out of memory.")
+
+    find_batch(step, restore=[model, optimizer], max=64, progress=False)
+    after = optimizer.state_dict()["state"][0]
+    assert {key: torch.equal(value, after[key]) for key, value in state.items()} == \
+        {"step": True, "exp_avg": True, "exp_avg_sq": True}
+    assert torch.equal(model.weight.grad, grad)
+
+
 def test_find_batch_restores_train_eval_mode_and_requires_grad():
     import torch
 

@@ -72,6 +72,10 @@ class _ObjectState:
         self.name, self.obj = name, obj
         torch = sys.modules.get("torch")
         self.is_tensor = torch is not None and isinstance(obj, torch.Tensor)
+        # A module copies what it loads into its own tensors; an optimizer on the CPU (and
+        # Adam's step counts on any device) keeps the very tensors it is given, which the
+        # next trial would change in place: it gets a fresh copy at every restore.
+        self.copies_in = torch is not None and isinstance(obj, torch.nn.Module)
         if self.is_tensor:
             self.saved = _to_cpu(obj)
         elif callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
@@ -101,9 +105,9 @@ class _ObjectState:
             with sys.modules["torch"].no_grad():
                 self.obj.copy_(self.saved)
         else:
-            self.obj.load_state_dict(self.saved)
-        for parameter, grad in self.grads:
-            parameter.grad = None if grad is None else grad.to(parameter.device)
+            self.obj.load_state_dict(self.saved if self.copies_in else _to_cpu(self.saved))
+        for parameter, grad in self.grads:  # a copy: backward() adds into .grad in place
+            parameter.grad = None if grad is None else grad.to(parameter.device, copy=True)
         for module, training in self.modes:
             module.training = training
         for parameter, requires_grad in self.requires_grad:
