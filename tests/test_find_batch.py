@@ -400,6 +400,23 @@ def test_an_optimizer_that_has_trained_and_pending_gradients_are_restored_as_the
     assert torch.equal(model.weight.grad, grad)
 
 
+def test_a_tensor_trained_by_hand_gets_its_gradient_back():
+    """`w = torch.zeros(4, requires_grad=True)`, --restore w: a trial that ran out of memory
+    after backward() left its gradient in w.grad, and the user's next step added to it."""
+    import torch
+
+    w = torch.zeros(4, requires_grad=True)
+
+    def step(batch_size):
+        (w * torch.ones(batch_size, 4)).sum().backward()
+        if batch_size > 8:
+            raise RuntimeError("CUDA out of memory.")
+        w.grad = None
+
+    find_batch(step, restore=w, max=64, progress=False)
+    assert w.grad is None and w.requires_grad and torch.equal(w, torch.zeros(4))
+
+
 def test_find_batch_restores_train_eval_mode_and_requires_grad():
     import torch
 

@@ -89,6 +89,8 @@ class _ObjectState:
                                f"load_state_dict(); give models, optimizers, schedulers or tensors")
         parameters = getattr(obj, "parameters", None)
         self.grads = ([(p, _to_cpu(p.grad)) for p in parameters()] if callable(parameters) else [])
+        if self.is_tensor and obj.is_leaf and obj.requires_grad:  # a weight trained by hand
+            self.grads = [(obj, _to_cpu(obj.grad))]
         # Outside state_dict too: train()/eval() of every submodule and requires_grad of every
         # parameter, which a training cell often sets (model.train(), unfreezing a layer).
         modules = getattr(obj, "modules", None)
