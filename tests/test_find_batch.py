@@ -694,6 +694,15 @@ def test_ctrl_c_keeps_the_best_so_far(shell, capsys):
     assert "interrupted" in capsys.readouterr().out
 
 
+def test_ctrl_c_before_anything_fitted_does_not_promise_a_best_size(shell, capsys):
+    shell.run_cell("bs = 7")
+    result = shell.run_cell("%%find_batch --var bs\nraise KeyboardInterrupt")
+    assert result.error_in_exec is None and shell.user_ns["bs"] == 7
+    out = capsys.readouterr().out
+    assert "no bs found: interrupted (Ctrl-C) before any size fitted" in out
+    assert "best size so far" not in out
+
+
 class PressesCtrlCWhileRestored:
     """A --restore object during whose second restore the user presses Ctrl-C: a real SIGINT
     to this process, arriving between trials rather than inside the cell."""

@@ -223,9 +223,13 @@ class Search:
             self.stopped = f"{self.variable}={size} raised {trial.error}"
             raise _Stop
         if trial.outcome == INTERRUPTED:
-            self.stopped = INTERRUPTED_NOTE
+            self.stopped = self._interrupted_note()
             raise _Stop
         return trial
+
+    def _interrupted_note(self) -> str:
+        """Ctrl-C's stop: "the best size so far is the answer" only when one has fitted."""
+        return INTERRUPTED_NOTE if self.lo is not None else "interrupted (Ctrl-C) before any size fitted"
 
     def fit(self) -> Optional[MemoryFit]:
         """Memory against size from the two largest measured successes, or None."""
@@ -257,7 +261,7 @@ class Search:
         except _Stop:
             pass
         except KeyboardInterrupt:  # ``run(size)`` may raise it between trials
-            self.stopped = INTERRUPTED_NOTE
+            self.stopped = self._interrupted_note()
         return self.result()
 
     def _first_success(self) -> Optional[int]:
