@@ -701,6 +701,7 @@ def test_ctrl_c_before_anything_fitted_does_not_promise_a_best_size(shell, capsy
     out = capsys.readouterr().out
     assert "no bs found: interrupted (Ctrl-C) before any size fitted" in out
     assert "best size so far" not in out
+    assert "trial  1: bs=     2  interrupted    (KeyboardInterrupt)\n" in out  # not "(KeyboardInterrupt:)"
 
 
 class PressesCtrlCWhileRestored:

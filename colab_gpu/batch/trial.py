@@ -179,7 +179,7 @@ def describe(error: BaseException) -> str:
     (torch's "Error(s) in loading state_dict for Linear:"), the line that says what went wrong."""
     lines = [line.strip() for line in str(error).strip().splitlines()]
     text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
-    return f"{type(error).__name__}: {text}".strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__  # Ctrl-C has no message
 
 
 class CtrlC:
