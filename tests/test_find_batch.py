@@ -260,6 +260,16 @@ def test_headroom_larger_than_the_device_says_so_after_one_trial():
                                 "device's 4.00 GiB free: no size can fit")
 
 
+def test_a_headroom_that_could_not_be_applied_says_so():
+    """Where memory cannot be measured (macOS, measure_memory=False) the headroom was dropped
+    without a word: the report read as if 10 % had been kept free."""
+    result = find_batch(lambda size: None, max=8, headroom="10%", measure_memory=False, progress=False)
+    assert result.answer == 8
+    assert ("--headroom 10% was not applied: memory could not be measured here, so only "
+            "out-of-memory errors decided what fits") in result.notes
+    assert not find_batch(lambda size: None, max=8, measure_memory=False, progress=False).notes
+
+
 def test_the_progress_says_running_and_counts_in_english():
     seen = []
     run, _ = blind(100)

@@ -100,6 +100,9 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
                                 f"twice, so its time includes the trial's warm-up (allocation, "
                                 f"optimizer state, autotuning), which weighs most on small sizes; "
                                 f"--steps 3 or more times warm runs only")
+        if not search.headroom.is_zero and search.capacity is None and search.trials:
+            search.notes.append(f"--headroom {search.headroom.spec} was not applied: memory could not "
+                                f"be measured here, so only out-of-memory errors decided what fits")
         result = search.result()
     if progress is not None:
         progress.finish(result)
