@@ -813,6 +813,31 @@ class StateDictFails:
         pass
 
 
+def test_a_restore_object_that_cannot_be_put_back_ends_the_progress_saying_why():
+    """The notebook's progress table said "still running" above the one-line error."""
+    import torch
+
+    from colab_gpu.batch import RestoreError, Snapshot, search_batch
+
+    head = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    finished = []
+
+    class Progress:
+        def __call__(self, search):
+            pass
+
+        def finish(self, result):
+            finished.append(result)
+
+    def step(size):
+        head[0] = torch.nn.Linear(4, 3)
+
+    with pytest.raises(RestoreError, match="^--restore head: its state could not be put back"):
+        search_batch(step, Snapshot(objects={"head": head}), maximum=8, progress=Progress())
+    assert [result.stopped.split(" (")[0] for result in finished] == [
+        "--restore head: its state could not be put back after a trial"]
+
+
 def test_a_restore_object_whose_state_cannot_be_saved_or_put_back_is_one_line_and_the_rest_restored(shell):
     from IPython.core.error import UsageError
 

@@ -81,9 +81,11 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
                 raise KeyboardInterrupt
             trial, error = run_trial(step, size, steps, device, measure_memory, ctrl_c,
                                      min_timed=THROUGHPUT_TIMED if mode == "throughput" else 0.0)
-            snapshot.restore()
-            if trial.outcome != DEVICE_BROKEN:
-                release_memory(device)
+            try:
+                snapshot.restore()
+            finally:  # freed also when a --restore object cannot be put back
+                if trial.outcome != DEVICE_BROKEN:
+                    release_memory(device)
             search.device = device_label(device)
             if error is not None:
                 errors.append(error)
@@ -92,7 +94,13 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
         search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
                         multiple_of=multiple_of, headroom=headroom, tolerance=tolerance,
                         device=device_label(device), on_trial=progress or (lambda search: None))
-        search.run()
+        try:
+            search.run()
+        except RestoreError as error:  # it cannot go on: the progress ends saying why
+            search.stopped = str(error)
+            if progress is not None:
+                progress.finish(search.result())
+            raise
         # With --steps 1 the first run is timed too: alone, or as half of a median of two.
         warm_up_timed = steps == 1 and any(trial.fits and trial.runs <= 2 for trial in search.trials)
         if mode == "throughput" and warm_up_timed:
