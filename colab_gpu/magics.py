@@ -379,7 +379,7 @@ class GPUMagics(Magics):
     @magic_arguments("%find_batch")  # usage reads %%find_batch: it is a cell magic
     @argument("--var", default="batch_size", metavar="NAME",
               help="The variable the cell reads its batch size from (default batch_size); set to the answer.")
-    @argument("--start", type=_WHOLE_NUMBER, help="First size tried (default 2, or --multiple-of).")
+    @argument("--start", type=_WHOLE_NUMBER, help="First size tried (default 2, or --multiple-of, or --max if smaller).")
     @argument("--max", type=_WHOLE_NUMBER, dest="maximum", help="Largest size tried (default 65536).")
     @argument("--steps", type=_WHOLE_NUMBER, default=3,
               help="Runs of the cell per trial, the first not timed unless it is the only one "

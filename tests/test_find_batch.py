@@ -202,10 +202,16 @@ def test_throughput_mode_that_reaches_max_says_so():
 @pytest.mark.parametrize("options, message", [
     (dict(maximum=4, multiple_of=8), "--max 4 is below the first size, 8 (a multiple of 8)"),
     (dict(maximum=4, start=6), "--max 4 is below --start 6"),
+    (dict(maximum=6, start=4, multiple_of=8), "--max 6 is below --start 4 as a multiple of 8, 8"),
 ])
 def test_a_max_below_the_first_size_names_what_set_that_size(options, message):
     with pytest.raises(SearchError, match=f"^{re.escape(message)}$"):
         Search(lambda size: Trial(size, FITS), **options)
+
+
+def test_a_max_below_the_default_first_size_is_the_only_size_tried():
+    result = Search(lambda size: Trial(size, FITS), maximum=1).run()
+    assert [t.size for t in result.trials] == [1] and result.answer == 1
 
 
 def test_throughput_with_one_step_says_when_a_time_includes_the_warm_up():

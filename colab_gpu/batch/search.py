@@ -157,12 +157,19 @@ class Search:
             if value is not None:
                 whole_number(option, value)
         self.step = multiple_of
-        self.start = self._align(start if start is not None else max(DEFAULT_START, multiple_of))
+        first_size = max(DEFAULT_START, multiple_of)
+        if start is None and maximum is not None:  # --max 1 alone asks for 1, not for 2
+            first_size = min(first_size, maximum)
+        self.start = self._align(start if start is not None else first_size)
         self.maximum = maximum if maximum is not None else max(DEFAULT_MAX, self.start)
         if self.maximum < self.start:
-            first = f"--start {self.start}" if start is not None else f"the first size, {self.start}"
-            raise SearchError(f"--max {self.maximum} is below {first}"
-                              + (f" (a multiple of {multiple_of})" if multiple_of > 1 else ""))
+            if start is None:
+                first = f"the first size, {self.start}"
+                first += f" (a multiple of {multiple_of})" if multiple_of > 1 else ""
+            else:  # the size the user typed, and what --multiple-of made of it
+                first = f"--start {start}"
+                first += f" as a multiple of {multiple_of}, {self.start}" if self.start != start else ""
+            raise SearchError(f"--max {self.maximum} is below {first}")
         self._run, self.variable, self.mode, self.device = run, variable, mode, device
         self.headroom = headroom if isinstance(headroom, Headroom) else Headroom(headroom)
         self.tolerance, self.on_trial = tolerance, on_trial
