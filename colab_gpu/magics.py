@@ -422,7 +422,7 @@ class GPUMagics(Magics):
             raise UsageError(str(error)) from None
         namespace = self.shell.user_ns
         held = namespace.get(args.var)
-        if held is not None and (isinstance(held, bool) or not isinstance(held, numbers.Number)):
+        if held is not None and not _a_number(held):
             # The answer is written over it: a model or a tensor named by --var would be lost.
             raise UsageError(f"--var {args.var}: {args.var} holds a {type(held).__name__}, not a "
                              f"batch size, and the search would replace it with a number; name "
@@ -476,6 +476,18 @@ class GPUMagics(Magics):
             return dataclasses.replace(result, text_only=True) if self.output == "text" else result
         if not notebook:  # in a notebook the progress display has become the report
             self._show(result)
+
+
+def _a_number(value) -> bool:
+    """A value a batch-size variable may hold before the search writes its answer over it: a
+    number other than a flag, also a torch or NumPy scalar (``torch.tensor(64)``, a 0-d array),
+    which only the answer's int replaces; not a model, a tensor of many values or a string."""
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        try:
+            value = value.item()  # a 0-d tensor or array: the number it holds
+        except Exception:  # a meta tensor has no value to read
+            return False
+    return isinstance(value, numbers.Number) and not isinstance(value, bool)
 
 
 def _syntax_error(error: SyntaxError, source: str, below: int = 0) -> UsageError:

@@ -811,6 +811,20 @@ def test_a_var_naming_a_model_or_a_flag_is_refused_not_overwritten_with_the_answ
     assert shell.user_ns["model"] is model and shell.user_ns["debug"] is False and shell.user_ns["seen"] == []
 
 
+def test_a_var_holding_a_torch_or_numpy_scalar_is_a_batch_size_not_refused(shell):
+    """`batch_size = torch.tensor(64)` or a 0-d array is a number as much as 64 is; the check
+    that keeps a model from being overwritten refused it as "holds a Tensor"."""
+    shell.run_cell("import numpy, torch; seen = []")
+    for value in ("torch.tensor(64)", "numpy.array(64)", "numpy.int64(64)", "None"):
+        shell.run_cell(f"batch_size = {value}")
+        shell.run_cell_magic("find_batch", "--max 8", "seen.append(batch_size)")
+        assert shell.user_ns["batch_size"] == 8, value
+    for flag in ("torch.tensor(True)", "numpy.bool_(True)", "torch.ones(2)"):
+        shell.run_cell(f"batch_size = {flag}")
+        with pytest.raises(Exception, match="not a batch size"):
+            shell.run_cell_magic("find_batch", "--max 8", "seen.append(batch_size)")
+
+
 class StateDictFails:
     def state_dict(self):
         raise TypeError("cannot pickle '_thread.lock' object")
