@@ -426,7 +426,8 @@ class GPUMagics(Magics):
             # The answer is written over it: a model or a tensor named by --var would be lost.
             raise UsageError(f"--var {args.var}: {args.var} holds a {type(held).__name__}, not a "
                              f"batch size, and the search would replace it with a number; name "
-                             f"another variable, like --var batch_size or --var bs")
+                             f"another variable, like "
+                             + " or ".join(f"--var {name}" for name in ("batch_size", "bs") if name != args.var))
         missing = [name for name in args.restore if name not in namespace]
         if missing:
             raise UsageError(f"--restore: no variable named {', '.join(missing)} in the notebook")

@@ -811,6 +811,17 @@ def test_a_var_naming_a_model_or_a_flag_is_refused_not_overwritten_with_the_answ
     assert shell.user_ns["model"] is model and shell.user_ns["debug"] is False and shell.user_ns["seen"] == []
 
 
+def test_the_default_var_holding_a_model_is_not_told_to_use_itself(shell):
+    """`batch_size = model` refused: the line said "name another variable, like --var
+    batch_size", the very variable it refused."""
+    from IPython.core.error import UsageError
+
+    shell.run_cell("import torch; batch_size = torch.nn.Linear(4, 4)")
+    with pytest.raises(UsageError) as refused:
+        shell.run_cell_magic("find_batch", "--max 8", "batch_size")
+    assert str(refused.value).endswith("name another variable, like --var bs")
+
+
 def test_a_var_holding_a_torch_or_numpy_scalar_is_a_batch_size_not_refused(shell):
     """`batch_size = torch.tensor(64)` or a 0-d array is a number as much as 64 is; the check
     that keeps a model from being overwritten refused it as "holds a Tensor"."""
