@@ -962,6 +962,46 @@ def test_cells_line_of_a_cell_longer_than_the_history_gives_its_whole_peak_and_c
     assert line.endswith("GPU 0 (cuda:0) peak 20.00 GiB used (+2.00 GiB)")
 
 
+@pytest.mark.parametrize("reads", [1, 2, 3, 4])
+def test_a_cells_line_read_while_the_sampler_thread_tallies_a_sample_is_whole(reads):
+    """The sampler thread tallies the sample taken as a cell ends while the main thread builds
+    the cell's line (removing the listener does not wait for it): the line raised KeyError
+    when it landed between the tally's peak and last, or named no GPU between its count and
+    its peak. Here the line is built at the ``reads``-th read of the sample's memory."""
+    from colab_gpu.live.cells import CellPeaks
+
+    lines = []
+
+    class Reading:
+        index, seen = 0, 0
+
+        @property
+        def memory_used(self):
+            Reading.seen += 1
+            if Reading.seen == reads:  # the main thread runs here, as after a GIL switch
+                lines.append(peaks.after())
+            return 3 * 2 ** 30
+
+    class Sampler:
+        count, recorded, label, torch_view, listeners = 0, True, "replay of a trace", None, []
+
+        def latest(self):
+            return type("Sample", (), {"gpus": (Reading(),)})() if self.count else None
+
+        add_listener, remove_listener = listeners.append, listeners.remove
+
+    sampler = Sampler()
+    peaks = CellPeaks(lambda: sampler)
+    peaks.before()
+    (tally,) = sampler.listeners
+    sampler.count = 1
+    tally(sampler)
+    if not lines:  # the tally read the memory fewer times: the line comes after it
+        lines.append(peaks.after())
+    assert lines in ([None], [f"cell GPU memory (REPLAY of a recorded trace (a trace), not this "
+                              f"machine's GPU, 1 sample): GPU 0 peak 3.00 GiB used (+0 B)"]), lines
+
+
 def test_cells_in_a_terminal_samples_in_the_background_so_later_cells_get_their_line(live_config, capsys):
     run_live(live_config, "--live --demo --cells --interval 0.02", live_display="terminal", live_lines=3)
     out = capsys.readouterr().out

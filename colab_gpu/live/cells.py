@@ -10,7 +10,7 @@ during the cell: the whole GPU (every process), at the sampling interval, said a
 from __future__ import annotations
 
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ..render import count, size
 from ..runtime import cuda_torch
@@ -84,18 +84,21 @@ class CellPeaks:
             return ("cell GPU memory: CUDA not started by this process and the live monitor has "
                     "stopped; %gpu_status --stop shows why and ends these lines")
         self._told_stopped = False
-        if tally is None or tally.sampler is not sampler or not tally.count:
+        # Read once, whole: the sampler thread may be adding the sample taken as the cell ended.
+        taken, memory = tally.tallied if tally is not None else (0, {})
+        if tally is None or tally.sampler is not sampler or not taken:
             return None  # e.g. print("x"): a line after each such cell would only be noise
         parts, labels = [], torch_labels(sampler)
-        for index in sorted(tally.peak):
+        for index in sorted(memory):
+            first, peak, last = memory[index]
             start = tally.baseline.get(index)
-            change = tally.last[index] - (tally.first[index] if start is None else start)
+            change = last - (first if start is None else start)
             named = f"GPU {index} ({labels[index]})" if index in labels else f"GPU {index}"
-            parts.append(f"{named} peak {size(tally.peak[index])} used ({_signed(change)})")
+            parts.append(f"{named} peak {size(peak)} used ({_signed(change)})")
         if sampler.recorded:  # --demo / --from FILE: not this machine's GPU at all
-            source = f"{source_title(sampler)}, {count(tally.count, 'sample')}"
+            source = f"{source_title(sampler)}, {count(taken, 'sample')}"
         else:
-            source = f"NVML, all processes, {count(tally.count, 'sample')}; CUDA not started by this process"
+            source = f"NVML, all processes, {count(taken, 'sample')}; CUDA not started by this process"
         return f"cell GPU memory ({source}): " + "; ".join(parts)
 
 
@@ -108,17 +111,21 @@ class _CellTally:
         latest = sampler.latest()  # the cell's change is counted from the sample before it
         self.baseline = {r.index: r.memory_used for r in latest.gpus} if latest is not None else {}
         self.seen = sampler.count
-        self.count = 0
-        self.peak, self.first, self.last = {}, {}, {}
+        # (samples counted, GPU index -> (first, peak, last) memory used), replaced whole after
+        # each sample: the cell's line is read in the main thread while the sampler thread may
+        # be in add(), and removing the listener does not wait for a call in flight.
+        self.tallied: Tuple[int, Dict[int, Tuple[int, int, int]]] = (0, {})
 
     def add(self, sampler) -> None:
         """After each sample, in the sampler thread (and once more when the run ends)."""
         if sampler.count == self.seen:
             return
         self.seen = sampler.count
-        self.count += 1
+        taken, memory = self.tallied
+        memory = dict(memory)
         for reading in sampler.latest().gpus:
-            if reading.memory_used is not None:
-                self.first.setdefault(reading.index, reading.memory_used)
-                self.peak[reading.index] = max(self.peak.get(reading.index, 0), reading.memory_used)
-                self.last[reading.index] = reading.memory_used
+            used = reading.memory_used
+            if used is not None:
+                first, peak, _ = memory.get(reading.index, (used, used, used))
+                memory[reading.index] = (first, max(peak, used), used)
+        self.tallied = (taken + 1, memory)
