@@ -416,6 +416,33 @@ def test_an_optimizer_that_has_trained_and_pending_gradients_are_restored_as_the
     assert torch.equal(model.weight.grad, grad)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_restoring_an_optimizer_copies_on_the_host_only_what_it_would_keep(device):
+    """load_state_dict keeps the CPU tensors it is given (a CPU optimizer's state, Adam's step
+    counts), so those get a fresh copy per restore; the GPU's state it copies to the GPU
+    itself, and a second host copy of it per trial (gigabytes for a large model) could
+    exhaust a Colab runtime's RAM."""
+    import torch
+
+    from colab_gpu.batch.state import Snapshot
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    model = torch.nn.Linear(8, 8).to(device)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 8, device=device)).sum().backward()
+    optimizer.step()
+    snapshot = Snapshot(objects={"optimizer": optimizer})
+    saved = snapshot.objects[0].saved["state"][0]
+    given = []
+    load = optimizer.load_state_dict
+    optimizer.load_state_dict = lambda state: given.append(state["state"][0]) or load(state)
+    snapshot.restore()
+    assert given[0]["step"] is not saved["step"] and torch.equal(given[0]["step"], saved["step"])
+    assert (given[0]["exp_avg"] is saved["exp_avg"]) is (device == "cuda")
+    assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"].cpu(), saved["exp_avg"])
+
+
 def test_a_tensor_trained_by_hand_gets_its_gradient_back():
     """`w = torch.zeros(4, requires_grad=True)`, --restore w: a trial that ran out of memory
     after backward() left its gradient in w.grad, and the user's next step added to it."""

@@ -53,16 +53,33 @@ def mentioned_names(tree: ast.AST) -> Set[str]:
     return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
 
 
-def _to_cpu(value):
-    """A deep copy of a state dict with every tensor cloned to the CPU."""
+def _to_cpu(value, from_cpu: Optional[Set[int]] = None):
+    """A deep copy of a state dict with every tensor cloned to the CPU; ``from_cpu`` collects
+    the ids of the copies whose original was on the CPU already."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        copy = value.detach().to("cpu", copy=True)
+        if from_cpu is not None and value.device.type == "cpu":
+            from_cpu.add(id(copy))
+        return copy
     if isinstance(value, dict):
-        return type(value)((key, _to_cpu(item)) for key, item in value.items())
+        return type(value)((key, _to_cpu(item, from_cpu)) for key, item in value.items())
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(item) for item in value)
+        return type(value)(_to_cpu(item, from_cpu) for item in value)
     return value
+
+
+def _fresh(saved, ids: Set[int]):
+    """``saved`` in new containers, with a new copy of the tensors in ``ids``; the others are
+    shared: a load_state_dict moves them to their GPU, a copy made there."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(saved, torch.Tensor):
+        return saved.clone() if id(saved) in ids else saved
+    if isinstance(saved, dict):
+        return type(saved)((key, _fresh(item, ids)) for key, item in saved.items())
+    if isinstance(saved, (list, tuple)):
+        return type(saved)(_fresh(item, ids) for item in saved)
+    return saved
 
 
 class _ObjectState:
@@ -74,13 +91,16 @@ class _ObjectState:
         self.is_tensor = torch is not None and isinstance(obj, torch.Tensor)
         # A module copies what it loads into its own tensors; an optimizer on the CPU (and
         # Adam's step counts on any device) keeps the very tensors it is given, which the
-        # next trial would change in place: it gets a fresh copy at every restore.
+        # next trial would change in place: those from the CPU get a fresh copy at every
+        # restore. Not the GPU's: a second host copy of a large optimizer's state per trial
+        # could exhaust a Colab runtime's RAM, and loading copies them to the GPU anyway.
         self.copies_in = torch is not None and isinstance(obj, torch.nn.Module)
+        self.from_cpu: Set[int] = set()  # ids of the saved tensors whose original was on the CPU
         if self.is_tensor:
             self.saved = _to_cpu(obj)
         elif callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
             try:
-                self.saved = _to_cpu(obj.state_dict())
+                self.saved = _to_cpu(obj.state_dict(), self.from_cpu)
             except Exception as error:  # the object's own failure, before anything ran
                 raise RestoreError(f"--restore {name}: its state_dict() raised {describe(error)}; "
                                    f"nothing ran") from None
@@ -107,7 +127,7 @@ class _ObjectState:
             with sys.modules["torch"].no_grad():
                 self.obj.copy_(self.saved)
         else:
-            self.obj.load_state_dict(self.saved if self.copies_in else _to_cpu(self.saved))
+            self.obj.load_state_dict(self.saved if self.copies_in else _fresh(self.saved, self.from_cpu))
         for parameter, grad in self.grads:  # a copy: backward() adds into .grad in place
             parameter.grad = None if grad is None else grad.to(parameter.device, copy=True)
         for module, training in self.modes:
