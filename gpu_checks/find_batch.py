@@ -5,7 +5,8 @@ largest batch for a real model built in code (a ResNet-style CNN, AdamW, AMP; no
 downloads), runs 50 training steps at the found size without OOM, and shows that memory is
 back at its baseline after the search. Also: a search started 4x above the answer (real CUDA
 out-of-memory errors, recovered from), and %%find_batch --mode throughput in a real IPython
-shell (the answer set, the cell's names and the CUDA generator put back).
+shell (the answer set, the cell's names and the CUDA generator put back), and a trained
+optimizer's state restored without a second host copy of its GPU tensors.
     python gpu_checks/find_batch.py
 """
 from __future__ import annotations
@@ -115,6 +116,27 @@ def main() -> int:
     torch.cuda.synchronize()
     check(True, f"50 training steps at batch_size={result.answer}, peak "
                 f"{torch.cuda.max_memory_allocated() / 1024 ** 3:.2f} GiB of {fraction * total / 1024 ** 3:.2f} GiB")
+
+    # A trained optimizer (AdamW's moments on the GPU, its step counts on the CPU) comes back as
+    # it was, and its GPU state is given to load_state_dict without a second host copy.
+    import copy
+
+    from colab_gpu.batch.state import Snapshot
+
+    trained = copy.deepcopy(optimizer.state_dict())
+    find_batch(step, restore=[model, optimizer, scaler], multiple_of=8, max=result.answer // 2,
+               progress=False)
+    now = optimizer.state_dict()["state"]
+    check(all(torch.equal(now[index][name].cpu(), value.cpu())
+              for index, state in trained["state"].items() for name, value in state.items()),
+          "a trained optimizer's state (moments, step counts) is as before a search")
+    snapshot, given = Snapshot(objects={"optimizer": optimizer}), []
+    saved, load = snapshot.objects[0].saved["state"][0], optimizer.load_state_dict
+    optimizer.load_state_dict = lambda state: given.append(state["state"][0]) or load(state)
+    snapshot.restore()
+    del optimizer.load_state_dict
+    check(given[0]["exp_avg"] is saved["exp_avg"] and given[0]["step"] is not saved["step"],
+          "a restore gives the GPU's state as saved and the CPU's step counts as a fresh copy")
     print(f"{len(failures)} failed, {time.perf_counter() - began:.0f} s in all")
     return 1 if failures else 0
 
