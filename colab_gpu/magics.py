@@ -441,7 +441,11 @@ class GPUMagics(Magics):
                              "using the batch-size variable")
         # Registered with IPython like a cell, and one line down for the %%find_batch line:
         # a traceback of the user's error shows their line, numbered as in the cell.
-        filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", self.shell.execution_count)
+        # IPython 9 counts the cell before running it (7.34 after): its number is the running
+        # cell's ExecutionResult's, where there is one, not shell.execution_count.
+        running = getattr(getattr(self.shell.displayhook, "exec_result", None), "execution_count", None)
+        filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}",
+                                            self.shell.execution_count if running is None else running)
         try:
             code = compile("\n" + source, filename, "exec")
         except SyntaxError as error:  # what only the compiler sees: a return outside a function

@@ -727,6 +727,15 @@ def test_the_users_error_shows_their_line_not_the_magics_insides(shell, capsys):
     assert "trial  1: batch_size=     2  error          (ValueError: my bug)" in shown
 
 
+def test_the_users_error_names_the_cell_it_ran_in(shell, capsys):
+    """IPython 9 counts a cell before running it: the traceback of In [3] said "Cell In[4]"."""
+    result = shell.run_cell('%%find_batch --max 64\nx = batch_size\nraise ValueError("my bug")\n',
+                            store_history=True)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    named = set(re.findall(r"Cell In\[(\d+)\]|<ipython-input-(\d+)-", shown))
+    assert {int(a or b) for a, b in named} == {result.execution_count}, shown
+
+
 def test_ctrl_c_keeps_the_best_so_far(shell, capsys):
     result = shell.run_cell("%%find_batch --var bs\nif bs > 100: raise KeyboardInterrupt")
     assert result.error_in_exec is None
