@@ -248,11 +248,11 @@ class GPUMagics(Magics):
         """Give memory back, and say who still holds it.
 
         Drops the references IPython keeps to the last exception (they keep the failed
-        cell's tensors alive), clears output-history entries that hold tensors or modules,
-        deletes the variables NAME..., runs gc.collect() and, only if CUDA is already
-        initialized, torch.cuda.synchronize(), frees cuBLAS's workspaces, empty_cache() and
-        ipc_collect(). Then ranks your variables by the tensor memory they still hold. Never
-        initializes CUDA.
+        cell's tensors alive), clears output-history entries that hold tensors or
+        modules, deletes the variables NAME..., runs gc.collect() and, only if CUDA is
+        already initialized, torch.cuda.synchronize(), frees cuBLAS's workspaces,
+        empty_cache() and ipc_collect(). Then ranks your variables by the tensor memory
+        they still hold. Never initializes CUDA.
         """
         from .memory import ClearCacheError, clear_cache, memory_holders
 
@@ -296,10 +296,10 @@ class GPUMagics(Magics):
     def alloc_conf(self, line: str = ""):
         """Show, check or change PyTorch's CUDA caching-allocator configuration.
 
-        Validated against the installed torch before anything changes, and applied the way
-        torch's state allows: through PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF before
-        CUDA starts, through torch's run-time setter afterwards (listing the keys that
-        cannot change any more).
+        Validated against the installed torch before anything changes, and applied the
+        way torch's state allows: through PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF
+        before CUDA starts, through torch's run-time setter afterwards (listing the keys
+        that cannot change any more).
         """
         from .allocator import AllocConfError, alloc_conf, installed_torch_version, version_of
 
@@ -402,11 +402,12 @@ class GPUMagics(Magics):
     @cell_magic
     @_friendly_errors
     def find_batch(self, line: str = "", cell: str = ""):
-        """Run the cell at several batch sizes; set the variable to the largest (or fastest) that fits.
+        """Run the cell at several batch sizes; set the variable to the largest (or
+        fastest) that fits.
 
-        Names the cell assigns, the --restore objects and the random generators are put back
-        after every trial; Ctrl-C stops and keeps the best size so far. A cell error other
-        than out-of-memory stops the search and is shown.
+        Names the cell assigns, the --restore objects and the random generators are put
+        back after every trial; Ctrl-C stops and keeps the best size so far. A cell
+        error other than out-of-memory stops the search and is shown.
         """
         from .batch import RestoreError, SearchError, search_batch
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook

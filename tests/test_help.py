@@ -16,3 +16,12 @@ def test_help_of_the_package_does_not_print_the_environment_or_the_module_table(
     for name in ("alloc_conf", "detect_runtime"):
         signature = pydoc.render_doc(getattr(colab_gpu, name), renderer=pydoc.plaintext).splitlines()[2]
         assert len(signature) < 500, signature[:200]
+
+
+def test_each_magics_help_fits_an_80_column_terminal(shell):
+    """``%%find_batch?`` in a terminal broke "(or fastest) that fits" as "fastest" / ") that
+    fits": the docstrings, dedented, ran to 92 columns."""
+    for name in ("%gpu_status", "%alloc_conf", "%clear_cache", "%%find_batch"):
+        shown = shell.object_inspect_text(name)
+        wide = [line for line in shown.splitlines() if len(line) > 80]
+        assert wide == [], (name, wide)
