@@ -550,6 +550,11 @@ def test_the_page_server_listens_on_localhost_only_and_serves_only_its_paths():
 # --- %gpu_status --live in the real IPython shell -----------------------------------------------
 
 
+def unfolded(text):
+    """Printed text with the lines folded for an 80-column terminal joined again."""
+    return text.replace("\n  ", " ")
+
+
 def run_live(shell, line, **config):
     for name, value in config.items():
         shell.run_line_magic("config", f"GPUMagics.{name} = {value!r}")
@@ -673,7 +678,7 @@ def test_gpus_hidden_by_cuda_visible_devices_are_marked_as_the_card_marks_them(l
     assert panel_labels(render_panel(live.running())) == card
     capsys.readouterr()
     live_config.run_cell("import time; time.sleep(0.2)")
-    cell_line = capsys.readouterr().out.strip().splitlines()[-1]
+    cell_line = unfolded(capsys.readouterr().out).strip().splitlines()[-1]
     assert "GPU 0 (hidden from torch) peak " in cell_line and "GPU 1 (cuda:0) peak " in cell_line
 
 
@@ -886,7 +891,7 @@ def test_cells_prints_one_line_per_cell_and_stop_removes_the_hooks(live_config, 
     assert len(cell_hooks(live_config)) == 2
     capsys.readouterr()
     live_config.run_cell("import time; time.sleep(0.3)")
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    line = unfolded(capsys.readouterr().out).strip().splitlines()[-1]
     # The demo's numbers are a recording's: the line never passes them off as this cell's GPU.
     assert line.startswith("cell GPU memory (REPLAY of a recorded trace (v100s-pcie-32gb_miris.csv), "
                            "not this machine's GPU, ")
@@ -907,9 +912,30 @@ def test_cells_line_from_nvml_says_it_is_the_whole_gpu(live_config, monkeypatch,
         run_live(live_config, "--live --cells --interval 0.02", live_display="widgets")
         capsys.readouterr()
         live_config.run_cell("import time; time.sleep(0.3)")
-        line = capsys.readouterr().out.strip().splitlines()[-1]
+        line = unfolded(capsys.readouterr().out).strip().splitlines()[-1]
         assert line.startswith("cell GPU memory (NVML, all processes, ")
         assert "GPU 0 (cuda:0) peak " in line and "CUDA not started by this process" in line
+    finally:
+        live.stop()
+        source.close()
+
+
+def test_cells_lines_in_a_terminal_fit_80_columns_on_an_nvml_box(live_config, monkeypatch, capsys):
+    """A real GPU's line ("cell GPU memory (NVML, all processes, 12 samples; CUDA not started
+    by this process): GPU 0 (cuda:0) peak ...") ran past 120 columns after every cell, and the
+    terminal broke it mid-word; so did the line saying the monitor samples in the background."""
+    import colab_gpu.devices
+
+    source = NvmlSource(nvml=RecordedNvml(V100))
+    monkeypatch.setattr(colab_gpu.devices, "default_source", lambda: source)
+    try:
+        run_live(live_config, "--live --cells --interval 0.02", live_display="terminal")
+        live_config.run_cell("import time; time.sleep(0.3)")
+        out = capsys.readouterr().out
+        assert [line for line in out.splitlines() if len(line) > 80] == [], out
+        said = unfolded(out).splitlines()
+        assert said[0].startswith("colab_gpu: the live monitor samples in the background (")
+        assert said[-1].startswith("cell GPU memory (NVML, all processes, ") and "GPU 0 (cuda:0) peak " in said[-1]
     finally:
         live.stop()
         source.close()
@@ -1008,7 +1034,7 @@ def test_cells_in_a_terminal_samples_in_the_background_so_later_cells_get_their_
     assert "REPLAY" not in out and "Live monitor stopped" not in out  # the prompt came back at once
     assert "samples in the background" in out and live.running() is not None
     live_config.run_cell("import time; time.sleep(0.3)")
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("cell GPU memory (REPLAY")
+    assert unfolded(capsys.readouterr().out).strip().splitlines()[-1].startswith("cell GPU memory (REPLAY")
     live_config.run_cell("%gpu_status --stop")
     assert "Live monitor stopped" in capsys.readouterr().out and cell_hooks(live_config) == []
 
@@ -1024,7 +1050,8 @@ def test_cells_says_once_that_the_monitor_stopped_by_itself(live_config, monkeyp
         capsys.readouterr()
         for cell in ("x = 1", "y = 2", "z = 3"):
             live_config.run_cell(cell)
-        lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cell GPU memory")]
+        lines = [line for line in unfolded(capsys.readouterr().out).splitlines()
+                 if line.startswith("cell GPU memory")]
         assert lines == ["cell GPU memory: CUDA not started by this process and the live monitor has "
                          "stopped; %gpu_status --stop shows why and ends these lines"]
         live_config.run_cell("%gpu_status --stop")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from ..render import fold_items
 from . import live_url, page_server, running, stop
 from .record import RunRecord
 
@@ -36,8 +37,9 @@ class LiveSession:
         elif kind == "terminal" and self._hooks is not None:
             # A line per sample holds the prompt until Ctrl-C, which stops the monitor: no
             # later cell would ever run to get its --cells line. Sample in the background.
-            print(f"colab_gpu: the live monitor samples in the background ({sampler.label}, every "
-                  f"{sampler.interval:g} s): a line after each cell; %gpu_status --stop ends it")
+            print(fold_items(f"colab_gpu: the live monitor samples in the background ({sampler.label}, "
+                             f"every {sampler.interval:g} s): a line after each cell; %gpu_status "
+                             f"--stop ends it", 2))
         elif kind == "terminal":
             from .terminal import watch
 
@@ -69,8 +71,8 @@ class LiveSession:
 
         def post(*args) -> None:
             line = peaks.after()
-            if line:
-                print(line)
+            if line:  # folded as the reports are: a terminal breaks a longer line mid-word
+                print(fold_items(line, 2))
 
         self.shell.events.register("pre_run_cell", pre)
         self.shell.events.register("post_run_cell", post)
