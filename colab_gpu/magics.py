@@ -186,7 +186,7 @@ class GPUMagics(Magics):
                    "cells run: widgets in Jupyter, a live page in Colab, a line per sample in a "
                    "terminal. A second --live shows the running monitor again.")
     @argument("--stop", action="store_true",
-              help="Stop the live monitor and show a chart of the whole run.")
+              help="Stop the live monitor and show a summary of the whole run (and its chart in a notebook).")
     @argument("--interval", type=_number(float, "a number of seconds"), metavar="SECONDS",
               help="With --live: seconds between samples, up to 3600 (default: "
                    "GPUMagics.live_interval, 1).")
