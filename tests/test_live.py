@@ -258,9 +258,12 @@ def test_history_as_a_dataframe():
     assert len(frame) == 8 * sampler.count and sorted(set(frame["gpu"])) == list(range(8))
     assert frame["utilization"].eq(100).all() and frame["memory_used"].isna().all()
     assert pandas.api.types.is_datetime64_any_dtype(frame["time"])
-    # The moment each sample was read, unambiguous in any time zone.
+    # The moment each sample was read, unambiguous in any time zone. To the microsecond: a
+    # float of seconds since 1970 is exact to about 0.5 µs, and pandas 1.x's to_datetime rounds the
+    # nanoseconds differently from its Timestamp (2026-11-30 20:32:47.411839488 vs ...485).
     first = live.history(frame=False)[0].time
-    assert frame["time"].iloc[0] == pandas.Timestamp(first, unit="s", tz="UTC")
+    expected = pandas.Timestamp(first, unit="s", tz="UTC")
+    assert abs(frame["time"].iloc[0] - expected) < pandas.Timedelta(microseconds=1)
     assert str(frame["time"].dt.tz) == "UTC"
 
 
