@@ -441,12 +441,10 @@ class GPUMagics(Magics):
             raise UsageError("the cell has no code: put one training step under %%find_batch, "
                              "using the batch-size variable")
         # Registered with IPython like a cell, and one line down for the %%find_batch line:
-        # a traceback of the user's error shows their line, numbered as in the cell.
-        # IPython 9 counts the cell before running it (7.34 after): its number is the running
-        # cell's ExecutionResult's, where there is one, not shell.execution_count.
-        running = getattr(getattr(self.shell.displayhook, "exec_result", None), "execution_count", None)
-        filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}",
-                                            self.shell.execution_count if running is None else running)
+        # a traceback of the user's error shows their line, numbered as in the cell. The cell's
+        # number is the display hook's: IPython 9.8+ counts execution_count up before the cell runs.
+        number = getattr(self.shell.displayhook, "prompt_count", self.shell.execution_count)
+        filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", number)
         try:
             code = compile("\n" + source, filename, "exec")
         except SyntaxError as error:  # what only the compiler sees: a return outside a function

@@ -130,6 +130,10 @@ def test_ctrl_c_between_trials_and_the_users_error_end_as_reports():
     traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))
     assert error.ename == "ValueError" and 'raise ValueError("my bug")' in traceback
     assert "search_batch" not in traceback and "run_trial" not in traceback
+    # The user's line is labelled with the cell's own number ("Cell In[5], line 3"; "Input In
+    # [5]" on IPython 8.0; 7.x names a file), never the next cell's: IPython 9.8+ counts
+    # execution_count up before the cell runs.
+    assert set(re.findall(r"In ?\[(\d+)\]", traceback)) <= {str(failed.execution_count)}, traceback
 
 
 def test_dash_o_with_the_users_error_keeps_the_report_above_the_traceback():
