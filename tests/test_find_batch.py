@@ -546,6 +546,30 @@ def test_a_mig_instance_in_cuda_visible_devices_is_not_refused_as_no_cuda_device
         checked_device("cuda")
 
 
+def test_kaggles_two_t4s_with_a_cpu_only_torch_refuse_a_cuda_device(shell, clean_env, monkeypatch):
+    """Kaggle's two T4s (NVML), a CPU-only torch imported: --device cuda:1 was taken, the cell
+    ran on the CPU and the report said "largest fitting on cuda:1"."""
+    import torch  # the test environments' torch: a CPU-only build
+    from IPython.core.error import UsageError
+
+    import colab_gpu.devices
+    from colab_gpu.devices.nvml import NvmlSource
+    from nvml_recording import RecordedNvml
+    from test_harm import two_t4s
+
+    assert torch.version.cuda is None
+    clean_env.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=RecordedNvml(two_t4s())))
+    shell.user_ns.update(batch_size=2, ran=[])
+    for device in ("cuda:1", "cuda"):
+        with pytest.raises(UsageError) as refused:
+            shell.run_cell_magic("find_batch", f"--device {device} --max 8", "ran.append(batch_size)")
+        assert str(refused.value) == (f"--device {device}: torch {torch.__version__} is a CPU-only build, "
+                                      f"which cannot use this machine's GPUs; install a CUDA build, or "
+                                      f"use --device auto or cpu")
+    assert shell.user_ns["ran"] == [] and shell.user_ns["batch_size"] == 2
+
+
 def _two_t4s_with_a_context_on_cuda_1(monkeypatch, touched, initialized=lambda: True):
     """The CUDA device faked at its boundary: two T4s, a context on cuda:1 only, 3 GiB peak
     there; each call that names a device is recorded in ``touched`` as (name, index)."""

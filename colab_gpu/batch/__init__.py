@@ -54,6 +54,12 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
     torch = sys.modules.get("torch")
     if spec.startswith("cuda") and not getattr(getattr(torch, "version", None), "hip", None):
         index, available = int(spec.partition(":")[2] or 0), _cuda_devices()
+        if available and torch is not None and cuda_torch() is None \
+                and not getattr(getattr(torch, "version", None), "cuda", None):
+            # NVML counted the machine's GPUs; the torch imported here can use none of them.
+            raise SearchError(f"--device {spec}: torch {getattr(torch, '__version__', '')} is a CPU-only build, which "
+                              f"cannot use this machine's GPUs; install a CUDA build, or use "
+                              f"--device auto or cpu")
         if available is not None and index >= available:
             seen = (f"{count(available, 'CUDA device')} (cuda:0 to cuda:{available - 1})"
                     if available else "no CUDA device")
