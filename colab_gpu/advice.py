@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB, gpu_models
@@ -145,13 +146,30 @@ def cpu_torch_on_gpu_machine(status):
                 "a CUDA build (see pytorch.org for the command matching your CUDA driver).")
 
 
+def _expandable_segments_set() -> Optional[str]:
+    """The variable that sets expandable_segments:True for this process (torch's own reading
+    order; %alloc_conf keeps it saying what the process runs with), else None."""
+    from .allocator.apply import current_settings
+
+    try:
+        name, settings = current_settings(os.environ)
+    except Exception:  # unreadable: %alloc_conf says so itself
+        return None
+    return name if dict(settings).get("expandable_segments") == "True" else None
+
+
 def fragmentation(status):
     for memory in status.torch_memory:
         waste = memory.reserved_unallocated
         if memory.num_alloc_retries or (waste > 1 * GiB and waste > 0.25 * memory.reserved):
-            return (f"cuda:{memory.torch_index} is fragmented ({waste / GiB:.1f} GiB reserved "
-                    f"but unallocated, {count(memory.num_alloc_retries, 'cache flush', 'cache flushes')}): after a "
-                    f"runtime restart run %alloc_conf expandable_segments=True before CUDA starts.")
+            fragmented = (f"cuda:{memory.torch_index} is fragmented ({waste / GiB:.1f} GiB reserved "
+                          f"but unallocated, {count(memory.num_alloc_retries, 'cache flush', 'cache flushes')})")
+            already = _expandable_segments_set()
+            if already:  # a restart to set it again would change nothing
+                return (f"{fragmented}, with expandable_segments already on ({already}): "
+                        f"%clear_cache gives back the cached memory no tensor uses.")
+            return (f"{fragmented}: after a runtime restart run %alloc_conf "
+                    f"expandable_segments=True before CUDA starts.")
 
 
 def had_oom(status):

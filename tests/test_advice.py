@@ -122,6 +122,22 @@ def test_fragmentation():
     assert "fragmentation" not in fired(make_status([T4], memory=[memory()]))  # 1 GiB of 5 cached: normal
 
 
+def test_fragmentation__with_expandable_segments_already_on_is_not_told_to_restart_for_it(monkeypatch):
+    """Colab: %alloc_conf expandable_segments=True (saved, or run once CUDA ran), and still
+    fragmented: the tip said to restart the runtime and set what was already set."""
+    fragmented = [memory(allocated=2 * GiB, reserved=6 * GiB, num_alloc_retries=3)]
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:128,expandable_segments:True")
+    message = fired(make_status([T4], platform="colab", memory=fragmented))["fragmentation"]
+    assert message == ("cuda:0 is fragmented (4.0 GiB reserved but unallocated, 3 cache flushes), with "
+                       "expandable_segments already on (PYTORCH_ALLOC_CONF): %clear_cache gives back "
+                       "the cached memory no tensor uses.")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")  # torch reads this one first
+    assert "after a runtime restart run %alloc_conf expandable_segments=True" in fired(
+        make_status([T4], platform="colab", memory=fragmented))["fragmentation"]
+
+
 def test_the_torch_row_says_1_oom_and_1_cache_flush():
     from colab_gpu.render import allocator_summary
 
