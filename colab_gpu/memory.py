@@ -252,6 +252,7 @@ class Holders(_Shown):
     holders: Tuple[Holder, ...] = ()
     total_by_device: Tuple[Tuple[str, int], ...] = ()  # every storage counted once
     outside_torch: Tuple[MemoryBreakdown, ...] = ()  # per GPU: other processes, context, others
+    torch_labels: Dict[int, str] = dataclasses.field(default_factory=dict)  # NVML index -> "cuda:N"
     torch_imported: bool = True
     problem: Optional[str] = None  # why the GPUs could not be read
 
@@ -339,15 +340,16 @@ def _gpu_view(snapshot, torch):
     return gpus, index_of, memory
 
 
-def _outside_torch(snapshot, torch) -> Tuple[MemoryBreakdown, ...]:
-    """Per GPU this process can use: other processes and this process's non-torch memory
-    (context, other libraries)."""
-    gpus, _, memory = _gpu_view(snapshot, torch)
+def _outside_torch(snapshot, torch) -> Dict[str, Any]:
+    """Holders' fields for the GPUs this process can use: per GPU, other processes and this
+    process's non-torch memory (context, other libraries), and the cuda:N torch calls it."""
+    gpus, index_of, memory = _gpu_view(snapshot, torch)
+    labels = {nvml: f"cuda:{index}" for nvml, index in index_of.items()}
     by_nvml = {m.nvml_index: m for m in memory if m.nvml_index is not None}
     if memory and not by_nvml:
-        return ()  # torch's memory cannot be told apart from the rest on any GPU
+        return {}  # torch's memory cannot be told apart from the rest on any GPU
     parts = (breakdown(gpu, by_nvml.get(gpu.index), os.getpid()) for gpu in gpus)
-    return tuple(part for part in parts if part is not None)
+    return dict(outside_torch=tuple(part for part in parts if part is not None), torch_labels=labels)
 
 
 def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
@@ -368,13 +370,12 @@ def _holders(shell: Any, snapshot, max_objects: int = MAX_OBJECTS) -> Holders:
     torch = _torch()
     problem = snapshot.problem if snapshot is not None else None
     if torch is None:
-        return Holders(torch_imported=False, outside_torch=_outside_torch(snapshot, None),
-                       problem=problem)
+        return Holders(torch_imported=False, problem=problem, **_outside_torch(snapshot, None))
     namespace, hidden = _namespaces(shell)
     skip = {id(namespace), id(hidden), id(shell)}
     holders, total = rank_holders(_user_variables(shell), torch, skip, max_objects)
-    return Holders(holders=holders, total_by_device=total,
-                   outside_torch=_outside_torch(snapshot, torch), problem=problem)
+    return Holders(holders=holders, total_by_device=total, problem=problem,
+                   **_outside_torch(snapshot, torch))
 
 
 # ----------------------------------------------------------------------------- measuring

@@ -97,6 +97,14 @@ def test_clear_cache_does_not_count_another_users_job_on_a_hidden_gpu_as_this_pr
     assert "14.45 GiB" not in str(holders)
 
 
+def test_outside_torch_names_each_gpu_as_torch_does_too(clean_env, shell):
+    """Kaggle's two T4s under CUDA_VISIBLE_DEVICES=1: %clear_cache's lines call the card cuda:0
+    and "Outside torch" called it only GPU 1, which a student reads as a cuda:1 that is not there."""
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "1")
+    text = str(colab_gpu.memory_holders(shell=shell, source=box("tesla-t4.xml", "tesla-t4.xml")))
+    assert "\n  GPU 1 (cuda:0)   other processes " in text and "GPU 0" not in text
+
+
 def test_the_card_marks_which_gpu_this_kernel_runs_on(clean_env):
     """A shared 2-GPU box: another user's job on GPU 0, this kernel's on GPU 1."""
     def jobs(gpu):

@@ -68,9 +68,15 @@ def _holder_line(holder) -> str:
             f" - {holder.type_name}")
 
 
-def _outside_line(part) -> Tuple[str, str]:
+def _outside_rows(holders) -> List[Tuple[str, str]]:
+    return [_outside_line(part, holders.torch_labels.get(part.nvml_index)) for part in holders.outside_torch]
+
+
+def _outside_line(part, torch_label: Optional[str]) -> Tuple[str, str]:
+    """NVML's GPU N, with the cuda:N torch and the lines above call it (Kaggle's GPU 1 under
+    CUDA_VISIBLE_DEVICES=1 is cuda:0)."""
     others = size(part.other_processes) if part.other_processes is not None else "unknown"
-    return (f"GPU {part.nvml_index}",
+    return (f"GPU {part.nvml_index}" + (f" ({torch_label})" if torch_label else ""),
             f"other processes {others}; this process {size(part.context_and_non_torch)} (CUDA "
             f"context and other libraries); torch cache {size(part.torch_cache)}")
 
@@ -119,7 +125,7 @@ def holders_text(holders) -> str:
     lines += [f"  {note}"] if note else _text_rows(_holder_rows(holders))
     if holders.outside_torch:
         lines.append("Outside torch:")
-        lines += _text_rows(map(_outside_line, holders.outside_torch))
+        lines += _text_rows(_outside_rows(holders))
     if _gpu_note(holders):
         lines.append(fold(_gpu_note(holders), len("GPUs not read: ")))
     return "\n".join(lines)
@@ -154,7 +160,7 @@ def _holders_body(holders) -> str:
     parts = ["<h4>Who holds memory</h4>",
              f"<p>{escape(note)}</p>" if note else _html_rows(_holder_rows(holders))]
     if holders.outside_torch:
-        parts += ["<h4>Outside torch</h4>", _html_rows(map(_outside_line, holders.outside_torch))]
+        parts += ["<h4>Outside torch</h4>", _html_rows(_outside_rows(holders))]
     if _gpu_note(holders):
         parts.append(f"<p class='cgpu-muted'>{escape(_gpu_note(holders))}</p>")
     return "".join(parts)
