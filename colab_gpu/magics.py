@@ -347,6 +347,8 @@ class GPUMagics(Magics):
                                           history=self.live_history)
         except ValueError as error:  # the source cannot be read: no driver, a bad recording
             hint = "" if args.demo or args.path else "; %gpu_status --live --demo replays a recorded trace"
+            if hint and _colab_without_gpu(self.shell):  # the card's own advice, in short
+                hint = "; for a GPU: Runtime > Change runtime type > T4 GPU" + hint
             raise UsageError(f"cannot start the live monitor: {error}{hint}") from None
         session = self._live_session()
         if not started:
@@ -492,6 +494,14 @@ def _a_number(value) -> bool:
         except Exception:  # a meta tensor has no value to read
             return False
     return isinstance(value, numbers.Number) and not isinstance(value, bool)
+
+
+def _colab_without_gpu(shell) -> bool:
+    """A Colab runtime with no NVIDIA driver: a CPU or TPU runtime, where a GPU is a menu away."""
+    from .devices.nvml import nvidia_driver_present
+    from .runtime import COLAB, detect_platform
+
+    return detect_platform(shell) == COLAB and not nvidia_driver_present()
 
 
 def _syntax_error(error: SyntaxError, source: str, below: int = 0) -> UsageError:

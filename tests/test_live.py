@@ -1157,6 +1157,23 @@ def test_bad_live_options_are_one_line_usage_errors(shell, line, message):
     assert live.running() is None and live_threads() == []
 
 
+def test_live_on_a_colab_runtime_without_a_gpu_says_how_to_get_one(shell, clean_env):
+    """A Colab CPU runtime (no driver, no pynvml): the card advises Runtime > Change runtime
+    type, --live only said that no driver is installed."""
+    import colab_gpu.devices
+    from colab_gpu.devices import nvml
+
+    clean_env.setenv("COLAB_RELEASE_TAG", "release-colab-20261120-060000-RC00")
+    clean_env.setattr(nvml, "nvidia_driver_present", lambda: False)
+    clean_env.setitem(sys.modules, "pynvml", None)
+    clean_env.setattr(colab_gpu.devices, "default_source", lambda: NvmlSource())
+    with pytest.raises(UsageError) as error:
+        shell.run_line_magic("gpu_status", "--live")
+    assert str(error.value).startswith("cannot start the live monitor: NVML: no NVIDIA driver is installed")
+    assert str(error.value).endswith("; for a GPU: Runtime > Change runtime type > T4 GPU; "
+                                     "%gpu_status --live --demo replays a recorded trace")
+
+
 INTERVAL_RULE = "must be a positive number of seconds up to 3600 (an hour), e.g. 1 or 0.5; not "
 
 
