@@ -43,13 +43,16 @@ def _no_gpu(status: "Status") -> bool:
             and status.snapshot.problem not in DRIVER_PRESENT_PROBLEMS)
 
 
+COLAB_GPU_MENU = "Runtime > Change runtime type > T4 GPU"  # where a Colab user gets a GPU
+
+
 def colab_no_gpu(status):
     if status.runtime.platform != COLAB:
         return None
     if status.runtime.accelerator_hint != "gpu":
         if not _no_gpu(status):
             return None
-        return ("This Colab runtime has no GPU: Runtime > Change runtime type > T4 GPU, then "
+        return (f"This Colab runtime has no GPU: {COLAB_GPU_MENU}, then "
                 "run your cells again (the runtime restarts and variables are lost). If Colab "
                 "answers that it cannot connect to a GPU backend, your GPU usage limit is "
                 "reached: wait until it resets, or buy compute units.")

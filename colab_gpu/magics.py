@@ -348,7 +348,9 @@ class GPUMagics(Magics):
         except ValueError as error:  # the source cannot be read: no driver, a bad recording
             hint = "" if args.demo or args.path else "; %gpu_status --live --demo replays a recorded trace"
             if hint and _colab_without_gpu(self.shell):  # the card's own advice, in short
-                hint = "; for a GPU: Runtime > Change runtime type > T4 GPU" + hint
+                from .advice import COLAB_GPU_MENU
+
+                hint = f"; for a GPU: {COLAB_GPU_MENU}" + hint
             raise UsageError(f"cannot start the live monitor: {error}{hint}") from None
         session = self._live_session()
         if not started:
