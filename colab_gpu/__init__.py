@@ -28,6 +28,7 @@ _LAZY = {
     "history": "colab_gpu.live",
     "live_url": "colab_gpu.live",
     "find_batch": "colab_gpu.batch",
+    "BatchResult": "colab_gpu.batch",
     "is_out_of_memory": "colab_gpu.batch",
 }
 

@@ -25,3 +25,23 @@ def test_each_magics_help_fits_an_80_column_terminal(shell):
         shown = shell.object_inspect_text(name)
         wide = [line for line in shown.splitlines() if len(line) > 80]
         assert wide == [], (name, wide)
+
+
+def test_every_name_the_readme_says_python_returns_or_raises_is_a_name_of_the_package():
+    """README: "`colab_gpu.find_batch(fn, ...)` ... returns a `BatchResult`", as status()
+    returns a `Status`; `from colab_gpu import BatchResult` (to annotate or isinstance-check
+    a script's result) raised ImportError while the other result types imported."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    text = " ".join(readme.split())
+    named = set(re.findall(r"(?:returns (?:the same data as )?an?|raises) `([A-Z]\w+)`", text))
+    named |= set(re.findall(r"the ranking alone \(`([A-Z]\w+)`\)", text))
+    assert {"Status", "AllocConfResult", "AllocConfError", "ClearReport", "Holders", "BatchResult"} <= named
+    for name in sorted(named):
+        assert name in colab_gpu.__all__, name
+        assert getattr(colab_gpu, name).__name__ == name
+    from colab_gpu import BatchResult
+
+    assert isinstance(colab_gpu.find_batch(lambda size: None, max=4, progress=False), BatchResult)
