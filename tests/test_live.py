@@ -5,6 +5,8 @@ recording-fed stand-in of the pynvml module (tests/live_nvml.py).
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import re
@@ -339,6 +341,7 @@ def test_the_summary_of_an_overflowed_buffer_gives_the_whole_runs_peaks_and_mean
     assert summary.utilization_peak == max(gpu.utilization_gpu for gpu in taken)
     assert summary.utilization_mean == pytest.approx(sum(gpu.utilization_gpu for gpu in taken) / len(taken))
     assert f"memory peak {size(frames[17].gpus[0].memory_used)} of 32.00 GiB" in str(record)
+    assert copy.deepcopy(record) == record and dataclasses.asdict(record)["totals"][0]["busy_count"] == record.count
 
 
 def test_the_final_chart_of_a_long_run_counts_minutes_or_hours_not_thousands_of_seconds():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import collections
 import copy
+import dataclasses
 import threading
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -58,22 +59,24 @@ def reading_of(gpu) -> GPUReading:
                       gpu.power_draw, gpu.temperature)
 
 
+PEAKS = ("utilization", "memory_used", "memory_total", "power", "temperature")  # RunTotals' peaks
+
+
+@dataclasses.dataclass
 class RunTotals:
     """One GPU's readings over every sample of the run, also those the buffer has dropped:
     what the summary's means and peaks are taken from (a two-hour run's early peak is gone
-    from an hour-long buffer)."""
+    from an hour-long buffer). A dataclass, so a RunRecord compares and converts whole."""
 
-    PEAKS = ("utilization", "memory_used", "memory_total", "power", "temperature")
-
-    def __init__(self):
-        self.busy_sum, self.busy_count = 0.0, 0
-        self.peaks: Dict[str, Optional[float]] = dict.fromkeys(self.PEAKS)
+    busy_sum: float = 0.0
+    busy_count: int = 0
+    peaks: Dict[str, Optional[float]] = dataclasses.field(default_factory=lambda: dict.fromkeys(PEAKS))
 
     def add(self, reading: GPUReading) -> None:
         if reading.utilization is not None:
             self.busy_sum += reading.utilization
             self.busy_count += 1
-        for name in self.PEAKS:
+        for name in PEAKS:
             value, peak = getattr(reading, name), self.peaks[name]
             if value is not None and (peak is None or value > peak):
                 self.peaks[name] = value
