@@ -348,6 +348,37 @@ def test_the_run_without_matplotlib_shows_its_summary_and_says_what_the_chart_ne
     assert "pip install matplotlib" in html and record.headline() in html and "<img" not in html
 
 
+BROKEN_MATPLOTLIB_CHARTS = r'''
+import html, json, sys
+from colab_gpu import find_batch, live
+
+live.start(demo=True, interval=0.01)
+try:
+    live.running().wait(2, timeout=5)
+finally:
+    record = live.stop()
+shown = {"stop": html.unescape(record._repr_html_()).replace("\xa0", " "), "headline": record.headline(),
+         "find_batch": find_batch(lambda size: [0] * size, max=4, progress=False)._repr_html_()}
+print("REPORT" + json.dumps(shown))
+'''
+
+
+def test_a_matplotlib_that_fails_to_import_leaves_the_summaries_and_says_why():
+    """matplotlib installed but raising at import (here a mistyped MPLBACKEND, as a NumPy it was
+    not built for does with pandas' ValueError): before, the notebook's HTML formatter showed a
+    ValueError traceback under %gpu_status --stop and under %%find_batch's report."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="agg-typo")
+    done = subprocess.run([sys.executable, "-c", BROKEN_MATPLOTLIB_CHARTS], capture_output=True,
+                          text=True, env=env, cwd=str(ROOT), timeout=120)
+    line = next((line for line in done.stdout.splitlines() if line.startswith("REPORT")), None)
+    assert line is not None, done.stdout[-3000:] + done.stderr[-3000:]
+    shown = json.loads(line[len("REPORT"):])
+    assert shown["headline"] in shown["stop"] and "<img" not in shown["stop"]
+    assert "The chart could not be drawn: matplotlib failed to import (ValueError: Key backend: 'agg-typo'" \
+        in shown["stop"]
+    assert "batch_size = 4" in shown["find_batch"] and "<img" not in shown["find_batch"]
+
+
 CUDA_STARTERS = ("mem_get_info", "device_count", "get_device_properties", "get_device_name",
                  "memory_stats", "memory_reserved", "memory_allocated", "max_memory_allocated",
                  "reset_peak_memory_stats", "empty_cache", "ipc_collect", "synchronize",

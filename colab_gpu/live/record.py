@@ -127,8 +127,10 @@ class RunRecord:
         if self.samples:
             try:
                 encoded = base64.b64encode(self.chart_png()).decode("ascii")
-            except ImportError:  # matplotlib missing or broken: the summary still shows
-                image = "<p class='cgpu-muted'>The chart needs matplotlib: pip install matplotlib</p>"
+            except ImportError as error:  # matplotlib missing or broken: the summary still shows
+                why = ("needs matplotlib: pip install matplotlib" if isinstance(error, ModuleNotFoundError)
+                       else f"could not be drawn: {error}")
+                image = f"<p class='cgpu-muted'>The chart {escape(why)}</p>"
             else:
                 image = (f"<img alt='{escape(self.label)}: the whole run' "
                          f"src='data:image/png;base64,{encoded}'>")

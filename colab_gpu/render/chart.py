@@ -19,8 +19,15 @@ NEUTRAL = {"figure.facecolor": "none", "axes.facecolor": "none", "savefig.transp
 
 @contextlib.contextmanager
 def neutral_style():
-    """Draw a figure inside this: its artists take their colours when they are created."""
-    import matplotlib
+    """Draw a figure inside this: its artists take their colours when they are created.
+    A matplotlib that is installed but fails to import raises ImportError too, saying why."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise
+    except Exception as error:  # a mistyped MPLBACKEND (ValueError), a NumPy it was not built for
+        raise ImportError(f"matplotlib failed to import ({type(error).__name__}: {error})",
+                          name="matplotlib") from None
 
     with matplotlib.rc_context(NEUTRAL):
         yield
