@@ -546,6 +546,32 @@ def test_a_mig_instance_in_cuda_visible_devices_is_not_refused_as_no_cuda_device
         checked_device("cuda")
 
 
+def test_a_gpu_machine_without_pynvml_is_not_told_it_has_no_cuda_device(shell, clean_env, monkeypatch):
+    """An NVIDIA driver here, the pynvml module not installed: NVML cannot count the GPUs, and
+    --device cuda was refused with "this machine has no CUDA device", which %gpu_status's own
+    card (a driver, pynvml missing) contradicts."""
+    from IPython.core.error import UsageError
+
+    import colab_gpu.devices
+    import colab_gpu.devices.nvml as nvml_module
+    from colab_gpu.devices.nvml import NO_PYNVML, NvmlSource
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: not installed
+    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: True)  # /proc/driver/nvidia is there
+    nvml_module.nvidia_driver_present.cache_clear()
+    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    try:
+        assert colab_gpu.devices.default_source().snapshot().problem == NO_PYNVML
+        shell.user_ns.update(batch_size=2, ran=[])
+        try:
+            shell.run_cell_magic("find_batch", "--device cuda --max 4", "ran.append(batch_size)")
+        except UsageError as refused:
+            pytest.fail(f"refused: {refused}")
+        assert shell.user_ns["ran"] and shell.user_ns["batch_size"] == 4
+    finally:
+        nvml_module.nvidia_driver_present.cache_clear()
+
+
 def test_kaggles_two_t4s_with_a_cpu_only_torch_refuse_a_cuda_device(shell, clean_env, monkeypatch):
     """Kaggle's two T4s (NVML), a CPU-only torch imported: --device cuda:1 was taken, the cell
     ran on the CPU and the report said "largest fitting on cuda:1"."""

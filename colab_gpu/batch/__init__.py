@@ -30,18 +30,22 @@ THROUGHPUT_TIMED = 0.1
 def _cuda_devices() -> Optional[int]:
     """CUDA devices torch can use, counted through NVML so that the check never starts CUDA
     (torch.cuda.device_count() would, before ``%alloc_conf`` has had its say). None when
-    NVML cannot tell: MIG instances in CUDA_VISIBLE_DEVICES are not among NVML's GPUs."""
+    NVML cannot tell: MIG instances in CUDA_VISIBLE_DEVICES are not among NVML's GPUs, and a
+    driver is here but NVML cannot be read (pynvml not installed, no permission)."""
     torch = cuda_torch()
     if torch is not None:
         return torch.cuda.device_count()
     from ..devices import default_source
+    from ..devices.nvml import DRIVER_PRESENT_PROBLEMS
     from ..runtime import names_mig_instances, torch_indices
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if names_mig_instances(visible):
         return None
-    gpus = default_source().snapshot().gpus
-    return len(torch_indices(visible, gpus))
+    snapshot = default_source().snapshot()
+    if snapshot.problem in DRIVER_PRESENT_PROBLEMS:
+        return None
+    return len(torch_indices(visible, snapshot.gpus))
 
 
 def checked_device(device: Union[str, int, Any, None]) -> str:
