@@ -853,6 +853,20 @@ def test_colab_shows_the_live_page_through_the_kernel_port(live_config, monkeypa
     wait_until(lambda: refused(served[0]), timeout=live.FINAL_STATE_SECONDS + 5)  # a few seconds later
 
 
+def test_colab_variables_without_google_colab_show_the_page_in_an_iframe(live_config, monkeypatch, capsys):
+    """An IPython from another environment on a Colab machine: COLAB_RELEASE_TAG is set, but
+    google.colab cannot be imported; --live said "pip install google", an unrelated package."""
+    monkeypatch.setitem(sys.modules, "google", None)
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-20260801")
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objects, **kwargs: shown.extend(objects))
+    run_live(live_config, "--live --demo --interval 0.02")
+    (frame,) = shown
+    assert type(frame).__name__ == "IFrame" and "pip install" not in capsys.readouterr().err
+    assert json.loads(fetch(frame.src.rstrip("/") + "/data.json")[2])["label"].startswith("replay of")
+    run_live(live_config, "--stop")
+
+
 def live_port(url: str) -> int:
     return int(url.rstrip("/").rsplit(":", 1)[1])
 

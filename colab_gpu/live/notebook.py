@@ -24,12 +24,11 @@ class LiveSession:
         platform = detect_platform(self.shell)
         if kind == "auto":
             kind = {COLAB: "page", TERMINAL: "terminal", PLAIN_PYTHON: "terminal"}.get(platform, "widgets")
-        if kind == "page" and platform == COLAB:
+        colab_output = _colab_output() if kind == "page" and platform == COLAB else None
+        if colab_output is not None:
             # Colab renders no widget updates sent from a thread (colabtools#3373); a page
             # served from the kernel's machine keeps moving, as TensorBoard's does.
-            from google.colab import output
-
-            output.serve_kernel_port_as_iframe(page_server().port, height="440")
+            colab_output.serve_kernel_port_as_iframe(page_server().port, height="440")
         elif kind == "page":
             from IPython.display import IFrame, display
 
@@ -87,3 +86,14 @@ class LiveSession:
             self.shell.events.unregister("post_run_cell", post)
             self._hooks = None
         return stop(reason)
+
+
+def _colab_output():
+    """google.colab's output module, or None where Colab's variables are set without it (an
+    IPython from another environment on a Colab machine): the page is then a plain IFrame,
+    not an ImportError that would advise "pip install google", an unrelated package."""
+    try:
+        from google.colab import output
+    except ImportError:
+        return None
+    return output
