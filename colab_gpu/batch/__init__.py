@@ -61,9 +61,9 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
         if available and torch is not None and cuda_torch() is None \
                 and not getattr(getattr(torch, "version", None), "cuda", None):
             # NVML counted the machine's GPUs; the torch imported here can use none of them.
-            raise SearchError(f"--device {spec}: torch {getattr(torch, '__version__', '')} is a CPU-only build, which "
-                              f"cannot use this machine's GPUs; install a CUDA build, or use "
-                              f"--device auto or cpu")
+            raise SearchError(f"--device {spec}: torch {getattr(torch, '__version__', '')} is a CPU-only "
+                              f"build, which cannot use this machine's GPUs; install a CUDA build, or "
+                              f"use --device auto or cpu")
         if available is not None and index >= available:
             seen = (f"{count(available, 'CUDA device')} (cuda:0 to cuda:{available - 1})"
                     if available else "no CUDA device")
