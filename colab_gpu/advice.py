@@ -166,7 +166,7 @@ def fragmentation(status):
         waste = memory.reserved_unallocated
         if memory.num_alloc_retries or (waste > 1 * GiB and waste > 0.25 * memory.reserved):
             fragmented = (f"cuda:{memory.torch_index} is fragmented ({waste / GiB:.1f} GiB reserved "
-                          f"but unallocated, {count(memory.num_alloc_retries, 'cache flush', 'cache flushes')})")
+                          f"but unallocated, {count(memory.num_alloc_retries, 'cache flush')})")
             already = _expandable_segments_set()
             if already:  # a restart to set it again would change nothing
                 return (f"{fragmented}, with expandable_segments already on ({already}): "

@@ -73,9 +73,11 @@ def duration(seconds: Optional[float]) -> str:
     return _digits(seconds, "s")
 
 
-def count(amount: int, noun: str, plural: Optional[str] = None) -> str:
+def count(amount: int, noun: str) -> str:
     """"1 trial", "2 trials", "1 cache flush", "2 cache flushes": the plural an English reader expects."""
-    return f"{amount} {noun if amount == 1 else plural or noun + 's'}"
+    if amount == 1:
+        return f"{amount} {noun}"
+    return f"{amount} {noun}{'es' if noun.endswith(('s', 'x', 'z', 'ch', 'sh')) else 's'}"
 
 
 def number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
@@ -219,7 +221,7 @@ def allocator_summary(memory) -> str:
     return (f"allocated {size(memory.allocated)} (peak {size(memory.peak_allocated)}), reserved "
             f"{size(memory.reserved)} (peak {size(memory.peak_reserved)}), reserved but unallocated "
             f"{size(memory.reserved_unallocated)}; {count(memory.num_ooms, 'OOM')}, "
-            f"{count(memory.num_alloc_retries, 'cache flush', 'cache flushes')}")
+            f"{count(memory.num_alloc_retries, 'cache flush')}")
 
 
 def breakdown_summary(part) -> str:
