@@ -109,8 +109,8 @@ def _gpu(status, gpu) -> str:
         ("uuid", escape(gpu.uuid or NA)),  # what CUDA_VISIBLE_DEVICES=GPU-... takes
         ("processes", processes),
     ]
-    left_out = unrecorded_rows(status.snapshot, gpu)  # the uuid is read with the PCIe facts
-    rows = [(label, value) for label, value in rows if ("PCIe" if label == "uuid" else label) not in left_out]
+    left_out = unrecorded_rows(status.snapshot, gpu)
+    rows = [(label, value) for label, value in rows if label not in left_out]
     rows += [(f"MIG {mig.index}", fraction_bar(mig.memory_used_fraction) + escape(mig_instance_summary(status, gpu, mig)))
              for mig in gpu.mig_instances or ()]
     memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)

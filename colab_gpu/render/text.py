@@ -42,7 +42,7 @@ def _gpu_lines(status, gpu) -> List[str]:
                                   f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by: "
                                   f"{words(gpu.clock_event_reasons)}")),
         ("PCIe", f"  PCIe        {pcie_link(gpu)}   bus {gpu.bus_id or NA}"),
-        ("PCIe", f"  uuid        {gpu.uuid or NA}"),
+        ("uuid", f"  uuid        {gpu.uuid or NA}"),
         ("processes", f"  processes   {NA if gpu.processes is None else 'none visible'}"
          if not gpu.processes else None),
     ]
