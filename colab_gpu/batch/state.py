@@ -53,33 +53,35 @@ def mentioned_names(tree: ast.AST) -> Set[str]:
     return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
 
 
+def _map_tensors(value, change):
+    """``value`` (a state dict: dicts, lists and tuples of tensors) in new containers, each
+    tensor replaced by ``change(tensor)``."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return change(value)
+    if isinstance(value, dict):
+        return type(value)((key, _map_tensors(item, change)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(item, change) for item in value)
+    return value
+
+
 def _to_cpu(value, from_cpu: Optional[Set[int]] = None):
     """A deep copy of a state dict with every tensor cloned to the CPU; ``from_cpu`` collects
     the ids of the copies whose original was on the CPU already."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(value, torch.Tensor):
-        copy = value.detach().to("cpu", copy=True)
-        if from_cpu is not None and value.device.type == "cpu":
+    def cloned(tensor):
+        copy = tensor.detach().to("cpu", copy=True)
+        if from_cpu is not None and tensor.device.type == "cpu":
             from_cpu.add(id(copy))
         return copy
-    if isinstance(value, dict):
-        return type(value)((key, _to_cpu(item, from_cpu)) for key, item in value.items())
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(item, from_cpu) for item in value)
-    return value
+
+    return _map_tensors(value, cloned)
 
 
 def _fresh(saved, ids: Set[int]):
     """``saved`` in new containers, with a new copy of the tensors in ``ids``; the others are
     shared: a load_state_dict moves them to their GPU, a copy made there."""
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(saved, torch.Tensor):
-        return saved.clone() if id(saved) in ids else saved
-    if isinstance(saved, dict):
-        return type(saved)((key, _fresh(item, ids)) for key, item in saved.items())
-    if isinstance(saved, (list, tuple)):
-        return type(saved)(_fresh(item, ids) for item in saved)
-    return saved
+    return _map_tensors(saved, lambda tensor: tensor.clone() if id(tensor) in ids else tensor)
 
 
 class _ObjectState:
