@@ -259,6 +259,24 @@ def test_every_field_query_gpu_csv_of_real_captures(capture, tmp_path):
     assert quiet.pcie_width_max == 16
 
 
+@pytest.mark.parametrize("title, expected", [
+    ("load :: query-compute-apps", "it is a per-process log (`nvidia-smi --query-compute-apps` or "
+                                   "`--query-accounted-apps`): its rows are processes, not GPUs"),
+    ("load :: query-accounted-apps", "it is a per-process log"),  # header only: not 'no rows'
+    ("load :: query-retired-pages", "it is a `nvidia-smi --query-retired-pages` log: its rows are "
+                                    "retired memory pages, not GPUs"),
+])
+def test_a_query_of_processes_or_pages_is_not_read_as_gpus(title, expected, tmp_path):
+    """nvidia-smi's other --query-* lists name the GPU on every row (gpu_name, gpu_bus_id,
+    gpu_uuid): the H100's three processes showed as three H100s on one bus."""
+    path = tmp_path / "apps.csv"
+    path.write_text(section(next(CAPTURES.glob("*h100*")), title))
+    snapshot = ReplaySource(path).snapshot()
+    assert not snapshot.gpus
+    assert snapshot.problem.startswith(f"cannot replay {path}: {expected}")
+    assert "save `nvidia-smi -q -x` instead" in snapshot.problem
+
+
 def test_h100_capture_values(tmp_path):
     path = tmp_path / "h100.csv"
     path.write_text(section(next(CAPTURES.glob("*h100*")), "idle :: query-gpu (csv"))

@@ -300,6 +300,15 @@ _FIELD_UNITS = {
     "pcie_width": frozenset(), "pcie_width_max": frozenset(),
 }
 
+# Columns of nvidia-smi's other --query-* lists, which name a GPU on every row (gpu_name,
+# gpu_uuid ...) but whose rows are not GPUs: one row per process, or per retired memory page.
+_NOT_GPU_ROWS = {
+    "pid": "a per-process log (`nvidia-smi --query-compute-apps` or `--query-accounted-apps`): "
+           "its rows are processes, not GPUs",
+    "retired_pages.address": "a `nvidia-smi --query-retired-pages` log: its rows are retired memory "
+                             "pages, not GPUs",
+}
+
 # Files written with --format=csv,noheader: a layout is recognised by the units of its values.
 _HEADERLESS_LAYOUTS = {
     ("time", "%", "%", "MiB", "MiB", "", "W"): (
@@ -425,6 +434,10 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
     if _is_header(lines[0]):
         titles, lines = lines[0], lines[1:]
         header = [_column_name(cell) for cell in titles]
+        other = next((_NOT_GPU_ROWS[name] for name in header if name in _NOT_GPU_ROWS), None)
+        if other:
+            raise RecordingError(f"is {other}; save `nvidia-smi -q -x` instead (the GPUs and "
+                                 f"their processes)")
         if not lines:
             raise RecordingError("has a CSV header but no rows")
         _check_units(titles, header, lines[0])
