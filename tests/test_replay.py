@@ -363,6 +363,40 @@ def test_a_log_cut_off_mid_line_replays_up_to_its_last_whole_line_and_says_so(tm
     assert "has 3 values on line 55" in ReplaySource(whole_but_short).snapshot().problem
 
 
+def test_gpus_of_a_log_without_index_are_told_apart_by_bus_id_or_uuid(tmp_path):
+    """`nvidia-smi --query-gpu=name,pci.bus_id,memory.used --format=csv` on Kaggle's two T4s,
+    twice: each row was read as a time step of one GPU, and the card showed the second T4
+    alone, as GPU 0."""
+    path = tmp_path / "two-t4.csv"
+    path.write_text("name, pci.bus_id, memory.used [MiB], memory.total [MiB]\n"
+                    "Tesla T4, 00000000:00:04.0, 3 MiB, 15360 MiB\n"
+                    "Tesla T4, 00000000:00:05.0, 14000 MiB, 15360 MiB\n"
+                    "Tesla T4, 00000000:00:04.0, 5 MiB, 15360 MiB\n"
+                    "Tesla T4, 00000000:00:05.0, 14100 MiB, 15360 MiB\n")
+    frames = load_frames(path)
+    assert [[(gpu.index, gpu.bus_id[-4:], gpu.memory_used // MiB) for gpu in frame.gpus] for frame in frames] == [
+        [(0, "04.0", 3), (1, "05.0", 14000)], [(0, "04.0", 5), (1, "05.0", 14100)]]
+    by_uuid = tmp_path / "by-uuid.csv"
+    by_uuid.write_text("uuid, memory.used [MiB]\nGPU-aaaa, 1 MiB\nGPU-bbbb, 2 MiB\n")
+    assert [gpu.memory_used // MiB for gpu in ReplaySource(by_uuid).snapshot().gpus] == [1, 2]
+    text = str(colab_gpu.status(path))
+    assert "GPU 0  Tesla T4" in text and "GPU 1  Tesla T4" in text and "(no timestamp" not in text
+
+
+def test_a_log_with_nothing_to_tell_rows_apart_says_how_it_was_read(tmp_path):
+    """Without a timestamp, index, UUID or bus id, two rows may be two GPUs or two moments of
+    one: the card shows one GPU, and now says why."""
+    path = tmp_path / "two-rows.csv"
+    path.write_text("name, memory.used [MiB]\nTesla T4, 3 MiB\nTesla T4, 14000 MiB\n")
+    snapshot = ReplaySource(path).snapshot()
+    assert [gpu.memory_used // MiB for gpu in snapshot.gpus] == [14000]
+    assert snapshot.source == ("replay of two-rows.csv (no timestamp, GPU index, uuid or bus id: "
+                               "each row is read as the next time step of one GPU)")
+    one_row = tmp_path / "one-row.csv"
+    one_row.write_text("name, memory.used [MiB]\nTesla T4, 3 MiB\n")
+    assert ReplaySource(one_row).snapshot().source == "replay of one-row.csv"
+
+
 def test_a_log_of_one_column_replays(tmp_path):
     """`--query-gpu=memory.used`: one column, no comma, and still a log (unlike a text file)."""
     path = tmp_path / "memory.csv"

@@ -405,14 +405,15 @@ def _check_index(index: str, steps: Sequence[List[Dict[str, str]]]) -> None:
                 f"one named {index} holds {held}, ...; fix the header line")
 
 
-def _time_steps(rows: List[Dict[str, str]], index: Optional[str]) -> Iterable[List[Dict[str, str]]]:
-    """Rows of one moment: one timestamp, or (without timestamps) until a GPU repeats."""
+def _time_steps(rows: List[Dict[str, str]], gpu: Optional[str]) -> Iterable[List[Dict[str, str]]]:
+    """Rows of one moment: one timestamp, or (without timestamps) until a GPU repeats, told
+    apart by the column ``gpu`` (its index, UUID or bus id); with none, one row per moment."""
     step: List[Dict[str, str]] = []
     for row in rows:
         if "timestamp" in row:
             starts_new = bool(step) and row["timestamp"] != step[0]["timestamp"]
         else:
-            starts_new = index is None or any(earlier[index] == row[index] for earlier in step)
+            starts_new = gpu is None or any(earlier[gpu] == row[gpu] for earlier in step)
         if step and starts_new:
             yield step
             step = []
@@ -466,7 +467,13 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
                                  f"names {len(header)} columns")
         rows.append(dict(zip(header, cells)))
     index = next((name for name in header if _COLUMNS.get(name, ("",))[0] == "index"), None)
-    steps = list(_time_steps(rows, index))
+    # Without an index, a single `--query-gpu=name,memory.used` of two T4s tells them apart
+    # by UUID or bus id; it showed the second T4 alone, as GPU 0.
+    gpu = index or next((name for name in header if _COLUMNS.get(name, ("",))[0] in ("uuid", "bus_id")), None)
+    if gpu is None and "timestamp" not in header and len(rows) > 1:
+        notes.append("no timestamp, GPU index, uuid or bus id: each row is read as the next "
+                     "time step of one GPU")
+    steps = list(_time_steps(rows, gpu))
     if index is not None:
         _check_index(index, steps)
     frames = []
