@@ -323,6 +323,9 @@ def _malformed():
          "it is the `nvidia-smi` table, which has too little to replay"),
         ("query.txt", section(capture, "idle :: query (-q)").encode(), "it is `nvidia-smi -q` text"),
         ("header-only.csv", (miris[0] + "\n").encode(), "it has a CSV header but no rows"),
+        # `nvidia-smi -L > gpus.txt` on a one-GPU runtime: one line, which is no CSV header
+        ("gpus.txt", section(capture, "capabilities :: list (-L)").encode(),
+         "it is neither XML nor a CSV log: its first line is 'GPU 0: NVIDIA H200 (UUID: "),
         ("short-row.csv", "\n".join(miris[:2] + [miris[2].rsplit(",", 2)[0]] + miris[3:5]).encode(),
          "it has 6 values on line 3 where the header names 8 columns"),
         ("unrelated.csv", b"player,score\nalice,3\n", "it is a CSV whose columns (player, score) are not nvidia-smi"),

@@ -439,9 +439,6 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
         if other:
             raise RecordingError(f"is {other}; save `nvidia-smi -q -x` instead (the GPUs and "
                                  f"their processes)")
-        if not lines:
-            raise RecordingError("has a CSV header but no rows")
-        _check_units(titles, header, lines[0])
     else:
         shape = tuple(_shape(cell) for cell in lines[0])
         if shape not in _HEADERLESS_LAYOUTS:
@@ -455,6 +452,10 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
             raise RecordingError(f"is neither XML nor a CSV log: its first line is {titles[0][:60]!r}")
         raise RecordingError(f"is a CSV whose columns ({', '.join(header[:6])}"
                              f"{', ...' if len(header) > 6 else ''}) are not nvidia-smi --query-gpu fields")
+    if not lines:  # what the header names is known by now: a one-line text file is not "a CSV header"
+        raise RecordingError("has a CSV header but no rows")
+    if note is None:
+        _check_units(titles, header, lines[0])
     notes = [note] if note else []
     if len(lines) > 1 and len(lines[-1]) < len(header) and not text.endswith(("\n", "\r")):
         # A log copied while nvidia-smi -l was still writing it ends in half a line.
