@@ -400,6 +400,22 @@ def test_a_log_with_nothing_to_tell_rows_apart_says_how_it_was_read(tmp_path):
     assert ReplaySource(one_row).snapshot().source == "replay of one-row.csv"
 
 
+def test_a_log_appended_to_by_two_runs_skips_the_second_header(tmp_path):
+    """`nvidia-smi --query-gpu=... --format=csv -l 1 >> gpu.csv` run twice writes its header
+    twice: the second became a GPU named 'name' with no readings, a replayed sample of its own,
+    and the card's only GPU where the last run was stopped before its first sample."""
+    lines = (CSV / "v100s-pcie-32gb_miris.csv").read_text().splitlines()
+    path = tmp_path / "gpu.csv"
+    path.write_text("\n".join(lines[:4] + lines[:3] + lines[:1]) + "\n")
+    frames = load_frames(path)
+    first_three = [frame.gpus for frame in load_frames(CSV / "v100s-pcie-32gb_miris.csv")[:3]]
+    assert [frame.gpus for frame in frames] == first_three + first_three[:2]
+    assert "GPU 0  Tesla V100S-PCIE-32GB  (cuda:0" in str(colab_gpu.status(path))
+    headers_only = tmp_path / "headers.csv"
+    headers_only.write_text(lines[0] + "\n" + lines[0] + "\n")
+    assert "it has a CSV header but no rows" in ReplaySource(headers_only).snapshot().problem
+
+
 def test_a_log_of_one_column_replays(tmp_path):
     """`--query-gpu=memory.used`: one column, no comma, and still a log (unlike a text file)."""
     path = tmp_path / "memory.csv"

@@ -463,10 +463,14 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
         lines = lines[:-1]
     rows = []
     for number, cells in enumerate(lines, start=2 if note is None else 1):
+        if note is None and cells == titles:
+            continue  # `nvidia-smi ... -l 1 >> gpu.csv` run twice writes its header again
         if len(cells) != len(header):
             raise RecordingError(f"has {len(cells)} values on line {number} where the header "
                                  f"names {len(header)} columns")
         rows.append(dict(zip(header, cells)))
+    if not rows:
+        raise RecordingError("has a CSV header but no rows")
     index = next((name for name in header if _COLUMNS.get(name, ("",))[0] == "index"), None)
     # Without an index, a single `--query-gpu=name,memory.used` of two T4s tells them apart
     # by UUID or bus id; it showed the second T4 alone, as GPU 0.
