@@ -157,6 +157,23 @@ def test_a_log_without_memory_columns_shows_no_memory_row():
     assert shown.count("  busy        100% compute, n/a memory bus") == 8
 
 
+def test_a_log_without_power_temperature_or_state_shows_no_power_row(tmp_path):
+    """`--query-gpu=index,name,memory.used,memory.total,utilization.gpu`, what students query
+    most: every GPU had a line 'power n/a   temperature n/a   state n/a'."""
+    from IPython.lib.pretty import pretty
+
+    path = tmp_path / "memory.csv"
+    path.write_text("index, name, memory.used [MiB], memory.total [MiB], utilization.gpu [%]\n"
+                    "0, Tesla T4, 3 MiB, 15360 MiB, 0 %\n1, Tesla T4, 14000 MiB, 15360 MiB, 97 %\n")
+    status = colab_gpu.status(path)
+    shown = pretty(status)
+    assert "  power " not in shown and ">power</td>" not in status._repr_html_()
+    assert shown.count("  busy        ") == 2
+    temperature_only = tmp_path / "temperature.csv"
+    temperature_only.write_text("index, temperature.gpu\n0, 71\n")
+    assert "  power       n/a   temperature 71 °C   state n/a" in pretty(colab_gpu.status(temperature_only))
+
+
 def test_mig_mode_is_read_and_shown():
     """The A100 recording's GPU is split into MIG instances; the card said nothing of it."""
     from IPython.lib.pretty import pretty
