@@ -80,6 +80,18 @@ def test_a100_v12_reads_renamed_power_and_event_reason_fields():
     assert snapshot.driver_version == "535.54.03"
 
 
+def test_a_file_of_some_of_the_machines_gpus_says_so():
+    """`nvidia-smi -q -x -i 1` on a 4-GPU box: attached_gpus says 4, one <gpu> is recorded,
+    without its index. The card showed 'GPU 0 ... (cuda:0' with no word of the other three."""
+    from IPython.lib.pretty import pretty
+
+    status = colab_gpu.status(XML / "a100-sxm4-v12.xml")
+    assert status.snapshot.source == ("replay of a100-sxm4-v12.xml (holds 1 of the machine's 4 GPUs, "
+                                      "numbered here from 0: the file does not say which)")
+    assert "holds 1 of the machine" in pretty(status) and "holds 1 of the machine" in status._repr_html_()
+    assert colab_gpu.status(XML / "tesla-t4.xml").snapshot.source == "replay of tesla-t4.xml"  # 1 of 1
+
+
 def test_v13_average_power_draw_and_combined_process_types():
     (gpu,) = ReplaySource(XML / "rtx-4000-sff-ada-v13.xml").snapshot().gpus
     assert (gpu.power_draw, gpu.power_limit) == (8.81, 70.0)  # average_power_draw, not instant 8.44

@@ -240,14 +240,20 @@ def _xml_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
         raise RecordingError(f"is XML but not from `nvidia-smi -q -x` (its root element is "
                              f"<{root.tag}>, not <nvidia_smi_log>)")
     recorded = _find(root, "timestamp")
-    return (Snapshot(
+    frame = Snapshot(
         source=label,
         recorded=True,
         gpus=tuple(_xml_gpu(index, gpu) for index, gpu in enumerate(root.findall("gpu"))),
         driver_version=_find(root, "driver_version"),
         cuda_driver_version=_find(root, "cuda_version"),
         timestamp=(recorded and _epoch(recorded)) or fallback_time,
-    ),)
+    )
+    attached = _int(_find(root, "attached_gpus"))
+    if attached is not None and attached > len(frame.gpus):
+        # `nvidia-smi -q -x -i 2` records one GPU of several, without its index
+        frame = _with_note(frame, f"holds {len(frame.gpus)} of the machine's {attached} GPUs, "
+                                  f"numbered here from 0: the file does not say which")
+    return (frame,)
 
 
 # --- nvidia-smi --query-gpu=... --format=csv --------------------------------------------
