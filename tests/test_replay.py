@@ -318,6 +318,20 @@ def test_h100_capture_values(tmp_path):
     assert frame.driver_version == "590.48.01"
 
 
+def test_a_log_without_the_cuda_version_does_not_call_it_n_a(tmp_path):
+    """A --query-gpu log records driver_version but no CUDA version: 'CUDA driver n/a' read as
+    a machine without CUDA (the H100 ran CUDA 13.1). A recording shows what it holds."""
+    from IPython.lib.pretty import pretty
+
+    path = tmp_path / "h100.csv"
+    path.write_text(section(next(CAPTURES.glob("*h100*")), "load :: query-gpu (csv"))
+    status = colab_gpu.status(path)
+    assert pretty(status).splitlines()[1:3] == ["Source: replay of h100.csv", "Driver 590.48.01"]
+    assert "driver 590.48.01 · replay of h100.csv" in status._repr_html_()
+    t4 = colab_gpu.status(XML / "tesla-t4.xml")  # a recording that holds both keeps both
+    assert "Driver 515.105.01, CUDA driver 11.7" in pretty(t4) and "driver 515.105.01, CUDA 11.7" in t4._repr_html_()
+
+
 def test_follow_mode_steps_through_every_frame_and_loops():
     path = CSV / "v100s-pcie-32gb_miris.csv"
     frames = load_frames(path)

@@ -203,6 +203,17 @@ def unrecorded_rows(snapshot, gpu) -> set:
     return {row for row, values in fields.items() if all(value is None for value in values)}
 
 
+def driver_versions(snapshot, driver: str = "Driver", cuda: str = "CUDA driver") -> Optional[str]:
+    """"Driver 515.105.01, CUDA driver 11.7", None where neither is known. A recording leaves
+    out the version it does not hold (a --query-gpu log has no CUDA version): its "n/a" read as
+    a machine without CUDA. From the live driver, n/a says a read failed, so it stays."""
+    parts = [(driver, snapshot.driver_version), (cuda, snapshot.cuda_driver_version)]
+    if not any(version for _, version in parts):
+        return None
+    return ", ".join(f"{label} {version or NA}" for label, version in parts
+                     if version or not snapshot.recorded)
+
+
 def words(items: Optional[Sequence[str]], empty: str = "none") -> str:
     if items is None:
         return NA

@@ -17,9 +17,9 @@ import re
 from html import escape
 from typing import List
 
-from . import (DRIVER_NUMBERING_NOTE, NA, allocator_summary, capability, celsius, mig_instance_summary, number,
-               pcie_link, power, process_name, ratio, seen_as, size, torch_summary, this_process, unrecorded_rows,
-               words)
+from . import (DRIVER_NUMBERING_NOTE, NA, allocator_summary, capability, celsius, driver_versions,
+               mig_instance_summary, number, pcie_link, power, process_name, ratio, seen_as, size, torch_summary,
+               this_process, unrecorded_rows, words)
 
 STYLE = """
 <style>
@@ -128,8 +128,9 @@ def render_status(status) -> str:
     parts: List[str] = [STYLE, '<div class="cgpu-card">',
                         f"<div><b>{escape(runtime.platform_name)}</b> "
                         f"<span class='cgpu-muted'>&middot; {escape(torch_text)}"]
-    if snapshot.driver_version:
-        parts.append(escape(f" · driver {snapshot.driver_version}, CUDA {snapshot.cuda_driver_version or NA}"))
+    versions = driver_versions(snapshot, driver="driver", cuda="CUDA")
+    if versions:
+        parts.append(escape(f" · {versions}"))
     if snapshot.source != "NVML":
         parts.append(escape(f" · {snapshot.source}"))
     if runtime.cuda_visible_devices is not None and not snapshot.recorded:  # this machine's, not the file's

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import List
 
 from . import (DRIVER_NUMBERING_NOTE, FASTEST_FIRST_NOTE, NA, WIDTH, allocator_summary, breakdown_summary,
-               capability, celsius, fold, fold_items, labelled_row, mig_instance_summary, number, pcie_link,
-               power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows, words)
+               capability, celsius, driver_versions, fold, fold_items, labelled_row, mig_instance_summary, number,
+               pcie_link, power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows,
+               words)
 
 LABEL = 11  # a GPU row's label column ("  memory      "): its values start at column 14
 
@@ -63,8 +64,9 @@ def render_status(status) -> str:
     lines = [f"{runtime.platform_name} - {torch_summary(runtime.torch)}"]
     if snapshot.source != "NVML":
         lines.append(fold(f"Source: {snapshot.source}", len("Source: ")))
-    if snapshot.driver_version or snapshot.cuda_driver_version:
-        lines.append(f"Driver {snapshot.driver_version or NA}, CUDA driver {snapshot.cuda_driver_version or NA}")
+    versions = driver_versions(snapshot)
+    if versions:
+        lines.append(versions)
     if runtime.cuda_visible_devices is not None and not snapshot.recorded:
         lines.append(f"CUDA_VISIBLE_DEVICES={runtime.cuda_visible_devices!r}")
     if status.cuda_numbering_asked:
