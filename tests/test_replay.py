@@ -488,6 +488,8 @@ def test_unreadable_files_become_one_problem_line(tmp_path):
     ("NVIDIA RTX 4000 SFF Ada Generation", (8, 9)), ("NVIDIA GeForce GTX 1070 Ti", (6, 1)),
     ("Quadro P400", (6, 1)), ("Tesla V100-SXM2-16GB", (7, 0)), ("NVIDIA H100 80GB HBM3", (9, 0)),
     ("NVIDIA L4", (8, 9)), ("Tesla P100-PCIE-16GB", (6, 0)), ("Graphics Device", None),
+    ("NVIDIA TITAN X (Pascal)", (6, 1)), ("NVIDIA TITAN Xp", (6, 1)), ("GeForce GTX TITAN X", (5, 2)),
+    ("Tesla M40 24GB", (5, 2)), ("GeForce GTX 980 Ti", (5, 2)),
 ])
 def test_compute_capability_known_by_name(name, capability):
     assert known_compute_capability(name) == capability

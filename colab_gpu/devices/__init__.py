@@ -127,6 +127,7 @@ _CAPABILITY_BY_NAME = (
     (r"\bT4\b|RTX 20\d0|GTX 16\d0", (7, 5)),
     (r"V100|TITAN V\b", (7, 0)),
     (r"P100", (6, 0)),
+    (r"GTX TITAN X\b|GTX 9[5-8]0|\bM[46]0\b", (5, 2)),  # Maxwell: the GTX TITAN X is not the Pascal one
     (r"\bP40\b|\bP4\b|GTX 10\d0|Quadro P\d+|TITAN Xp?\b", (6, 1)),
     (r"\bK80\b", (3, 7)),
 )
