@@ -87,6 +87,18 @@ def test_notebook_is_stored_clean_and_installable_anywhere(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_an_editable_install_is_followed_by_a_kernel_restart(name):
+    """`%pip install -e ..` writes a .pth file, which Python reads only at start-up: the kernel
+    that ran it then fails `%load_ext colab_gpu` with "No module named 'colab_gpu'" until it is
+    restarted (checked by hand in a fresh venv). The notebook must say so where it says to run it."""
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    top = " ".join(cell.source for cell in notebook.cells[:2] if cell.cell_type == "markdown")
+    editable = re.search(r"pip install -q -e \.\.(.*?)(\n- |\n\n|$)", top, re.S)
+    assert editable, "the notebook no longer says how to install from a checkout"
+    assert "restart the kernel" in " ".join(editable.group(1).split()), editable.group(0)
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_top_to_bottom_without_unexpected_errors(executed, name):
     notebook = executed(name)
     for index, cell in enumerate(notebook.cells):
