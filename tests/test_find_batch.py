@@ -264,6 +264,8 @@ def test_headroom_larger_than_the_device_says_so_after_one_trial():
     assert device.sizes_run == [2] and result.answer is None
     assert result.summary() == ("no batch_size found: --headroom 1000GiB keeps all of the "
                                 "device's 4.00 GiB free: no size can fit")
+    # What is left to use is nothing, not a negative amount ("usable with headroom -996.00 GiB").
+    assert result.usable == 0 and "capacity: 4.00 GiB, usable with headroom 0 B" in str(result)
 
 
 def test_a_headroom_that_could_not_be_applied_says_so():

@@ -77,7 +77,7 @@ class Headroom:
             return None
         if self.fraction is not None:
             return int(capacity * (1 - self.fraction))
-        return capacity - self.bytes
+        return max(0, capacity - self.bytes)  # a headroom above the device leaves nothing, not less
 
     @property
     def is_zero(self) -> bool:
