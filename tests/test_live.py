@@ -22,6 +22,7 @@ import urllib.request
 
 import pytest
 from IPython.core.error import UsageError
+from IPython.display import IFrame
 
 from colab_gpu import live
 from colab_gpu.devices.nvml import NvmlSource
@@ -862,8 +863,25 @@ def test_colab_variables_without_google_colab_show_the_page_in_an_iframe(live_co
     monkeypatch.setattr("IPython.display.display", lambda *objects, **kwargs: shown.extend(objects))
     run_live(live_config, "--live --demo --interval 0.02")
     (frame,) = shown
-    assert type(frame).__name__ == "IFrame" and "pip install" not in capsys.readouterr().err
+    assert isinstance(frame, IFrame) and "pip install" not in capsys.readouterr().err
     assert json.loads(fetch(frame.src.rstrip("/") + "/data.json")[2])["label"].startswith("replay of")
+    run_live(live_config, "--stop")
+
+
+def test_the_live_page_says_its_address_where_the_iframe_cannot_be_drawn(live_config, monkeypatch):
+    """GPUMagics.live_display = 'page' in a terminal: IPython showed the IFrame's text,
+    "<IPython.lib.display.IFrame at 0x7f3344222e50>", not where the page is."""
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objects, **kwargs: shown.extend(objects))
+    run_live(live_config, "--live --demo --interval 0.02", live_display="page")
+    (frame,) = shown
+    text = live_config.display_formatter.format(frame)[0]["text/plain"]
+    assert " ".join(text.split()) == (
+        f"Live GPU monitor (replay of v100s-pcie-32gb_miris.csv) at {live.live_url()}, for a browser "
+        f"on this machine; %gpu_status --stop leaves its summary and chart")
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert isinstance(frame, IFrame) and frame.src == live.live_url()  # the notebook's view
+    assert f'src="{live.live_url()}"' in frame._repr_html_()
     run_live(live_config, "--stop")
 
 

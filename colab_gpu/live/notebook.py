@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..render import fold_items
+from ..render import fold, fold_items
 from . import live_url, page_server, running, stop
 from .record import RunRecord
 
@@ -30,9 +30,9 @@ class LiveSession:
             # served from the kernel's machine keeps moving, as TensorBoard's does.
             colab_output.serve_kernel_port_as_iframe(page_server().port, height="440")
         elif kind == "page":
-            from IPython.display import IFrame, display
+            from IPython.display import display
 
-            display(IFrame(live_url(), width="100%", height=440))
+            display(_page_frame(sampler, live_url()))
         elif kind == "terminal" and self._hooks is not None:
             # A line per sample holds the prompt until Ctrl-C, which stops the monitor: no
             # later cell would ever run to get its --cells line. Sample in the background.
@@ -86,6 +86,19 @@ class LiveSession:
             self.shell.events.unregister("post_run_cell", post)
             self._hooks = None
         return stop(reason)
+
+
+def _page_frame(sampler, url: str):
+    """The live page in an IFrame whose text says where the page is: with live_display 'page',
+    a terminal showed only the IFrame's text, "<IPython.lib.display.IFrame at 0x...>"."""
+    from IPython.display import IFrame
+
+    class LivePage(IFrame):
+        def __repr__(self) -> str:
+            return fold(f"Live GPU monitor ({sampler.label}) at {url}, for a browser on this "
+                        f"machine; %gpu_status --stop leaves its summary and chart", 2)
+
+    return LivePage(url, width="100%", height=440)
 
 
 def _colab_output():
