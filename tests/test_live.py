@@ -327,6 +327,14 @@ def test_the_final_chart_of_an_overflowed_buffer_counts_seconds_from_the_runs_st
     assert first_kept > 0.25  # about 26 samples at 0.01 s were dropped before it
 
 
+def test_the_readme_says_the_final_chart_draws_the_samples_kept():
+    """The chart draws the buffer (above): the README promised "a static chart of the whole
+    run", which a three-hour training run's chart (its last hour at 1 s) is not."""
+    readme = (ROOT / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `--stop` |")]
+    assert "chart of the whole run" not in readme and "live_history" in row, row
+
+
 def test_the_summary_of_an_overflowed_buffer_gives_the_whole_runs_peaks_and_means():
     """A two-hour run kept its last hour (GPUMagics.live_history): --stop gave the peak memory
     and mean busy % of that hour as the run's, missing the early peak a user looks for."""
