@@ -15,7 +15,7 @@ from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
 from ..render.html import STYLE, fraction_bar, unbroken_units
 from .sampler import Sample
 
-CHART_SECONDS = 300  # the rolling chart's time span; the whole run is in history()
+CHART_SECONDS = 300  # the rolling chart's time span; history() has every sample kept
 PALETTE = ("#2da44e", "#0969da", "#cf222e", "#bf8700", "#8250df", "#1b7c83", "#e16f24", "#6e7781")
 EXTRA_STYLE = """
 <style>

@@ -132,14 +132,15 @@ class RunRecord:
                        else f"could not be drawn: {error}")
                 image = f"<p class='cgpu-muted'>The chart {escape(why)}</p>"
             else:
-                image = (f"<img alt='{escape(self.label)}: the whole run' "
+                image = (f"<img alt='{escape(self.label)}: chart of the samples kept' "
                          f"src='data:image/png;base64,{encoded}'>")
         lines = "".join(f"<li>{escape(fact)}</li>" for fact in self.facts())
         return unbroken_units(f"{STYLE}<div class='cgpu-card'><div><b>{escape(self.headline())}</b></div>"
                               f"<ul class='cgpu-facts'>{lines}</ul>{image}</div>")
 
     def chart_png(self, dpi: int = 80) -> bytes:
-        """The whole run as a PNG: busy %, memory used, power and temperature per GPU."""
+        """The samples kept (the last live_history), on the run's time axis, as a PNG: busy %,
+        memory used, power and temperature per GPU."""
         with neutral_style():  # ticks added while saving take the style's colours too
             return to_png(self._draw_chart(dpi))
 
