@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import sys
@@ -14,7 +15,7 @@ from IPython.core.error import UsageError
 
 from conftest import DATA
 
-from colab_gpu.devices import GPU, GPUProcess, MiB, Snapshot
+from colab_gpu.devices import GPU, GiB, GPUProcess, MiB, Snapshot
 from colab_gpu.memory import ClearReport, drop_exception, empty_cuda_cache
 
 SIZE = 16_000_000  # float32 elements: 61 MiB, far above anything else the shell holds
@@ -326,6 +327,43 @@ def test_memory_outside_torch_from_a_recorded_gpu(shell, clean_env):
     assert gpu and gpu[0].nvml_used == 1032 * MiB and gpu[0].allocated is None
     text = __import__("IPython").lib.pretty.pretty(report)
     assert "other processes 22 MiB" in text and "NVML used 1.01 GiB -> 1.01 GiB" in text
+
+
+def test_memory_outside_torch_in_a_container_is_not_put_on_this_process(shell, clean_env):
+    """In a container NVML lists the host's process ids, none of them this one's: the T4's
+    recorded processes (Xorg, a python holding 1 GiB) were all "this process (CUDA context
+    and other libraries)", though this process had not even started CUDA."""
+    class Container(RecordedT4):
+        def snapshot(self):
+            snapshot = super().snapshot()
+            gpu = snapshot.gpus[0]
+            processes = tuple(dataclasses.replace(p, pid=p.pid + 10 ** 6) for p in gpu.processes)
+            return dataclasses.replace(snapshot, gpus=(dataclasses.replace(gpu, processes=processes),))
+
+    import colab_gpu
+
+    text = " ".join(str(colab_gpu.memory_holders(shell=shell, source=Container())).split())
+    assert "other processes and this one 1.01 GiB (NVML lists no process under this one's id" in text
+    assert "this process 1010 MiB" not in text and "unknown" not in text
+
+
+@pytest.mark.parametrize("others, text, legend", [
+    (2 * GiB, "other processes 2.00 GiB, CUDA context and non-torch 1.00 GiB, torch cache",
+     "CUDA context and non-torch 1.00 GiB"),
+    (None, "every process's CUDA context and non-torch 1.00 GiB (NVML lists no process under this one's id",
+     "every process&#x27;s CUDA context and non-torch 1.00 GiB"),
+])
+def test_the_status_cards_breakdown_says_what_it_cannot_split(others, text, legend):
+    """The card's "where" row had "other processes unknown, CUDA context and non-torch 3 GiB"
+    in a container: the 3 GiB were every process's, not this one's context."""
+    from colab_gpu.gpu_status import MemoryBreakdown
+    from colab_gpu.render import breakdown_summary
+    from colab_gpu.render.html import _breakdown_bar
+
+    part = MemoryBreakdown(nvml_index=0, total=15 * GiB, driver_reserved=None, other_processes=others,
+                           context_and_non_torch=GiB, torch_cache=GiB, torch_tensors=4 * GiB, free=7 * GiB)
+    assert text in breakdown_summary(part) and "unknown" not in breakdown_summary(part)
+    assert legend in _breakdown_bar(part)
 
 
 def test_clear_cache_reads_the_gpus_once_per_reading(shell, clean_env):

@@ -237,9 +237,24 @@ def allocator_summary(memory) -> str:
             f"{count(memory.num_alloc_retries, 'cache flush')}")
 
 
+# Where NVML lists no process under this one's id (a container's are the host's), the memory
+# outside torch cannot be split between this process and the others: said as one sum.
+NOT_TOLD_APART = "NVML lists no process under this one's id: in a container ids are the host's"
+
+
+def outside_torch_label(part) -> str:
+    """What ``part.context_and_non_torch`` holds: this process's CUDA context and non-torch
+    memory, or, where this process cannot be told apart, every process's memory outside torch."""
+    return ("CUDA context and non-torch" if part.other_processes is not None
+            else "every process's CUDA context and non-torch")
+
+
 def breakdown_summary(part) -> str:
     """Where a GPU's memory went, largest consumers named."""
-    others = size(part.other_processes) if part.other_processes is not None else "unknown"
-    return (f"other processes {others}, CUDA context and non-torch "
-            f"{size(part.context_and_non_torch)}, torch cache {size(part.torch_cache)}, "
+    if part.other_processes is not None:
+        outside = (f"other processes {size(part.other_processes)}, {outside_torch_label(part)} "
+                   f"{size(part.context_and_non_torch)}")
+    else:
+        outside = f"{outside_torch_label(part)} {size(part.context_and_non_torch)} ({NOT_TOLD_APART})"
+    return (f"{outside}, torch cache {size(part.torch_cache)}, "
             f"torch tensors {size(part.torch_tensors)}, free {size(part.free)}")

@@ -18,8 +18,8 @@ from html import escape
 from typing import List
 
 from . import (DRIVER_NUMBERING_NOTE, NA, allocator_summary, capability, celsius, driver_versions,
-               mig_instance_summary, number, pcie_link, power, process_name, ratio, seen_as, size, torch_summary,
-               this_process, unrecorded_rows, words)
+               mig_instance_summary, number, outside_torch_label, pcie_link, power, process_name, ratio, seen_as,
+               size, torch_summary, this_process, unrecorded_rows, words)
 
 STYLE = """
 <style>
@@ -73,7 +73,7 @@ def rows_table(rows) -> str:
 def _breakdown_bar(part) -> str:
     """One stacked bar of where the memory went, with a legend, largest consumers named."""
     pieces = [("other processes", part.other_processes or 0, "#8250df"),
-              ("CUDA context and non-torch", part.context_and_non_torch, "#9a6700"),
+              (outside_torch_label(part), part.context_and_non_torch, "#9a6700"),
               ("torch cache", part.torch_cache, "#4493f8"),
               ("torch tensors", part.torch_tensors, "#2da44e")]
     bar = "".join(f'<span title="{escape(label)}: {size(value)}" style="width:{100 * value / part.total:.1f}%;'

@@ -4,7 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Optional, Tuple
 
-from . import NA, count, fold, fold_items, labelled_row, size
+from . import NA, NOT_TOLD_APART, count, fold, fold_items, labelled_row, size
 from .html import STYLE, rows_table, unbroken_units
 
 # Reading field -> what the user calls it, per device kind.
@@ -75,10 +75,13 @@ def _outside_rows(holders) -> List[Tuple[str, str]]:
 def _outside_line(part, torch_label: Optional[str]) -> Tuple[str, str]:
     """NVML's GPU N, with the cuda:N torch and the lines above call it (Kaggle's GPU 1 under
     CUDA_VISIBLE_DEVICES=1 is cuda:0)."""
-    others = size(part.other_processes) if part.other_processes is not None else "unknown"
+    if part.other_processes is not None:
+        outside = (f"other processes {size(part.other_processes)}; this process "
+                   f"{size(part.context_and_non_torch)} (CUDA context and other libraries)")
+    else:
+        outside = f"other processes and this one {size(part.context_and_non_torch)} ({NOT_TOLD_APART})"
     return (f"GPU {part.nvml_index}" + (f" ({torch_label})" if torch_label else ""),
-            f"other processes {others}; this process {size(part.context_and_non_torch)} (CUDA "
-            f"context and other libraries); torch cache {size(part.torch_cache)}")
+            f"{outside}; torch cache {size(part.torch_cache)}")
 
 
 def _holder_rows(holders) -> List[Tuple[str, str]]:
