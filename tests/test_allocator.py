@@ -277,12 +277,53 @@ def test_the_memory_fraction_hints_say_the_call_caps_one_gpu(env):
     assert "(fraction, device) for each GPU in use" in BY_NAME["per_process_memory_fraction"].runtime_reason
 
 
-def test_torch_29_warns_that_pytorch_alloc_conf_is_ignored(env):
-    from colab_gpu.allocator.apply import _warnings
+def _torch(version):
+    """An imported torch of this version (a CUDA build, CUDA not started), for the version rules."""
+    import types
 
-    before = {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
-    assert any("2.9 ignores PYTORCH_ALLOC_CONF" in w for w in _warnings((), (2, 9), before))
-    assert not any("2.9 ignores" in w for w in _warnings((), (2, 10), before))
+    torch = types.ModuleType("torch")
+    torch.__version__ = version
+    torch.version = types.SimpleNamespace(cuda="12.1", hip=None)
+    return {"torch": torch}
+
+
+@pytest.mark.parametrize("version, says", [
+    ("2.9.1", "torch 2.9 does not read PYTORCH_ALLOC_CONF for CUDA (pytorch#183387)"),
+    ("2.4.0", "torch 2.4 does not read PYTORCH_ALLOC_CONF (torch reads it from 2.10)"),
+    ("2.13.0", "torch 2.13 reads PYTORCH_CUDA_ALLOC_CONF first and ignores PYTORCH_ALLOC_CONF while "
+               "PYTORCH_CUDA_ALLOC_CONF is set")])
+def test_a_variable_torch_does_not_read_is_named_and_never_said_rewritten_by_a_show(env, version, says):
+    """A user who set PYTORCH_ALLOC_CONF (torch's newer name) next to PYTORCH_CUDA_ALLOC_CONF saw
+    its settings nowhere and no word why, and a change then replaced them silently; on torch 2.9
+    even a plain %alloc_conf said 'both now hold the same string' while it changed nothing."""
+    env.update(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", PYTORCH_ALLOC_CONF="max_split_size_mb:512")
+    shown = alloc_conf(environ=env, modules=_torch(version))
+    assert shown.warnings == (f"PYTORCH_ALLOC_CONF holds 'max_split_size_mb:512', which is not in effect: "
+                              f"{says}; any change with %alloc_conf replaces it with "
+                              f"PYTORCH_CUDA_ALLOC_CONF's setting",)
+    assert env["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:512"
+    changed = alloc_conf(["garbage_collection_threshold=0.5"], environ=env, modules=_torch(version))
+    assert changed.warnings[-1:] == (f"PYTORCH_ALLOC_CONF held 'max_split_size_mb:512', which was not in "
+                                f"effect: {says}; it now holds the same string as PYTORCH_CUDA_ALLOC_CONF",)
+    assert env["PYTORCH_ALLOC_CONF"] == env["PYTORCH_CUDA_ALLOC_CONF"] == \
+        "expandable_segments:True,garbage_collection_threshold:0.5"
+    assert not [w for w in alloc_conf(environ=env, modules=_torch(version)).warnings if "PYTORCH_ALLOC_CONF" in w]
+
+
+@pytest.mark.parametrize("version, in_effect", [("2.9.1", False), ("2.8.0", False), ("2.10.0", True)])
+def test_settings_only_in_pytorch_alloc_conf_are_said_to_be_in_effect_only_where_torch_reads_it(
+        env, version, in_effect):
+    env["PYTORCH_ALLOC_CONF"] = "max_split_size_mb:512"
+    shown = alloc_conf(environ=env, modules=_torch(version))
+    assert shown.settings == (("max_split_size_mb", "512"),)
+    warned = [w for w in shown.warnings if "PYTORCH_ALLOC_CONF's settings, shown here, are not in effect" in w]
+    assert bool(warned) != in_effect
+    checked = alloc_conf(check="expandable_segments:True", environ=env, modules=_torch(version))
+    assert bool([w for w in checked.warnings if "shown here, are not in effect" in w]) != in_effect
+    changed = alloc_conf(["expandable_segments=True"], environ=env, modules=_torch(version))
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512,expandable_segments:True"
+    assert bool([w for w in changed.warnings if "settings were not in effect" in w and
+                 w.endswith("they are now in every variable")]) != in_effect
 
 
 BAD_CALLS = [

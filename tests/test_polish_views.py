@@ -20,7 +20,7 @@ import pytest
 import colab_gpu
 from colab_gpu import live
 from colab_gpu.allocator import alloc_conf
-from colab_gpu.allocator.apply import _warnings
+from colab_gpu.allocator.apply import _ignored_variables, _warnings
 from colab_gpu.allocator.render import render_keys
 from colab_gpu.allocator.schema import KEYS, PRESETS
 from colab_gpu.batch.render import trial_line
@@ -123,9 +123,12 @@ def alloc_conf_reports(tmp_path):
     everything = dict((key.name, "True") for key in KEYS)
     everything.update(backend="cudaMallocAsync", pinned_max_round_threshold_mb="64", pinned_max_cached_size_mb="32",
                       per_process_memory_fraction="1.0", garbage_collection_threshold="0.6")
+    variables = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "a"}
     reports["warnings"] = dataclasses.replace(result, warnings=_warnings(
-        tuple(everything.items()), (2, 9), {"PYTORCH_ALLOC_CONF": "a"}, "win32") + _warnings((), None, {})
-        + _warnings((), (3, 5), {}) + _warnings((), (1, 10), {}))
+        tuple(everything.items()), (2, 9), "win32") + _warnings((), None)
+        + _warnings((), (3, 5)) + _warnings((), (1, 10))
+        + _ignored_variables((2, 9), variables, written=True) + _ignored_variables((2, 13), variables, False)
+        + _ignored_variables((2, 4), {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": "a"}, False))
     for version in (None, (1, 13), (2, 13)):
         reports[f"--keys {version}"] = render_keys(version)
     return reports

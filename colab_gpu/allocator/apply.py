@@ -22,7 +22,8 @@ from ..render import count
 from ..runtime import TorchState, torch_state
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_version, merge,
                     parse, parse_many, to_torch, validate, version_of)
-from .schema import BY_NAME, ENV_NAMES, HIP_ENV_SINCE, NEWEST, OLDEST, PRESETS, ROCM_ENV_NAMES, Version
+from .schema import (BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, HIP_ENV_SINCE, NEWEST, OLDEST, PRESETS,
+                     ROCM_ENV_NAMES, Version)
 
 SAVED_NAME = "alloc_conf.txt"
 
@@ -180,7 +181,7 @@ def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
     return None
 
 
-def _warnings(settings: Settings, version: Optional[Tuple[int, int]], env_before,
+def _warnings(settings: Settings, version: Optional[Tuple[int, int]],
               platform: str = sys.platform) -> Tuple[str, ...]:
     values = dict(settings)
     found = []
@@ -209,15 +210,44 @@ def _warnings(settings: Settings, version: Optional[Tuple[int, int]], env_before
                      "meaningful with it")
     if values.get("expandable_segments") == "True" and platform.startswith("win"):
         found.append("expandable_segments is not supported on Windows: torch ignores it")
-    if version is not None and version[:2] == (2, 9) and \
-            env_before.get("PYTORCH_ALLOC_CONF") != env_before.get("PYTORCH_CUDA_ALLOC_CONF") and \
-            env_before.get("PYTORCH_ALLOC_CONF") is not None:
-        found.append("torch 2.9 ignores PYTORCH_ALLOC_CONF for CUDA (pytorch#183387): only "
-                     "PYTORCH_CUDA_ALLOC_CONF counts; both now hold the same string")
     if {"pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"} <= set(values) and \
             int(values["pinned_max_round_threshold_mb"]) > int(values["pinned_max_cached_size_mb"]):
         found.append("pinned_max_round_threshold_mb > pinned_max_cached_size_mb: the cache "
                      "limit wins, larger pinned allocations are never rounded up")
+    return tuple(found)
+
+
+def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Optional[str]],
+                       written: bool) -> Tuple[str, ...]:
+    """The variables set in ``env_before`` that torch does not read, said as such: torch reads
+    the first one set (``env_before`` is in its order; PYTORCH_ALLOC_CONF only from 2.10), so
+    another that holds something else changes nothing. ``written``: this call wrote the same
+    string to every variable, replacing what the ignored ones held."""
+    known = version if version is not None else NEWEST
+    torch = f"torch {format_version(version)}" if version is not None else "torch"
+    order = [name for name in env_before if name != "PYTORCH_ALLOC_CONF" or known >= GENERIC_ENV_SINCE]
+    read = next((name for name in order if env_before[name] is not None), None)
+    found = []
+    for name, value in env_before.items():
+        if value is None or name == read or (read is not None and value == env_before[read]):
+            continue
+        if name in order:
+            why = f"{torch} reads {read} first and ignores {name} while {read} is set"
+        else:
+            why = f"{torch} does not read {name}" + (
+                " for CUDA (pytorch#183387)" if known[:2] == (2, 9) else
+                f" (torch reads it from {format_version(GENERIC_ENV_SINCE)})")
+        if read is None:  # the settings shown come from this variable alone
+            found.append(f"{name}'s settings were not in effect: {why}; they are now in every "
+                         f"variable" if written else
+                         f"{name}'s settings, shown here, are not in effect: {why}; any change with "
+                         f"%alloc_conf writes them to every variable")
+        elif written:
+            found.append(f"{name} held {value!r}, which was not in effect: {why}; it now holds "
+                         f"the same string as {read}")
+        else:
+            found.append(f"{name} holds {value!r}, which is not in effect: {why}; any change "
+                         f"with %alloc_conf replaces it with {read}'s setting")
     return tuple(found)
 
 
@@ -273,7 +303,8 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     if check is not None:
         checked = validate(parse(check), version, rocm)
         return AllocConfResult(action="check", settings=checked, env_after=env_before,
-                               warnings=_warnings(checked, version, env_before), **common)
+                               warnings=_warnings(checked, version)
+                               + _ignored_variables(version, env_before, written=False), **common)
 
     changes = parse_many(settings)
     explanation = None
@@ -298,8 +329,8 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     if not (changes or unset or reset or save or forget):
         saved, path = saved_setting(environ)
         refused = _refused_setting(source, base, version, rocm, "holds")
-        warnings = ((refused,) + _warnings((), version, env_before) if refused else
-                    _warnings(base, version, env_before))
+        warnings = ((refused,) + _warnings((), version) if refused else
+                    _warnings(base, version)) + _ignored_variables(version, env_before, False)
         return AllocConfResult(action="show", settings=base, env_after=env_before,
                                warnings=warnings, in_effect=_in_effect(state, modules),
                                saved=saved, saved_path=str(path), **common)
@@ -326,7 +357,8 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     return dataclasses.replace(
         result, action="set", preset=explanation, saved=saved, saved_path=str(path),
         forgotten=forgotten,
-        warnings=_warnings(new_settings, version, env_before) + result.warnings, **common)
+        warnings=_warnings(new_settings, version) + result.warnings
+        + _ignored_variables(version, env_before, written=True), **common)
 
 
 def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool

@@ -54,6 +54,8 @@ Version = Tuple[int, int]
 OLDEST: Version = (1, 13)
 NEWEST: Version = (2, 15)
 ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch 2.10+ reads them in this order
+# up to 2.9, CUDA reads no PYTORCH_ALLOC_CONF (2.9's CUDAAllocatorConfig ignores it, pytorch#183387)
+GENERIC_ENV_SINCE: Version = (2, 10)
 # ROCm builds read PYTORCH_HIP_ALLOC_CONF when PYTORCH_CUDA_ALLOC_CONF is unset (2.8+)
 HIP_ENV_SINCE: Version = (2, 8)
 ROCM_ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
