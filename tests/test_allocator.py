@@ -383,6 +383,24 @@ def test_save_is_visible_applied_on_load_and_forgettable(env):
     assert apply_saved(environ=fresh, modules={}, state=NOT_IMPORTED) is None
 
 
+def test_reloading_once_cuda_runs_does_not_say_an_applied_saved_setting_was_not_applied(env):
+    """%reload_ext colab_gpu after training started: the saved setting, applied when the extension
+    first loaded, was reported 'not applied: CUDA is already running; restart the runtime'."""
+    alloc_conf(["expandable_segments=True max_split_size_mb=128"], save=True, environ=env, modules={})
+    fresh = {"COLAB_GPU_CONFIG_DIR": env["COLAB_GPU_CONFIG_DIR"]}
+    apply_saved(environ=fresh, modules={}, state=NOT_IMPORTED)
+    alloc_conf(["garbage_collection_threshold=0.6"], environ=fresh, modules={})  # a later cell
+    started = TorchState(imported=True, version="2.13.0", cuda_version="12.8", cuda_initialized=True)
+    before = dict(fresh)
+    message = apply_saved(environ=fresh, modules={}, state=started)
+    assert message == ("colab_gpu: the saved allocator setting 'expandable_segments:True,max_split_size_mb:128' "
+                       "is already in this process's setting (PYTORCH_CUDA_ALLOC_CONF holds it) "
+                       "(%alloc_conf --forget removes it)")
+    assert fresh == before
+    fresh["PYTORCH_CUDA_ALLOC_CONF"] = fresh["PYTORCH_ALLOC_CONF"] = "max_split_size_mb:128"
+    assert "not applied: CUDA is already running" in apply_saved(environ=fresh, modules={}, state=started)
+
+
 def test_saved_backend_after_import_waits_and_the_rest_of_the_setting_applies(env):
     """A restarted notebook whose first cell imports torch, then loads the extension."""
     alloc_conf(["backend=cudaMallocAsync expandable_segments=True"], save=True, environ=env, modules={})

@@ -156,6 +156,11 @@ def current_settings(environ: MutableMapping[str, str], names: Sequence[str] = E
     return "", ()
 
 
+def _env_names(version: Optional[Version], rocm: bool) -> Tuple[str, ...]:
+    """The variables torch reads and every change writes, in torch's order."""
+    return ROCM_ENV_NAMES if rocm and (version or NEWEST) >= HIP_ENV_SINCE else ENV_NAMES
+
+
 class _Setter:
     """torch's run-time settings call of the installed version, with its getter if any."""
 
@@ -296,7 +301,7 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     version_text = installed_torch_version(modules)
     version = version_of(version_text)
     rocm = is_rocm_build(version_text, modules)
-    names = ROCM_ENV_NAMES if rocm and (version or NEWEST) >= HIP_ENV_SINCE else ENV_NAMES
+    names = _env_names(version, rocm)
     env_before = _env_snapshot(environ, names)
     common = dict(torch=state, torch_version=version_text, env_before=env_before)
 
@@ -499,6 +504,10 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
     state = state or torch_state(modules)
     forget = "(%alloc_conf --forget removes it)"
     if state.cuda_initialized:
+        source = _holding(saved, environ, modules)
+        if source:  # applied when the extension loaded before, or set by the user: no news
+            return (f"colab_gpu: the saved allocator setting {saved!r} is already in this "
+                    f"process's setting ({source} holds it) {forget}")
         return (f"colab_gpu: saved allocator setting {saved!r} not applied: CUDA is already "
                 f"running; restart the runtime and load the extension first {forget}")
     late = ""
@@ -513,6 +522,19 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
                 f"and chose its allocator then: restart and load the extension before `import torch`)")
     return (f"colab_gpu: applied the saved allocator setting {saved!r} from {path}{late}; now "
             f"{to_torch(result.settings)!r} {forget}")
+
+
+def _holding(saved: str, environ, modules) -> Optional[str]:
+    """The variable torch reads when it already holds every key of ``saved`` at its value (as
+    after ``%reload_ext colab_gpu`` once CUDA runs), else None."""
+    version_text = installed_torch_version(modules)
+    version, rocm = version_of(version_text), is_rocm_build(version_text, modules)
+    try:
+        source, current = current_settings(environ, _env_names(version, rocm))
+        held = set(validate(current, version, rocm))
+        return source if set(validate(parse(saved), version, rocm)) <= held else None
+    except AllocConfError:
+        return None
 
 
 def _without_backend(saved: str, environ, modules, state: TorchState
