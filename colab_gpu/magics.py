@@ -71,12 +71,29 @@ def _values_attached(argv: List[str]) -> Tuple[List[str], Dict[str, str]]:
     return attached, typed
 
 
+def _without_comment(line: str) -> str:
+    """The line up to a ``#`` that starts a word outside quotes, as a shell reads a comment:
+    ``%alloc_conf expandable_segments=True  # fights fragmentation``, as the README writes its
+    examples, is the setting alone; a ``#`` inside a word or quotes stays."""
+    quote = None
+    for index, char in enumerate(line):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            return line[:index]
+    return line
+
+
 def _parse(magic: Callable, line: str):
-    """The magic's options, with shell quoting understood: ``--headroom "10%"`` means 10%.
+    """The magic's options, with shell quoting understood: ``--headroom "10%"`` means 10%, and
+    a trailing ``# comment`` ignored.
 
     IPython's own parse_argstring keeps the quotes in the values. Backslashes are not
     escapes here, so Windows paths (``--from C:\\logs\\gpu.csv``) pass through whole.
     """
+    line = _without_comment(line)
     lexer = shlex.shlex(line, posix=True)
     lexer.whitespace_split, lexer.escape, lexer.commenters = True, "", ""
     try:

@@ -615,3 +615,24 @@ def test_magic_reads_a_setting_the_shell_split_at_its_spaces(magic_env, line):
     magic_env.run_line_magic("alloc_conf", "roundup_power2_divisions:[256:1, 512:2, >:4] --json")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"].endswith(
         ",roundup_power2_divisions:[256:1,512:2,>:4]")
+
+
+def test_the_readmes_example_lines_work_pasted_with_their_comments(magic_env, capsys):
+    """The README writes `%alloc_conf ...   # why` lines; pasted into a cell, each was a
+    UsageError ("malformed setting '#'", or "no closing quotation" for "torch's")."""
+    from conftest import ROOT
+
+    section = (ROOT / "README.md").read_text().split("## `%alloc_conf`", 1)[1]
+    lines = [line for line in section.split("```python", 1)[1].split("```", 1)[0].splitlines()
+             if line.startswith("%alloc_conf")]
+    assert len(lines) == 4 and sum("  # " in line for line in lines) == 3
+    for line in lines:
+        magic, _, rest = line.partition(" ")
+        magic_env.run_line_magic(magic[1:], rest + " --json")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == \
+        "max_split_size_mb:128,expandable_segments:True,roundup_power2_divisions:[256:1,512:2,>:4]"
+    # a '#' inside a word or quotes is no comment
+    with pytest.raises(UsageError, match="max_split_size_mb=128#5: takes a whole number"):
+        magic_env.run_line_magic("alloc_conf", "max_split_size_mb=128#5")
+    with pytest.raises(UsageError, match="put a ',' before '#x'"):
+        magic_env.run_line_magic("alloc_conf", "--check 'expandable_segments:True #x'  # why")
