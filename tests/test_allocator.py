@@ -636,3 +636,35 @@ def test_the_readmes_example_lines_work_pasted_with_their_comments(magic_env, ca
         magic_env.run_line_magic("alloc_conf", "max_split_size_mb=128#5")
     with pytest.raises(UsageError, match="put a ',' before '#x'"):
         magic_env.run_line_magic("alloc_conf", "--check 'expandable_segments:True #x'  # why")
+
+
+def test_once_cuda_runs_a_torch_without_a_runtime_setter_changes_nothing_and_says_so(env):
+    """A torch with no run-time settings call read the setting when CUDA started: the report said
+    'changed ... applied through: environment' for a setting that never reached torch, and the
+    environment no longer said what the process runs with."""
+    import types
+
+    from IPython.lib.pretty import pretty
+
+    old = _torch("2.0.1+cu118")
+    env["PYTORCH_CUDA_ALLOC_CONF"] = env["PYTORCH_ALLOC_CONF"] = "garbage_collection_threshold:0.6"
+    started = TorchState(imported=True, version="2.0.1+cu118", cuda_version="11.8", cuda_initialized=True)
+    before = dict(env)
+    result = alloc_conf(["max_split_size_mb=128"], unset=["garbage_collection_threshold"], environ=env,
+                        modules=old, state=started)
+    assert env == before and not result.changed and result.applied_via == ("environment",)
+    assert [name for name, _ in result.deferred] == ["garbage_collection_threshold", "max_split_size_mb"]
+    text = " ".join(pretty(result).split())
+    assert text.startswith("Allocator configuration unchanged: garbage_collection_threshold:0.6")
+    assert ("max_split_size_mb: the installed torch has no run-time settings call: it read its "
+            "allocator settings once, when CUDA started") in text
+    saved = alloc_conf(["max_split_size_mb=128"], save=True, environ=env, modules=old, state=started)
+    assert saved.saved == "garbage_collection_threshold:0.6,max_split_size_mb:128" and env == before
+    # ROCm builds up to 2.9 have the call (torch.version.cuda is None there, hip is set)
+    calls = []
+    rocm = _torch("2.5.1+rocm6.2")
+    rocm["torch"].version = types.SimpleNamespace(cuda=None, hip="6.2")
+    rocm["torch"].cuda = types.SimpleNamespace(memory=types.SimpleNamespace(_set_allocator_settings=calls.append))
+    applied = alloc_conf(["max_split_size_mb=256"], environ=env, modules=rocm, state=started)
+    assert applied.deferred == () and calls == ["garbage_collection_threshold:0.6,max_split_size_mb:256"]
+    assert applied.applied_via == ("environment", "torch.cuda.memory._set_allocator_settings")

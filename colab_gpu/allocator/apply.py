@@ -170,7 +170,8 @@ class _Setter:
 
 def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
     """2.10+: torch._C._accelerator_setAllocatorSettings (every build); <= 2.9:
-    torch.cuda.memory._set_allocator_settings (CUDA builds). None before torch is imported."""
+    torch.cuda.memory._set_allocator_settings (CUDA and ROCm builds). None before torch is
+    imported, and for a torch that has neither."""
     torch = modules.get("torch")
     if torch is None:
         return None
@@ -181,7 +182,8 @@ def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
                        getattr(native, "_accelerator_getAllocatorSettings", None))
     memory = getattr(getattr(torch, "cuda", None), "memory", None)
     legacy = getattr(memory, "_set_allocator_settings", None)
-    if legacy is not None and getattr(getattr(torch, "version", None), "cuda", None):
+    version = getattr(torch, "version", None)
+    if legacy is not None and (getattr(version, "cuda", None) or getattr(version, "hip", None)):
         return _Setter("torch.cuda.memory._set_allocator_settings", legacy, None)
     return None
 
@@ -346,7 +348,8 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     if refused:
         raise AllocConfError(refused)
     new_settings = validate(merge(base, changes, unset), version, rocm)
-    deferred = _deferred(current, new_settings, state, allow=save)
+    deferred = _deferred(current, new_settings, state, allow=save,
+                         setter=runtime_setter(modules) is not None)
     # The file first: one that cannot be written or deleted then changes nothing, and a setting
     # torch refuses puts the file back, so that either all of it happens or none.
     previous, _ = saved_setting(environ)
@@ -366,9 +369,14 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         + _ignored_variables(version, env_before, written=True), **common)
 
 
-def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool
+_NO_SETTER = ("the installed torch has no run-time settings call: it read its allocator "
+              "settings once, when CUDA started")
+
+
+def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, setter: bool = True
               ) -> Tuple[Tuple[str, str], ...]:
-    """Changed keys that cannot take effect now, with why; a refused change raises."""
+    """Changed keys that cannot take effect now, with why; a refused change raises. ``setter``:
+    the installed torch has a run-time settings call (without one, once CUDA runs, none can)."""
     if not state.imported:
         return ()
     before, after = dict(current), dict(new)
@@ -387,6 +395,8 @@ def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool
             deferred.append((name, key.runtime_reason))
         elif state.cuda_initialized and not key.runtime:
             deferred.append((name, key.runtime_reason))
+        elif state.cuda_initialized and not setter:
+            deferred.append((name, _NO_SETTER))
     return tuple(deferred)
 
 
