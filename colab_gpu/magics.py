@@ -17,7 +17,7 @@ import re
 import shlex
 import sys
 from collections.abc import Iterator
-from typing import Callable, Dict, List, Set, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -426,9 +426,10 @@ class GPUMagics(Magics):
         """Run the cell at several batch sizes; set the variable to the largest (or
         fastest) that fits.
 
-        Names the cell assigns, the --restore objects and the random generators are put
-        back after every trial; Ctrl-C stops and keeps the best size so far. A cell
-        error other than out-of-memory stops the search and is shown.
+        The notebook's variables (also those set by %time or a function's global), the
+        --restore objects and the random generators are put back after every trial;
+        Ctrl-C stops and keeps the best size so far. A cell error other than
+        out-of-memory stops the search and is shown.
         """
         from .batch import RestoreError, SearchError, search_batch
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
@@ -470,7 +471,7 @@ class GPUMagics(Magics):
             code = compile("\n" + source, filename, "exec")
         except SyntaxError as error:  # what only the compiler sees: a return outside a function
             raise _syntax_error(error, source) from None
-        assigned = _checked_names(tree, args.var, namespace)
+        _checked_names(tree, args.var, namespace)
 
         later_runs = _LaterRuns(self.shell)  # the cell's output is shown for its first run only
 
@@ -483,8 +484,7 @@ class GPUMagics(Magics):
         notebook = in_notebook() and self.output != "text"
         progress = NotebookProgress(keep_report=not args.return_result) if notebook else TerminalProgress()
         try:
-            snapshot = Snapshot(namespace, assigned | {args.var},
-                                {name: namespace[name] for name in args.restore})
+            snapshot = Snapshot(namespace, {name: namespace[name] for name in args.restore})
             result = search_batch(
                 step, snapshot, variable=args.var, mode=args.mode, start=args.start,
                 maximum=args.maximum, steps=args.steps, headroom=args.headroom,
@@ -534,9 +534,9 @@ def _syntax_error(error: SyntaxError, source: str, below: int = 0) -> UsageError
                       + "; nothing ran")
 
 
-def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> Set[str]:
-    """The names the cell binds. Refuses a cell that binds ``variable`` itself; warns on stderr
-    when it never mentions ``variable`` or takes items from an iterator of the notebook."""
+def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> None:
+    """Refuses a cell that binds ``variable`` itself; warns on stderr when it never mentions
+    ``variable`` or takes items from an iterator of the notebook."""
     from .batch.state import assigned_names, mentioned_names
 
     if variable in assigned_names(tree, nested=False):
@@ -552,7 +552,6 @@ def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> Set[str]:
         print(f"colab_gpu: {', '.join(shared_iterators)}: every run of the cell takes items from "
               f"this iterator and the search cannot put them back; create it again afterwards",
               file=sys.stderr)
-    return assigned
 
 
 class _LaterRuns:

@@ -852,6 +852,19 @@ def test_names_bound_out_of_sight_of_the_source_are_removed(shell):
     assert "hidden" not in shell.user_ns and "timed" not in shell.user_ns
 
 
+def test_names_rebound_out_of_sight_of_the_source_are_put_back(shell):
+    """``%time x = ...`` and a helper's ``global`` rebind the notebook's names where the cell's
+    code shows no assignment: x was left holding the last trial's tensor, a step counter
+    counted every run of the search."""
+    shell.run_cell("x = 'kept'; steps_done = 0\n"
+                   "def train_step(size):\n    global steps_done, last\n    steps_done += 1; last = [0] * size")
+    shell.user_ns.pop("last", None)
+    result = shell.run_cell("%%find_batch --max 8\n%time x = [0] * batch_size\ntrain_step(batch_size)")
+    assert result.error_in_exec is None and shell.user_ns["batch_size"] == 8
+    assert shell.user_ns["x"] == "kept" and shell.user_ns["steps_done"] == 0
+    assert "last" not in shell.user_ns
+
+
 def test_a_cell_that_never_mentions_the_variable_is_pointed_out(shell, capsys):
     shell.run_cell("%%find_batch --max 8\npass")
     assert "the cell never mentions batch_size" in capsys.readouterr().err

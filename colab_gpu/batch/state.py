@@ -2,14 +2,14 @@
 
 A snapshot is taken once before the search and restored after every trial, so each trial
 starts from the same weights and random stream, and nothing a trial left behind (tensors
-bound to names the cell assigns, gradients, optimizer state) keeps memory alive.
+bound to the notebook's names, gradients, optimizer state) keeps memory alive.
 """
 from __future__ import annotations
 
 import ast
 import random
 import sys
-from typing import Any, Dict, Iterable, List, MutableMapping, Optional, Set
+from typing import Any, Dict, List, MutableMapping, Optional, Set
 
 from ..runtime import cuda_torch
 from .trial import describe
@@ -162,25 +162,29 @@ class _Generators:
             torch.cuda.set_rng_state_all(self.cuda)
 
 
+_GONE = object()  # a name the trial deleted
+
+
 class Snapshot:
     """Everything a trial may change, saved now and put back by ``restore()``."""
 
     def __init__(self, namespace: Optional[MutableMapping[str, Any]] = None,
-                 names: Iterable[str] = (), objects: Optional[Dict[str, Any]] = None):
+                 objects: Optional[Dict[str, Any]] = None):
         self.namespace = namespace
-        # Names the trial adds are deleted, wherever they came from (an assignment, exec,
-        # %time x = ..., a function's global); the ``names`` that existed are put back.
-        self.existing = set(namespace) if namespace is not None else set()
-        self.names: Dict[str, Any] = {name: namespace[name] for name in names if name in self.existing}
+        # Every name, wherever the trial bound it (an assignment, exec, %time x = ..., a
+        # function's global): the names it adds are deleted, those it rebinds or deletes are
+        # put back. Saved by reference: a dict of the namespace's own objects costs nothing.
+        self.names: Dict[str, Any] = dict(namespace) if namespace is not None else {}
         self.objects: List[_ObjectState] = [_ObjectState(name, obj) for name, obj in (objects or {}).items()]
         self.generators = _Generators()
 
     def restore(self) -> None:
         if self.namespace is not None:
-            for name in set(self.namespace) - self.existing:
+            for name in set(self.namespace) - set(self.names):
                 del self.namespace[name]
-        for name, value in self.names.items():
-            self.namespace[name] = value
+            for name, value in self.names.items():
+                if self.namespace.get(name, _GONE) is not value:
+                    self.namespace[name] = value
         failed = []
         for state in self.objects:  # one that cannot be put back stops the search, not the others
             try:
