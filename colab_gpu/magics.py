@@ -431,7 +431,7 @@ class GPUMagics(Magics):
         Ctrl-C stops and keeps the best size so far. A cell error other than
         out-of-memory stops the search and is shown.
         """
-        from .batch import RestoreError, SearchError, search_batch
+        from .batch import RestoreError, SearchError, check_options, search_batch
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
         from .batch.search import check_variable
         from .batch.state import Snapshot
@@ -471,7 +471,17 @@ class GPUMagics(Magics):
             code = compile("\n" + source, filename, "exec")
         except SyntaxError as error:  # what only the compiler sees: a return outside a function
             raise _syntax_error(error, source) from None
-        _checked_names(tree, args.var, namespace)
+        warnings = _checked_names(tree, args.var, namespace)
+        options = dict(variable=args.var, mode=args.mode, start=args.start, maximum=args.maximum,
+                       steps=args.steps, headroom=args.headroom, multiple_of=args.multiple_of,
+                       device=args.device)
+        try:  # a bad option or --restore object is one line, not after the warnings
+            check_options(**options)
+            snapshot = Snapshot(namespace, {name: namespace[name] for name in args.restore})
+        except (SearchError, RestoreError) as error:
+            raise UsageError(str(error)) from None
+        for warning in warnings:
+            print(f"colab_gpu: {warning}", file=sys.stderr)
 
         later_runs = _LaterRuns(self.shell)  # the cell's output is shown for its first run only
 
@@ -484,11 +494,7 @@ class GPUMagics(Magics):
         notebook = in_notebook() and self.output != "text"
         progress = NotebookProgress(keep_report=not args.return_result) if notebook else TerminalProgress()
         try:
-            snapshot = Snapshot(namespace, {name: namespace[name] for name in args.restore})
-            result = search_batch(
-                step, snapshot, variable=args.var, mode=args.mode, start=args.start,
-                maximum=args.maximum, steps=args.steps, headroom=args.headroom,
-                multiple_of=args.multiple_of, device=args.device, progress=progress)
+            result = search_batch(step, snapshot, progress=progress, **options)
         except (SearchError, RestoreError) as error:
             raise UsageError(str(error)) from None
         if result.answer is not None:
@@ -534,24 +540,25 @@ def _syntax_error(error: SyntaxError, source: str, below: int = 0) -> UsageError
                       + "; nothing ran")
 
 
-def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> None:
-    """Refuses a cell that binds ``variable`` itself; warns on stderr when it never mentions
-    ``variable`` or takes items from an iterator of the notebook."""
+def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> List[str]:
+    """Refuses a cell that binds ``variable`` itself; the warnings for a cell that never
+    mentions ``variable`` or takes items from an iterator of the notebook."""
     from .batch.state import assigned_names, mentioned_names
 
     if variable in assigned_names(tree, nested=False):
         raise UsageError(f"the cell assigns {variable} itself, so every trial would run at the cell's "
                          f"value, not the size tried; remove that assignment")
     assigned, mentioned = assigned_names(tree), mentioned_names(tree)
+    warnings = []
     if variable not in mentioned:
-        print(f"colab_gpu: the cell never mentions {variable}; unless a function it calls reads "
-              f"it, every size is the same work (--var names the variable)", file=sys.stderr)
+        warnings.append(f"the cell never mentions {variable}; unless a function it calls reads "
+                        f"it, every size is the same work (--var names the variable)")
     shared_iterators = sorted(name for name in mentioned - assigned
                               if isinstance(namespace.get(name), Iterator))
     if shared_iterators:  # a generator, a DataLoader's iter(), a file: no state to save
-        print(f"colab_gpu: {', '.join(shared_iterators)}: every run of the cell takes items from "
-              f"this iterator and the search cannot put them back; create it again afterwards",
-              file=sys.stderr)
+        warnings.append(f"{', '.join(shared_iterators)}: every run of the cell takes items from "
+                        f"this iterator and the search cannot put them back; create it again afterwards")
+    return warnings
 
 
 class _LaterRuns:

@@ -1094,13 +1094,18 @@ def test_help_shows_a_cell_magic(shell):
     ("--device cudaX", "--device 'cudaX'"), ("--device cuda", "this machine has no CUDA device"),
     ("--device cuda:1", "--device cuda:1: this machine has no CUDA device"),
     ("--var 1abc", "--var '1abc': give a Python variable name"), ("--var class", "--var 'class'"),
-    ("--headroom 0.1", "a number without a unit is bytes; for a share"),
+    ("--headroom 0.1", "a number without a unit is bytes; for a share"), ("--max 0", "--max 0"),
+    ("--start 8 --max 4", "--max 4 is below --start 8"), ("--restore n_layers", "no state_dict()"),
 ])
-def test_magic_bad_options_are_one_line_usage_errors(shell, line, message):
+def test_magic_bad_options_are_one_line_usage_errors(shell, capsys, line, message):
+    """The one line alone: not after the warnings about the cell ("never mentions batch_size",
+    an iterator of the notebook), which were printed first for an option the search refused."""
     from IPython.core.error import UsageError
 
+    shell.user_ns.update(n_layers=4, lines=iter("ab"))
     with pytest.raises(UsageError, match=message):
-        shell.run_cell_magic("find_batch", line, "pass")
+        shell.run_cell_magic("find_batch", line, "x = next(lines)")
+    assert capsys.readouterr() == ("", "")
 
 
 def test_result_views():

@@ -71,6 +71,16 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
     return spec
 
 
+def check_options(*, variable: str = "batch_size", mode: str = "max", start: Optional[int] = None,
+                  maximum: Optional[int] = None, steps: int = 3, headroom="0", multiple_of: int = 1,
+                  device: str = "auto") -> None:
+    """SearchError for an option ``search_batch`` would refuse, before anything is saved or run."""
+    whole_number("--steps", steps)
+    checked_device(device)
+    Search(lambda size: None, variable=variable, mode=mode, start=start, maximum=maximum,
+           multiple_of=multiple_of, headroom=headroom)  # its constructor checks the rest
+
+
 def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
                  steps: int = 3, headroom="0", multiple_of: int = 1, device: str = "auto",
