@@ -17,7 +17,7 @@ import re
 import shlex
 import sys
 from collections.abc import Iterator
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Set, Tuple
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -548,7 +548,7 @@ def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> List[str]:
     if variable in assigned_names(tree, nested=False):
         raise UsageError(f"the cell assigns {variable} itself, so every trial would run at the cell's "
                          f"value, not the size tried; remove that assignment")
-    assigned, mentioned = assigned_names(tree), mentioned_names(tree)
+    assigned, mentioned = assigned_names(tree), mentioned_names(tree) | _words_in_ipython_lines(tree)
     warnings = []
     if variable not in mentioned:
         warnings.append(f"the cell never mentions {variable}; unless a function it calls reads "
@@ -559,6 +559,22 @@ def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> List[str]:
         warnings.append(f"{', '.join(shared_iterators)}: every run of the cell takes items from "
                         f"this iterator and the search cannot put them back; create it again afterwards")
     return warnings
+
+
+def _words_in_ipython_lines(tree: ast.AST) -> Set[str]:
+    """The words of the cell's magic and shell lines, which IPython turned into calls with
+    the line as a string (``%time x = f(bs)``: ``get_ipython().run_line_magic('time', 'x =
+    f(bs)')``; ``!ls {path}``: ``get_ipython().system('ls {path}')``), the names they read
+    among them. The magic's own name is left out."""
+    words: Set[str] = set()
+    for node in ast.walk(tree):
+        called = getattr(node, "func", None)
+        if isinstance(called, ast.Attribute) and isinstance(called.value, ast.Call) \
+                and getattr(called.value.func, "id", None) == "get_ipython":
+            lines = node.args[1:] if called.attr.startswith("run_") else node.args
+            words.update(word for arg in lines if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                         for word in re.findall(r"[^\W\d]\w*", arg.value))
+    return words
 
 
 class _LaterRuns:

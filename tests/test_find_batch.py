@@ -872,6 +872,18 @@ def test_a_cell_that_never_mentions_the_variable_is_pointed_out(shell, capsys):
     assert "never mentions" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("line", ["%time x = [0] * batch_size", "!echo {batch_size} > /dev/null",
+                                  "listed = !echo {batch_size}"])
+def test_a_magic_or_shell_line_that_reads_the_variable_mentions_it(shell, capsys, line):
+    """IPython turns such a line into a call with the line as a string: the warning said the
+    cell never mentions batch_size, above a search that ran at every size it tried."""
+    assert shell.run_cell(f"%%find_batch --max 4\n{line}").error_in_exec is None
+    assert "never mentions" not in capsys.readouterr().err and shell.user_ns["batch_size"] == 4
+    shell.user_ns["pending"] = iter(range(100))
+    shell.run_cell("%%find_batch --max 4\n%time x = [next(pending)] * batch_size")
+    assert "pending: every run of the cell takes items from this iterator" in capsys.readouterr().err
+
+
 def test_a_cell_of_comments_only_is_refused_before_any_trial(shell):
     from IPython.core.error import UsageError
 
