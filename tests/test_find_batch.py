@@ -714,6 +714,37 @@ def test_the_users_own_error_is_raised_after_restoring():
     assert torch.equal(model.weight, weights)
 
 
+def test_the_report_of_a_search_ended_by_the_users_error_does_not_claim_an_answer(shell):
+    """A notebook keeps the report above the traceback. After sizes had fitted it read
+    "batch_size = 2 (largest fitting ...)", while the error left batch_size as it was."""
+    from colab_gpu.batch import Snapshot, search_batch
+    from colab_gpu.batch.render import render_text
+
+    finished = []
+
+    class Progress:
+        def __call__(self, search):
+            pass
+
+        def finish(self, result):
+            finished.append(result)
+
+    def step(size):
+        if size > 10:
+            raise ValueError("a bug in the cell")
+
+    with pytest.raises(ValueError, match="a bug"):
+        search_batch(step, Snapshot(), maximum=64, progress=Progress())
+    (result,) = finished
+    assert result.answer is None and result.largest_fitting == 2
+    report = render_text(result)
+    assert report.startswith("no batch_size found: batch_size=16 raised ValueError: a bug in the cell")
+    assert "largest that ran: 2" in report and "batch_size = 2" not in report
+    shell.run_cell("batch_size = 7")
+    shell.run_cell("%%find_batch --max 64\nif batch_size > 10: raise ValueError('a bug')")
+    assert shell.user_ns["batch_size"] == 7
+
+
 def test_importing_the_feature_imports_no_heavy_module():
     code = ("import sys, colab_gpu, colab_gpu.batch, colab_gpu.batch.search, colab_gpu.batch.trial;"
             "colab_gpu.find_batch; colab_gpu.is_out_of_memory;"

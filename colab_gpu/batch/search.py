@@ -368,6 +368,8 @@ class Search:
         if any(t.samples_per_second is None for t in successes):
             fastest = None if self.mode == "max" else largest
         answer = fastest if self.mode == "throughput" else largest
+        if self.trials and self.trials[-1].outcome == ERROR:
+            answer = None  # the user's error is raised and nothing set: no "batch_size = 2" headline
         return BatchResult(
             variable=self.variable, mode=self.mode, device=self.device, trials=tuple(self.trials),
             answer=answer, largest_fitting=largest, fastest=fastest, capacity=self.capacity,
