@@ -413,8 +413,8 @@ class GPUMagics(Magics):
     @argument("--mode", choices=["max", "throughput"], default="max",
               help="max: the largest size that fits; throughput: the fastest size that fits.")
     @argument("--restore", nargs="+", default=[], metavar="NAME",
-              help="Objects (model, optimizer, scheduler, tensor) whose state is saved to the CPU and "
-                   "restored after every trial.")
+              help="Objects (model, optimizer, scheduler, tensor, your own random generator) whose "
+                   "state is saved to the CPU and restored after every trial.")
     @argument("--device", default="auto",
               help="auto (CUDA once your code has started it, else CPU), cpu, cuda or cuda:N.")
     @argument("-o", action="store_true", dest="return_result",

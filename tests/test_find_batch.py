@@ -745,6 +745,29 @@ def test_the_report_of_a_search_ended_by_the_users_error_does_not_claim_an_answe
     assert shell.user_ns["batch_size"] == 7
 
 
+def test_the_users_own_random_generators_can_be_restored(shell):
+    """A seeded generator of one's own (NumPy's default_rng, torch.Generator, random.Random) is
+    not the global stream the search puts back: each trial advanced it, and --restore refused it
+    as having no state_dict()."""
+    import numpy as np
+    import torch
+
+    seeded = {"g": lambda: torch.Generator().manual_seed(0), "rng": lambda: np.random.default_rng(0),
+              "legacy": lambda: np.random.RandomState(0), "plain": lambda: random.Random(0)}
+    shell.user_ns.update({name: make() for name, make in seeded.items()})
+    result = shell.run_cell("%%find_batch --max 16 --restore g rng legacy plain\nimport torch\n"
+                            "x = torch.randn(batch_size, generator=g), rng.normal(size=batch_size), "
+                            "legacy.rand(batch_size), [plain.random() for _ in range(batch_size)]")
+    assert result.error_in_exec is None and shell.user_ns["batch_size"] == 16
+    ns, fresh = shell.user_ns, {name: make() for name, make in seeded.items()}
+    assert torch.equal(torch.randn(5, generator=ns["g"]), torch.randn(5, generator=fresh["g"]))
+    assert ns["rng"].normal() == fresh["rng"].normal() and ns["legacy"].rand() == fresh["legacy"].rand()
+    assert ns["plain"].random() == fresh["plain"].random()
+    found = find_batch(lambda size: ns["rng"].normal(size=size), max=8,
+                       restore=ns["rng"], progress=False)
+    assert found.answer == 8 and ns["rng"].normal() == fresh["rng"].normal()
+
+
 def test_importing_the_feature_imports_no_heavy_module():
     code = ("import sys, colab_gpu, colab_gpu.batch, colab_gpu.batch.search, colab_gpu.batch.trial;"
             "colab_gpu.find_batch; colab_gpu.is_out_of_memory;"

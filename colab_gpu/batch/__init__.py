@@ -150,8 +150,9 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     times, the first untimed; in throughput mode a fast step runs until 0.1 s is timed.
     ``start`` and ``max``: the first and the largest size tried (default 2, or
     ``multiple_of`` if larger, or ``max`` if smaller; and 65536).
-    ``restore``: models, optimizers, schedulers or tensors whose state is put back after
-    every trial (saved on the CPU). ``headroom``: memory to keep free, bytes (``"512MiB"``)
+    ``restore``: models, optimizers, schedulers, tensors or random generators of your own
+    (``np.random.default_rng``, ``torch.Generator``) whose state is put back after every
+    trial (saved on the CPU). ``headroom``: memory to keep free, bytes (``"512MiB"``)
     or a share (``"10%"``). ``multiple_of``: only its multiples are tried. ``device``:
     ``"auto"`` (CUDA once your code has started it, else the CPU), ``"cpu"``, ``"cuda"``,
     ``"cuda:N"`` (or N, or a ``torch.device``). ``measure_memory=False`` measures no peak

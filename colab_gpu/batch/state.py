@@ -84,8 +84,22 @@ def _fresh(saved, ids: Set[int]):
     return _map_tensors(saved, lambda tensor: tensor.clone() if id(tensor) in ids else tensor)
 
 
+def _random_state(obj: Any):
+    """(read, write) of a random generator's state: NumPy's Generator (its bit generator's
+    ``state``), torch.Generator and NumPy's RandomState (``get_state``/``set_state``),
+    random.Random (``getstate``/``setstate``); None for anything else. Each read is a copy."""
+    bits = getattr(obj, "bit_generator", None)
+    if bits is not None and hasattr(bits, "state"):
+        return (lambda: bits.state), (lambda state: setattr(bits, "state", state))
+    for read, write in (("get_state", "set_state"), ("getstate", "setstate")):
+        if callable(getattr(obj, read, None)) and callable(getattr(obj, write, None)):
+            return getattr(obj, read), getattr(obj, write)
+    return None
+
+
 class _ObjectState:
-    """One --restore object: anything with state_dict()/load_state_dict(), or a tensor."""
+    """One --restore object: anything with state_dict()/load_state_dict(), a tensor, or a
+    random generator of the user's own (``rng = np.random.default_rng(0)``)."""
 
     def __init__(self, name: str, obj: Any):
         self.name, self.obj = name, obj
@@ -98,17 +112,22 @@ class _ObjectState:
         # could exhaust a Colab runtime's RAM, and loading copies them to the GPU anyway.
         self.copies_in = torch is not None and isinstance(obj, torch.nn.Module)
         self.from_cpu: Set[int] = set()  # ids of the saved tensors whose original was on the CPU
+        has_state_dict = all(callable(getattr(obj, name, None)) for name in ("state_dict", "load_state_dict"))
+        self.random = None if self.is_tensor or has_state_dict else _random_state(obj)
         if self.is_tensor:
             self.saved = _to_cpu(obj)
-        elif callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+        elif has_state_dict:
             try:
                 self.saved = _to_cpu(obj.state_dict(), self.from_cpu)
             except Exception as error:  # the object's own failure, before anything ran
                 raise RestoreError(f"--restore {name}: its state_dict() raised {describe(error)}; "
                                    f"nothing ran") from None
+        elif self.random is not None:  # the user's own generator: its stream is put back
+            self.saved = self.random[0]()
         else:
             raise RestoreError(f"--restore {name}: a {type(obj).__name__} has no state_dict() / "
-                               f"load_state_dict(); give models, optimizers, schedulers or tensors")
+                               f"load_state_dict(); give models, optimizers, schedulers, tensors or "
+                               f"random generators")
         parameters = getattr(obj, "parameters", None)
         self.grads = ([(p, _to_cpu(p.grad)) for p in parameters()] if callable(parameters) else [])
         if self.is_tensor and obj.is_leaf and obj.requires_grad:  # a weight trained by hand
@@ -128,6 +147,8 @@ class _ObjectState:
         if self.is_tensor:
             with sys.modules["torch"].no_grad():
                 self.obj.copy_(self.saved)
+        elif self.random is not None:
+            self.random[1](self.saved)
         else:
             self.obj.load_state_dict(self.saved if self.copies_in else _fresh(self.saved, self.from_cpu))
         for parameter, grad in self.grads:  # a copy: backward() adds into .grad in place
