@@ -435,7 +435,7 @@ class GPUMagics(Magics):
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
         from .batch.search import check_variable
         from .batch.state import Snapshot
-        from .render import count
+        from .render import count, with_article
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = _parse(self.find_batch, line)
@@ -447,7 +447,7 @@ class GPUMagics(Magics):
         held = namespace.get(args.var)
         if held is not None and not _a_number(held):
             # The answer is written over it: a model or a tensor named by --var would be lost.
-            raise UsageError(f"--var {args.var}: {args.var} holds a {type(held).__name__}, not a "
+            raise UsageError(f"--var {args.var}: {args.var} holds {with_article(type(held).__name__)}, not a "
                              f"batch size, and the search would replace it with a number; name "
                              f"another variable, like "
                              + " or ".join(f"--var {name}" for name in ("batch_size", "bs") if name != args.var))

@@ -964,12 +964,13 @@ def test_a_cell_that_assigns_the_variable_itself_is_refused_before_any_trial(she
 def test_a_var_naming_a_model_or_a_flag_is_refused_not_overwritten_with_the_answer(shell):
     from IPython.core.error import UsageError
 
-    shell.run_cell("import torch; model = torch.nn.Linear(4, 4); debug = False; seen = []")
+    shell.run_cell("import torch; model = torch.nn.Linear(4, 4); debug = False; seen = []\n"
+                   "emb = torch.nn.Embedding(4, 4)")
     model = shell.user_ns["model"]
-    for name, kind in (("model", "Linear"), ("debug", "bool")):
+    for name, kind in (("model", "a Linear"), ("debug", "a bool"), ("emb", "an Embedding")):
         with pytest.raises(UsageError) as refused:
             shell.run_cell_magic("find_batch", f"--var {name} --max 8", f"seen.append({name})")
-        assert str(refused.value) == (f"--var {name}: {name} holds a {kind}, not a batch size, and the "
+        assert str(refused.value) == (f"--var {name}: {name} holds {kind}, not a batch size, and the "
                                       f"search would replace it with a number; name another variable, "
                                       f"like --var batch_size or --var bs")
     assert shell.user_ns["model"] is model and shell.user_ns["debug"] is False and shell.user_ns["seen"] == []
@@ -1161,7 +1162,8 @@ def test_help_shows_a_cell_magic(shell):
     ("--device cuda:1", "--device cuda:1: this machine has no CUDA device"),
     ("--var 1abc", "--var '1abc': give a Python variable name"), ("--var class", "--var 'class'"),
     ("--headroom 0.1", "a number without a unit is bytes; for a share"), ("--max 0", "--max 0"),
-    ("--start 8 --max 4", "--max 4 is below --start 8"), ("--restore n_layers", "no state_dict()"),
+    ("--start 8 --max 4", "--max 4 is below --start 8"),
+    ("--restore n_layers", "^--restore n_layers: an int has no state_dict"),
 ])
 def test_magic_bad_options_are_one_line_usage_errors(shell, capsys, line, message):
     """The one line alone: not after the warnings about the cell ("never mentions batch_size",

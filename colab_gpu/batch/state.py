@@ -11,6 +11,7 @@ import random
 import sys
 from typing import Any, Dict, List, MutableMapping, Optional, Set
 
+from ..render import with_article
 from ..runtime import cuda_torch
 from .trial import describe
 
@@ -125,7 +126,7 @@ class _ObjectState:
         elif self.random is not None:  # the user's own generator: its stream is put back
             self.saved = self.random[0]()
         else:
-            raise RestoreError(f"--restore {name}: a {type(obj).__name__} has no state_dict() / "
+            raise RestoreError(f"--restore {name}: {with_article(type(obj).__name__)} has no state_dict() / "
                                f"load_state_dict(); give models, optimizers, schedulers, tensors or "
                                f"random generators")
         parameters = getattr(obj, "parameters", None)

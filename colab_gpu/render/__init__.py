@@ -80,6 +80,11 @@ def count(amount: int, noun: str) -> str:
     return f"{amount} {noun}{'es' if noun.endswith(('s', 'x', 'z', 'ch', 'sh')) else 's'}"
 
 
+def with_article(noun: str) -> str:
+    """"a Linear", "an int", "an Embedding": a type's name with the article it reads with."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
     if value is None:
         return NA
