@@ -1107,6 +1107,21 @@ def test_cells_says_once_that_the_monitor_stopped_by_itself(live_config, monkeyp
         source.close()
 
 
+def test_cells_on_a_recording_without_memory_says_so_once_not_an_empty_line_per_cell(live_config, capsys):
+    """nanoGPT's log has utilization, power and temperature but no memory: every cell ended
+    with "cell GPU memory (REPLAY ..., 21 samples): " and nothing after the colon."""
+    run_live(live_config, f"--live --from {NANOGPT} --cells --interval 0.02", live_display="widgets")
+    capsys.readouterr()
+    for _ in range(2):
+        live_config.run_cell("import time; time.sleep(0.2)")
+    lines = [line for line in unfolded(capsys.readouterr().out).splitlines() if line.startswith("cell GPU")]
+    assert len(lines) == 1, lines
+    assert re.fullmatch(r"cell GPU memory \(REPLAY of a recorded trace \(8gpu-training_nanogpt-pr643.csv\), "
+                        r"not this machine's GPU, \d+ samples\): the recording reports no memory used; "
+                        r"later cells get no line while it reports none", lines[0]), lines[0]
+    run_live(live_config, "--stop")
+
+
 def test_cells_stays_quiet_after_a_cell_too_short_to_be_sampled(live_config, capsys):
     run_live(live_config, "--live --demo --cells --interval 60", live_display="widgets")
     capsys.readouterr()

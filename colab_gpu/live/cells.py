@@ -29,6 +29,7 @@ class CellPeaks:
         self._started: Optional[float] = None
         self._allocated: Optional[List[int]] = None  # per torch device at the cell's start
         self._told_stopped = False  # the user was told the monitor stopped
+        self._told_unreported = False  # ... that the source reports no memory used
         self._tally: Optional["_CellTally"] = None  # the samples of the cell running now
 
     def before(self) -> None:
@@ -88,6 +89,17 @@ class CellPeaks:
         taken, memory = tally.tallied if tally is not None else (0, {})
         if tally is None or tally.sampler is not sampler or not taken:
             return None  # e.g. print("x"): a line after each such cell would only be noise
+        if sampler.recorded:  # --demo / --from FILE: not this machine's GPU at all
+            source = f"{source_title(sampler)}, {count(taken, 'sample')}"
+        else:
+            source = f"NVML, all processes, {count(taken, 'sample')}; CUDA not started by this process"
+        if not memory:  # a log without memory columns: said once, not an empty line per cell
+            if self._told_unreported:
+                return None
+            self._told_unreported = True
+            reporter = "the recording" if sampler.recorded else "NVML"
+            return (f"cell GPU memory ({source}): {reporter} reports no memory used; later cells "
+                    f"get no line while it reports none")
         parts, labels = [], torch_labels(sampler)
         for index in sorted(memory):
             first, peak, last = memory[index]
@@ -95,10 +107,6 @@ class CellPeaks:
             change = last - (first if start is None else start)
             named = f"GPU {index} ({labels[index]})" if index in labels else f"GPU {index}"
             parts.append(f"{named} peak {size(peak)} used ({_signed(change)})")
-        if sampler.recorded:  # --demo / --from FILE: not this machine's GPU at all
-            source = f"{source_title(sampler)}, {count(taken, 'sample')}"
-        else:
-            source = f"NVML, all processes, {count(taken, 'sample')}; CUDA not started by this process"
         return f"cell GPU memory ({source}): " + "; ".join(parts)
 
 
