@@ -6,6 +6,7 @@ from typing import Callable, Optional
 
 from ..render import fold, fold_items
 from . import live_url, page_server, running, stop
+from .panel import display_text
 from .record import RunRecord
 
 
@@ -89,14 +90,14 @@ class LiveSession:
 
 
 def _page_frame(sampler, url: str):
-    """The live page in an IFrame whose text says where the page is: with live_display 'page',
-    a terminal showed only the IFrame's text, "<IPython.lib.display.IFrame at 0x...>"."""
+    """The live page in an IFrame whose text says where the page is, as the widget's names the
+    monitor: with live_display 'page', a terminal showed only the IFrame's text,
+    "<IPython.lib.display.IFrame at 0x...>"."""
     from IPython.display import IFrame
 
     class LivePage(IFrame):
         def __repr__(self) -> str:
-            return fold(f"Live GPU monitor ({sampler.label}) at {url}, for a browser on this "
-                        f"machine; %gpu_status --stop leaves its summary and chart", 2)
+            return fold(display_text(sampler, url), 2)
 
     return LivePage(url, width="100%", height=440)
 

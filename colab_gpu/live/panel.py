@@ -39,6 +39,14 @@ def source_title(sampler) -> str:
     return f"live from {sampler.label}"
 
 
+def display_text(sampler, url: Optional[str] = None) -> str:
+    """The live display's text/plain: all that a front end which cannot draw it shows (a
+    notebook saved without its widget state on GitHub, a terminal IPython), never the object's
+    own repr. ``url``: the live page's address, for a display that is that page."""
+    where = f" at {url}, for a browser on this machine" if url else ""
+    return f"Live GPU monitor ({sampler.label}){where}; %gpu_status --stop leaves its summary and chart"
+
+
 def torch_labels(sampler) -> Dict[int, str]:
     """NVML index -> how torch names that GPU, in the card's words ("cuda:0", "hidden from
     torch", "cuda:?" where :func:`numbering_note` says why)."""

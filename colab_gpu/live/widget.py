@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from .panel import render_panel
+from .panel import display_text, render_panel
 from .sampler import Sampler
 
 # Seconds between two redraws at least. Drawing the panel runs in the sampler thread; at
@@ -33,7 +33,7 @@ def live_widget(sampler: Sampler):
             # The display's text/plain, all that a notebook saved without its widget state
             # (GitHub, nbviewer, a reopened notebook) shows: ipywidgets' own repr was the
             # panel's CSS, "HTML(value='\n<style>\n.cgpu-card{--cgpu-muted:...".
-            return f"Live GPU monitor ({sampler.label}); %gpu_status --stop leaves its summary and chart"
+            return display_text(sampler)
 
     widget = LivePanel(value=render_panel(sampler))
     drawn_at = [time.monotonic()]
