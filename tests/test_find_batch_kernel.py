@@ -112,9 +112,10 @@ def test_ctrl_c_between_trials_and_the_users_error_end_as_reports():
     import nbformat
 
     cells = [SETUP, RESTORED_UNDER_CTRL_C, "%%find_batch --restore state\nx = torch.randn(batch_size, 64)",
-             CHECK, FAILING]
+             CHECK, FAILING, FAILING.replace("raise", "if batch_size > 8: raise"), CHECK]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
-    notebook.cells[-1].metadata["tags"] = ["raises-exception"]
+    for cell in notebook.cells[4:6]:
+        cell.metadata["tags"] = ["raises-exception"]
     run = kernel_execute(notebook, timeout=60)
 
     interrupted = bundles(run.cells[2])[0]["text/plain"]
@@ -134,6 +135,13 @@ def test_ctrl_c_between_trials_and_the_users_error_end_as_reports():
     # [5]" on IPython 8.0; 7.x names a file), never the next cell's: IPython 9.8+ counts
     # execution_count up before the cell runs.
     assert set(re.findall(r"In ?\[(\d+)\]", traceback)) <= {str(failed.execution_count)}, traceback
+
+    # The error after sizes fitted: the variable keeps its value (16, from the interrupted
+    # search), and the report said "batch_size = 2 (largest fitting on cpu, ...)" over the traceback.
+    later = bundles(run.cells[5])[0]["text/plain"]
+    assert later.startswith("no batch_size found: batch_size=16 raised ValueError: my bug"), later
+    assert "largest that ran: 2" in later  # still said, as a fact
+    assert stream(run.cells[6]).strip() == "batch_size 16"
 
 
 def test_dash_o_with_the_users_error_keeps_the_report_above_the_traceback():
