@@ -48,6 +48,22 @@ def _number(kind: type, words: str) -> Callable[[str], object]:
 
 _WHOLE_NUMBER = _number(int, "a whole number")
 
+_GIVEN = "_given_once"  # where _Once keeps the values given so far, until _parse drops it
+
+
+class _Once(argparse.Action):
+    """An option that takes one value, refused when given twice with two values: argparse
+    kept the last of ``--preset fragmentation --preset reclaim`` and dropped the first
+    without a word. The same value twice is harmless and accepted."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault(_GIVEN, {})
+        if given.get(self.dest, values) != values:
+            raise argparse.ArgumentError(self, f"given twice ({given[self.dest]} and {values}); "
+                                               f"give it once")
+        given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
 
 # A word that starts like a negative number ("-10%", "-1e3", "-.5"): a value, as no option
 # starts with a digit. argparse reads only plain negative numbers as values: for the others it
@@ -101,11 +117,13 @@ def _parse(magic: Callable, line: str):
     except ValueError as error:  # an unclosed quote
         raise UsageError(f"{error.args[0][0].lower()}{error.args[0][1:]} in {line!r}") from None
     try:
-        return magic.parser.parse_args(argv)
+        args = magic.parser.parse_args(argv)
     except UsageError as error:  # argparse says what was wrong; add what is accepted
         message = functools.reduce(lambda text, made: text.replace(*made), typed.items(), str(error))
         usage = " ".join(magic.parser.format_usage().split()[1:])
         raise UsageError(f"{message} (usage: {usage}; {usage.split()[0]}? explains each option)") from None
+    vars(args).pop(_GIVEN, None)
+    return args
 
 
 def _friendly_errors(method: Callable) -> Callable:
@@ -204,7 +222,7 @@ class GPUMagics(Magics):
                    "terminal. A second --live shows the running monitor again.")
     @argument("--stop", action="store_true",
               help="Stop the live monitor and show a summary of the whole run (and its chart in a notebook).")
-    @argument("--interval", type=_number(float, "a number of seconds"), metavar="SECONDS",
+    @argument("--interval", action=_Once, type=_number(float, "a number of seconds"), metavar="SECONDS",
               help="With --live: seconds between samples, up to 3600 (default: "
                    "GPUMagics.live_interval, 1).")
     @argument("--demo", action="store_true",
@@ -214,7 +232,7 @@ class GPUMagics(Magics):
               help="With --live: after each cell, one line with its peak GPU memory and change "
                    "(none after a cell too short to be sampled). In a terminal the monitor then "
                    "samples in the background instead of printing a line per sample.")
-    @argument("--from", dest="path", metavar="FILE",
+    @argument("--from", action=_Once, dest="path", metavar="FILE",
               help="Show the status recorded in an `nvidia-smi -q -x` XML file or an "
                    "`nvidia-smi --query-gpu=... --format=csv` log instead of the live GPUs; "
                    "with --live, replay it one time step per sample.")
@@ -296,9 +314,9 @@ class GPUMagics(Magics):
     @argument("--unset", action="append", default=[], metavar="KEY",
               help="Remove KEY from the configuration (repeatable).")
     @argument("--reset", action="store_true", help="Start from an empty configuration.")
-    @argument("--check", metavar="STRING",
+    @argument("--check", action=_Once, metavar="STRING",
               help="Validate STRING against the installed torch without applying anything.")
-    @argument("--preset", metavar="NAME",
+    @argument("--preset", action=_Once, metavar="NAME",
               help="A named configuration with its explanation: fragmentation, "
                    "fragmentation-old-torch, reclaim, async.")
     @argument("--save", action="store_true",
@@ -398,24 +416,26 @@ class GPUMagics(Magics):
             self._show(record)
 
     @magic_arguments("%find_batch")  # usage reads %%find_batch: it is a cell magic
-    @argument("--var", default="batch_size", metavar="NAME",
+    @argument("--var", action=_Once, default="batch_size", metavar="NAME",
               help="The variable the cell reads its batch size from (default batch_size); set to the answer.")
-    @argument("--start", type=_WHOLE_NUMBER, help="First size tried (default 2, or --multiple-of, or --max if smaller).")
-    @argument("--max", type=_WHOLE_NUMBER, dest="maximum", help="Largest size tried (default 65536).")
-    @argument("--steps", type=_WHOLE_NUMBER, default=3,
+    @argument("--start", action=_Once, type=_WHOLE_NUMBER,
+              help="First size tried (default 2, or --multiple-of, or --max if smaller).")
+    @argument("--max", action=_Once, type=_WHOLE_NUMBER, dest="maximum",
+              help="Largest size tried (default 65536).")
+    @argument("--steps", action=_Once, type=_WHOLE_NUMBER, default=3,
               help="Runs of the cell per trial, the first not timed unless it is the only one "
                    "(default 3); in throughput mode a fast cell runs until 0.1 s is timed, at "
                    "most 1000 runs.")
-    @argument("--headroom", default="0",
+    @argument("--headroom", action=_Once, default="0",
               help="Memory kept free: bytes like 512MiB, or a percentage of device memory like 10%%.")
-    @argument("--multiple-of", type=_WHOLE_NUMBER, default=1, dest="multiple_of", metavar="K",
+    @argument("--multiple-of", action=_Once, type=_WHOLE_NUMBER, default=1, dest="multiple_of", metavar="K",
               help="Only try multiples of K (tensor cores like multiples of 8).")
-    @argument("--mode", choices=["max", "throughput"], default="max",
+    @argument("--mode", action=_Once, choices=["max", "throughput"], default="max",
               help="max: the largest size that fits; throughput: the fastest size that fits.")
-    @argument("--restore", nargs="+", default=[], metavar="NAME",
+    @argument("--restore", nargs="+", action="extend", default=[], metavar="NAME",
               help="Objects (model, optimizer, scheduler, tensor, your own random generator) whose "
                    "state is saved to the CPU and restored after every trial.")
-    @argument("--device", default="auto",
+    @argument("--device", action=_Once, default="auto",
               help="auto (CUDA once your code has started it, else CPU), cpu, cuda or cuda:N.")
     @argument("-o", action="store_true", dest="return_result",
               help="Return the BatchResult (as %%timeit -o does): the report becomes the cell's "

@@ -93,3 +93,52 @@ def test_a_negative_headroom_says_it_cannot_be_negative_and_what_is_accepted(mag
 ])
 def test_every_numeric_option_says_what_is_wrong_with_its_value(magic, name, line, message):
     assert magic(name, line).startswith(message)
+
+
+def value_options(shell, name: str) -> list:
+    """(option, two different values it accepts) for every option of the magic that takes one value."""
+    method = shell.find_cell_magic(name) if name == "find_batch" else shell.find_line_magic(name)
+    options = []
+    for action in method.parser._actions:
+        if (not action.option_strings or action.nargs is not None or action.const is not None
+                or isinstance(action.default, list)):
+            continue  # a positional, a flag, an option taking several values (--restore) or repeatable (--unset)
+        values = (list(action.choices)[:2] if action.choices
+                  else ["2", "3"] if action.type is not None else ["a", "b"])
+        options.append((action.option_strings[0], values))
+    return options
+
+
+@pytest.mark.parametrize("name", ["gpu_status", "alloc_conf", "clear_cache", "find_batch"])
+def test_an_option_given_twice_with_two_values_is_refused_naming_both(shell, magic, name):
+    """argparse kept the last value: --preset fragmentation --preset reclaim applied reclaim
+    alone and dropped fragmentation without a word."""
+    for option, (first, second) in value_options(shell, name):
+        message = magic(name, f"{option} {first} {option}={second}")
+        assert re.match(rf"argument {option}: given twice \({first}\S* and {second}\S*\); give it once \(usage: ",
+                        message), message
+
+
+def test_every_magic_has_options_that_take_one_value(shell):
+    assert {name: len(value_options(shell, name)) for name in ("gpu_status", "alloc_conf", "find_batch")} == {
+        "gpu_status": 2, "alloc_conf": 2, "find_batch": 8}
+
+
+def test_the_same_value_twice_is_accepted(shell, clean_env):
+    shell.run_line_magic("alloc_conf", "--preset fragmentation --preset=fragmentation")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_restore_given_twice_restores_both(shell):
+    """--restore a --restore m kept only m: the cell's changes to a stayed, and the user's tensor
+    was left as the last trial made it."""
+    torch = pytest.importorskip("torch")
+    shell.user_ns.update(a=torch.zeros(2), m=torch.zeros(3), batch_size=2)
+    try:
+        shell.run_cell_magic("find_batch", "--restore a --restore m --max 8 --device cpu",
+                             "a.add_(1); m.add_(batch_size)")
+        assert shell.user_ns["a"].tolist() == [0, 0] and shell.user_ns["m"].tolist() == [0, 0, 0]
+        assert shell.user_ns["batch_size"] == 8
+    finally:
+        for name in ("a", "m", "batch_size"):
+            shell.user_ns.pop(name, None)
