@@ -117,7 +117,8 @@ def _parse(magic: Callable, line: str):
     except ValueError as error:  # an unclosed quote
         raise UsageError(f"{error.args[0][0].lower()}{error.args[0][1:]} in {line!r}") from None
     try:
-        args = magic.parser.parse_args(argv)
+        # intermixed: names and settings may follow an option (`%clear_cache a --quiet b`)
+        args = magic.parser.parse_intermixed_args(argv)
     except UsageError as error:  # argparse says what was wrong; add what is accepted
         message = functools.reduce(lambda text, made: text.replace(*made), typed.items(), str(error))
         usage = " ".join(magic.parser.format_usage().split()[1:])

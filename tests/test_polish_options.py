@@ -142,3 +142,14 @@ def test_restore_given_twice_restores_both(shell):
     finally:
         for name in ("a", "m", "batch_size"):
             shell.user_ns.pop(name, None)
+
+
+def test_names_and_settings_may_follow_an_option(shell, clean_env, capsys):
+    """argparse stopped reading NAME ... at the first option: `%clear_cache a --quiet b` said
+    'unrecognized arguments: b', a variable like a, and deleted neither."""
+    shell.user_ns.update(a=[1], b=[2])
+    shell.run_line_magic("clear_cache", "a --quiet b")
+    assert "a" not in shell.user_ns and "b" not in shell.user_ns
+    assert capsys.readouterr().out.splitlines()[-1].endswith("deleted a, b")
+    shell.run_line_magic("alloc_conf", "max_split_size_mb=128 --json expandable_segments=True")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
