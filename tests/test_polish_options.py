@@ -153,3 +153,27 @@ def test_names_and_settings_may_follow_an_option(shell, clean_env, capsys):
     assert capsys.readouterr().out.splitlines()[-1].endswith("deleted a, b")
     shell.run_line_magic("alloc_conf", "max_split_size_mb=128 --json expandable_segments=True")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
+
+
+def test_a_trailing_comment_is_left_out_as_in_python(shell, clean_env, capsys):
+    """A comment after a magic was read as arguments: '#' was 'not a variable name' to
+    %clear_cache, a 'malformed setting' to %alloc_conf, and an apostrophe in it ('# don't')
+    was 'no closing quotation'."""
+    shell.user_ns.update(a=[1], batch_size=1, ran=[])
+    try:
+        shell.run_line_magic("clear_cache", "a --quiet  # don't need it any more")
+        assert "a" not in shell.user_ns
+        shell.run_line_magic("alloc_conf", "expandable_segments=True  # fragmentation's fix")
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+        shell.run_cell_magic("find_batch", "--max 4 --device cpu  # a small one", "ran.append(batch_size)")
+        assert shell.user_ns["batch_size"] == 4 and shell.user_ns["ran"][0] == 2
+        capsys.readouterr()
+        shell.run_line_magic("gpu_status", "--from run#2.csv  # a '#' inside a word stays")
+        assert "cannot replay run#2.csv: no such file" in capsys.readouterr().out
+    finally:
+        for name in ("batch_size", "ran"):
+            shell.user_ns.pop(name, None)
+
+
+def test_a_quoted_hash_stays(magic):
+    assert magic("alloc_conf", '--check "max_split_size_mb:128 # x"').startswith("malformed setting ")
