@@ -249,6 +249,10 @@ class GPUMagics(Magics):
         from .gpu_status import status
 
         args = _parse(self.gpu_status, line)
+        if args.path is not None and not args.path.strip():  # `--from ""`, `--from {path}` of an empty path
+            from .devices.replay import ACCEPTED
+
+            raise UsageError(f"--from {args.path!r}: give the recording's file name; {ACCEPTED}")
         if args.interval is not None:  # a wrong value is wrong with or without --live
             from .live.sampler import check_interval
 

@@ -177,3 +177,16 @@ def test_a_trailing_comment_is_left_out_as_in_python(shell, clean_env, capsys):
 
 def test_a_quoted_hash_stays(magic):
     assert magic("alloc_conf", '--check "max_split_size_mb:128 # x"').startswith("malformed setting ")
+
+
+@pytest.mark.parametrize("line", ['--from ""', "--from=", "--from ' ' --json", '--from "" --live --demo'])
+def test_an_empty_from_is_refused_saying_what_is_accepted(magic, shell, capsys, line):
+    """`--from ""` showed a card whose source was 'replay of ' ('cannot replay : no such file'),
+    and with --live --demo the empty path was ignored and the bundled trace replayed."""
+    from colab_gpu.magics import GPUMagics
+
+    shell.magics_manager.registry[GPUMagics.__name__].live_lines = 1  # the old code's replay ends
+    assert re.match(r"--from '\s*': give the recording's file name; accepted: an `nvidia-smi -q -x` XML",
+                    magic("gpu_status", line))
+    shell.run_line_magic("gpu_status", "--stop")
+    assert capsys.readouterr().out == "colab_gpu: the live monitor is not running\n"  # none started
