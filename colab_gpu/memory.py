@@ -18,6 +18,7 @@ import builtins
 import collections
 import contextlib
 import dataclasses
+import functools
 import gc
 import itertools
 import os
@@ -39,9 +40,12 @@ _IPYTHON_NAMES = frozenset({"In", "Out", "_oh", "_ih", "_dh", "get_ipython", "ex
 # Types that hold no tensor and are not worth a visit.
 _LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, range, slice)
 # Types never walked into: they lead to the whole interpreter (modules, classes' namespaces).
-# A function is walked into its closure and defaults only, never its globals.
-_OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType,
-           types.CodeType, types.FrameType, types.GeneratorType, types.CoroutineType)
+# A function is walked into its closure and defaults only, never its globals; a generator
+# into its paused frame's local variables only.
+_OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType, types.FrameType)
+# A generator, a coroutine, an async generator -> its paused frame (None once it has finished).
+_SUSPENDED = {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame",
+              types.AsyncGeneratorType: "ag_frame"}
 
 MAX_OBJECTS = 1_000_000  # objects visited per variable: a bound so a huge container stays fast
 
@@ -122,6 +126,15 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
                 pass
         yield from obj.__defaults__ or ()
         yield from (obj.__kwdefaults__ or {}).values()
+        return
+    if issubclass(kind, functools.partial):  # partial(train_step, model=model) keeps model alive
+        yield functools.partial.func.__get__(obj)
+        yield from functools.partial.args.__get__(obj)
+        yield from functools.partial.keywords.__get__(obj).values()
+    if kind in _SUSPENDED:  # `data = torch.load(...)` then `yield data[i]`: data lives in the frame
+        frame = getattr(obj, _SUSPENDED[kind])
+        if frame is not None:
+            yield from frame.f_locals.values()
         return
     if issubclass(kind, BaseException):
         yield obj.__traceback__
@@ -357,10 +370,10 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     """What is eating my memory? The user's variables ranked by the tensor bytes they reach.
 
     Counts tensors, modules' parameters, buffers and gradients, optimizers' state, any
-    container of these and functions' closures and defaults; storage shared by views or by
-    several variables is counted once per variable and once in the total. Also reads, through
-    NVML, the GPU memory held outside torch. Never initializes CUDA and never keeps a
-    reference to a tensor.
+    container of these, functions' closures and defaults, partials' arguments and paused
+    generators' local variables; storage shared by views or by several variables is counted
+    once per variable and once in the total. Also reads, through NVML, the GPU memory held
+    outside torch. Never initializes CUDA and never keeps a reference to a tensor.
     """
     return _holders(shell if shell is not None else current_shell(), _snapshot(source), max_objects)
 

@@ -178,6 +178,34 @@ def test_a_function_holds_its_closure_and_defaults_not_its_globals():
 GLOBAL_TENSOR = torch.ones(10)
 
 
+def test_a_partial_and_a_paused_generator_hold_what_they_keep_alive():
+    """`step = partial(train_step, model=model)` and a generator paused after `data = ...; yield
+    data[:10]` were not listed: after `del model` or `del first` the memory stayed, and the
+    ranking named no variable holding it."""
+    import functools
+
+    model = torch.nn.Linear(100, 10)
+
+    def batches():
+        data = torch.ones(2_000)
+        yield data[:10]
+        yield GLOBAL_TENSOR  # its globals are not the generator's
+
+    def ended():
+        local = torch.ones(100)
+        yield local
+
+    paused, finished = batches(), ended()
+    next(paused)
+    list(finished)
+    by_name, order, _ = ranked(step=functools.partial(torch.add, model.weight, alpha=2),
+                               keyword=functools.partial(sum, start=torch.ones(300)),
+                               paused=paused, finished=finished)
+    assert order == ["paused", "step", "keyword"]
+    assert by_name["paused"].nbytes == 8_000 and by_name["paused"].tensors == 1
+    assert by_name["step"].nbytes == nbytes(model.weight) and by_name["keyword"].nbytes == 1_200
+
+
 def test_one_line_agrees_with_the_number_of_holders():
     def line(**variables):
         holders, total = rank_holders(variables.items(), torch)
