@@ -7,6 +7,8 @@ the option and saying what is accepted, on IPython 7.34 and the newest alike, an
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 
@@ -190,3 +192,45 @@ def test_an_empty_from_is_refused_saying_what_is_accepted(magic, shell, capsys, 
                     magic("gpu_status", line))
     shell.run_line_magic("gpu_status", "--stop")
     assert capsys.readouterr().out == "colab_gpu: the live monitor is not running\n"  # none started
+
+
+WORDS = ["--json", "--demo", "--cells", "--interval", "--from", "--unset", "--reset", "--check", "--preset",
+         "--keys", "--history", "--vars", "--quiet", "--var", "--start", "--max", "--steps", "--headroom",
+         "--multiple-of", "--mode", "--restore", "--device", "-o", "-h", "--", "-", "=", "#", "'", '"', "$x",
+         "0", "-1", "2.5", "1e400", "nan", "10%", "-10%", "512MiB", "throughput", "cpu", "cuda:1", "t",
+         "batch_size", "ran", "torch", "In", "_", "print", "ünï", "\u200b", "max_split_size_mb=128",
+         "expandable_segments:True", "backend=cudaMallocAsync", "fragmentation", "a,b", ":", "--from=", "--var="]
+
+
+def test_any_line_works_or_is_one_usage_line_and_changes_nothing(shell, clean_env):
+    """Hostile and sloppy lines for every magic: a traceback never escapes, and a refused line
+    leaves the allocator setting, the variables and the cell as they were."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    torch = pytest.importorskip("torch")
+
+    @settings(max_examples=150, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(["gpu_status", "alloc_conf", "clear_cache", "find_batch"]),
+           st.lists(st.sampled_from(WORDS), max_size=5), st.booleans())
+    def check(name, words, attached):
+        line = " ".join(words)
+        if attached:
+            line = re.sub(r"(--[a-z-]+) ", r"\1=", line)
+        shell.user_ns.update(batch_size=4, ran=[], t=torch.zeros(3))
+        before = (dict(os.environ), set(shell.user_ns))
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                if name == "find_batch":
+                    shell.run_cell_magic(name, line + " --device cpu --max 8", "ran.append(batch_size)")
+                else:
+                    shell.run_line_magic(name, line)
+        except UsageError as error:
+            assert "\n" not in str(error), (name, line)
+            assert (dict(os.environ), set(shell.user_ns)) == before and shell.user_ns["ran"] == [], (name, line)
+
+    try:
+        check()
+    finally:
+        for name in ("batch_size", "ran", "t"):
+            shell.user_ns.pop(name, None)
