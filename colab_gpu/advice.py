@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import re
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB, gpu_models
@@ -110,8 +111,73 @@ def several_gpus(status):
                 f"(faster); in a script, torchrun.")
 
 
+def _torch_version(status) -> Optional[str]:
+    """The user's torch version: the imported one's, else the installed one's (read from its
+    metadata, without importing it); None when there is none."""
+    torch = status.runtime.torch
+    if torch.imported:
+        return torch.version
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _oldest_capability(version: Optional[str]) -> Optional[Tuple[int, int]]:
+    """The oldest compute capability a torch of PyTorch's own CUDA builds (the ``+cuXYZ`` wheels
+    Colab and Kaggle install) has kernels for, where known: CUDA 13 compiles nothing below 7.5;
+    from torch 2.8 the CUDA 12.8 and 12.9 builds start at 7.0 (pytorch's
+    .ci/manywheel/build_cuda.sh; torch 2.13's own table in torch/cuda/__init__.py). Other
+    builds (conda-forge's, one's own, CUDA 12.6 and older) are not judged: None."""
+    match = re.match(r"(\d+)\.(\d+)\b[^+]*\+cu(\d+)$", version or "")
+    if not match:
+        return None
+    major, minor, cuda = (int(part) for part in match.groups())
+    if cuda >= 130:
+        return (7, 5)
+    if cuda >= 128 and (major, minor) >= (2, 8):
+        return (7, 0)
+    return None
+
+
+def _without_kernels(status):
+    """The GPUs visible to this machine's torch that it has no kernels for (never for a recording:
+    the torch here is not the recorded machine's)."""
+    if status.snapshot.recorded:
+        return []
+    oldest = _oldest_capability(_torch_version(status))
+    if oldest is None:
+        return []
+    return [gpu for gpu in status.gpus if gpu.compute_capability and gpu.compute_capability < oldest
+            and status.hidden_from_torch(gpu) is not True]
+
+
+def torch_lacks_kernels(status):
+    old = _without_kernels(status)
+    if not old:
+        return None
+    version = _torch_version(status)
+    gpus = ", ".join(f"GPU {gpu.index} ({gpu.name}, compute capability "
+                     f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]})" for gpu in old)
+    oldest = _oldest_capability(version)
+    cuda = version.rsplit("+cu", 1)[1]
+    what = (f"torch {version} has no kernels for {gpus}: PyTorch's CUDA {cuda[:-1]}.{cuda[-1]} builds "
+            f"start at compute capability {oldest[0]}.{oldest[1]} (torch.cuda.get_arch_list() lists yours), "
+            f"so any CUDA work fails with \"no kernel image is available for execution on the device\"")
+    if status.runtime.platform == KAGGLE:
+        return f"{what}. Settings > Accelerator > GPU T4 x2 gives GPUs it runs on."
+    if any(gpu.compute_capability >= (5, 0) for gpu in old):  # what torch's CUDA 12.6 builds start at
+        return (f"{what}. The same torch built with CUDA 12.6 has kernels from compute capability 5.0: "
+                f"pip install torch=={version.split('+')[0]} --index-url "
+                f"https://download.pytorch.org/whl/cu126, then restart the kernel.")
+    return f"{what}."
+
+
 def _capabilities(status):
-    return {gpu.compute_capability for gpu in status.gpus if gpu.compute_capability}
+    """The compute capabilities of the GPUs the precision tips speak of: not those torch has no
+    kernels for (the tips would contradict torch_lacks_kernels's warning)."""
+    old = _without_kernels(status)
+    return {gpu.compute_capability for gpu in status.gpus if gpu.compute_capability and gpu not in old}
 
 
 def turing_fp16(status):
@@ -140,10 +206,10 @@ def cpu_torch_on_gpu_machine(status):
     if torch.imported:
         cpu_build = not torch.cuda_built
     else:
-        try:
-            cpu_build = "+cpu" in importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
+        version = _torch_version(status)
+        if version is None:
             return None
+        cpu_build = "+cpu" in version
     if cpu_build:
         return ("The installed torch is a CPU-only build, but this machine has a GPU: install "
                 "a CUDA build (see pytorch.org for the command matching your CUDA driver).")
@@ -279,6 +345,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("visible_devices_hide_all", "warning", visible_devices_hide_all, about_this_machine=True),
     Rule("device_order_differs", "warning", device_order_differs, about_this_machine=True),
     Rule("cpu_torch_on_gpu_machine", "warning", cpu_torch_on_gpu_machine, about_this_machine=True),
+    Rule("torch_lacks_kernels", "warning", torch_lacks_kernels, about_this_machine=True),
     Rule("several_gpus", "tip", several_gpus, about_this_machine=True),
     Rule("had_oom", "warning", had_oom),
     Rule("fragmentation", "tip", fragmentation),

@@ -249,8 +249,37 @@ def test_ampere_bf16():
 
 
 def test_pre_volta():
-    assert "tensor cores" in fired(make_status([P100]))["pre_volta"]
+    cu126 = dataclasses.replace(CUDA_TORCH, version="2.11.0+cu126", cuda_version="12.6")  # has sm_60 kernels
+    assert "tensor cores" in fired(make_status([P100], torch=cu126))["pre_volta"]
     assert "pre_volta" not in fired(make_status([T4]))
+
+
+KAGGLE_TORCH = TorchState(imported=True, version="2.11.0+cu128", cuda_version="12.8")  # Colab's image, Kaggle's too
+
+
+def test_torch_lacks_kernels():
+    """Kaggle's GPU P100 (6.0) under the torch of Colab's image (cu128, kernels from 7.0): the
+    card said only that mixed precision gains little speed there; torch cannot run on it at all."""
+    advice = fired(make_status([P100], platform="kaggle", torch=KAGGLE_TORCH))
+    message = advice["torch_lacks_kernels"]
+    assert message.startswith("torch 2.11.0+cu128 has no kernels for GPU 0 (Tesla P100-PCIE-16GB, "
+                              "compute capability 6.0): PyTorch's CUDA 12.8 builds start at compute capability 7.0")
+    assert "no kernel image is available" in message and "Settings > Accelerator > GPU T4 x2" in message
+    assert not {"pre_volta", "turing_fp16", "ampere_bf16"} & set(advice)  # no tip for a GPU torch cannot use
+    local = fired(make_status([P100], torch=KAGGLE_TORCH))["torch_lacks_kernels"]
+    assert "pip install torch==2.11.0 --index-url https://download.pytorch.org/whl/cu126" in local
+    v100 = dataclasses.replace(P100, name="Tesla V100-SXM2-16GB", compute_capability=(7, 0))
+    cu130 = TorchState(imported=True, version="2.13.0+cu130", cuda_version="13.0")
+    assert "CUDA 13.0 builds start at compute capability 7.5" in fired(make_status([v100], torch=cu130))["torch_lacks_kernels"]
+    for quiet in (make_status([T4], platform="kaggle", torch=KAGGLE_TORCH),
+                  make_status([v100], torch=KAGGLE_TORCH),
+                  make_status([P100], torch=dataclasses.replace(KAGGLE_TORCH, version="2.11.0+cu126")),
+                  make_status([P100], torch=dataclasses.replace(KAGGLE_TORCH, version="2.7.1+cu128")),  # not judged
+                  make_status([P100], torch=dataclasses.replace(KAGGLE_TORCH, version="2.11.0")),  # conda-forge's
+                  dataclasses.replace(make_status([P100, dataclasses.replace(T4, index=1)], torch=KAGGLE_TORCH,
+                                                  visible="1", order="PCI_BUS_ID"), torch_index_of={1: 0}),
+                  make_status([P100], torch=KAGGLE_TORCH, recorded=True)):
+        assert "torch_lacks_kernels" not in fired(quiet)
 
 
 def test_cuda_not_started():
