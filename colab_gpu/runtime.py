@@ -83,10 +83,14 @@ def detect_platform(shell: object = None, environ: Mapping[str, str] = os.enviro
 
 
 def detect_tpu(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """The TPU type of a TPU VM runtime ("v2-8", ...), "TPU" when only flagged, else None."""
+    """The TPU type of a TPU VM runtime ("v2-8", ...), "TPU" when only flagged, else None.
+
+    Kaggle's TPU image sets ``ISTPUVM=1`` (Kaggle/docker-python tpu/Dockerfile), and since
+    September 2025 no longer ``TPU_ACCELERATOR_TYPE``."""
     if environ.get("TPU_ACCELERATOR_TYPE"):
         return environ["TPU_ACCELERATOR_TYPE"]
-    if environ.get("COLAB_TPU_1VM") or environ.get("PJRT_DEVICE", "").upper() == "TPU":
+    if (environ.get("COLAB_TPU_1VM") or environ.get("PJRT_DEVICE", "").upper() == "TPU"
+            or environ.get("ISTPUVM")):
         return "TPU"
     if environ.get("COLAB_TPU_ADDR"):  # the retired TPU-node runtimes
         return "TPU (node)"

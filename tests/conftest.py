@@ -47,6 +47,6 @@ def restored_environment():
 def clean_env(monkeypatch):
     """An environment without any platform or GPU variable, as on a plain local machine."""
     for name in list(os.environ):
-        if name.startswith(("COLAB_", "KAGGLE_", "BINDER_", "TPU_", "PYTORCH_", "CUDA_")) or name == "PJRT_DEVICE":
+        if name.startswith(("COLAB_", "KAGGLE_", "BINDER_", "TPU_", "PYTORCH_", "CUDA_")) or name in ("PJRT_DEVICE", "ISTPUVM"):
             monkeypatch.delenv(name)
     return monkeypatch

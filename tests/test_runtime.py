@@ -52,6 +52,21 @@ def test_tpu_detection(env, expected):
     assert detect_tpu(env) == expected
 
 
+def test_kaggle_tpu_vm_is_a_tpu_runtime_not_a_missing_gpu(shell, clean_env, capsys):
+    """Kaggle's TPU image sets ISTPUVM=1 and, since 2025-09, no TPU_ACCELERATOR_TYPE
+    (Kaggle/docker-python tpu/Dockerfile, 7c24d22): the card told a user who picked the TPU that the
+    notebook has no GPU and to switch the accelerator to GPU T4 x2."""
+    clean_env.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    clean_env.setenv("ISTPUVM", "1")
+    clean_env.setenv("TPU_PROCESS_ADDRESSES", "local")
+    runtime = detect_runtime(None)
+    assert (runtime.platform, runtime.tpu_type, runtime.accelerator_hint) == (KAGGLE, "TPU", "tpu")
+    shell.run_line_magic("gpu_status", "")
+    out = capsys.readouterr().out
+    assert "This is a TPU runtime (TPU)" in out
+    assert "has no GPU" not in out and "GPU T4 x2" not in out
+
+
 def test_accelerator_hint_on_colab_cpu_runtime(clean_env):
     clean_env.setenv("COLAB_RELEASE_TAG", "release-colab")
     clean_env.setenv("COLAB_GPU", "0")
