@@ -431,8 +431,10 @@ class GPUMagics(Magics):
               help="Runs of the cell per trial, the first not timed unless it is the only one "
                    "(default 3); in throughput mode a fast cell runs until 0.1 s is timed, at "
                    "most 1000 runs.")
-    @argument("--headroom", action=_Once, default="0",
-              help="Memory kept free: bytes like 512MiB, or a percentage of device memory like 10%%.")
+    @argument("--headroom", action=_Once,
+              help="Memory kept free: bytes like 512MiB, or a percentage of device memory like 10%% "
+                   "(default: none; 10%% on the CPU without ulimit -v, where going past memory gets "
+                   "the kernel killed).")
     @argument("--multiple-of", action=_Once, type=_WHOLE_NUMBER, default=1, dest="multiple_of", metavar="K",
               help="Only try multiples of K (tensor cores like multiples of 8).")
     @argument("--mode", action=_Once, choices=["max", "throughput"], default="max",

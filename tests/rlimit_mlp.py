@@ -75,6 +75,7 @@ def main(room_mib: int, width: int, hidden: int, steps: int) -> None:
         "answer": result.answer, "answer_runs": answer_runs, "largest": largest,
         "trials": [[t.size, t.outcome] for t in result.trials], "oom": result.out_of_memory_count,
         "samples": result.samples_computed, "seconds": seconds, "stopped": result.stopped,
+        "notes": result.notes,
     }))
 
 

@@ -28,6 +28,7 @@ from conftest import DATA, ROOT
 from milabench_replay import CAPACITIES_GIB, HELD_OUT_GIB, Curve, ReplayDevice, fit_problems, problems
 
 GiB = 1024 ** 3
+MiB = 1024 ** 2
 
 # --- the classifier on every recorded message -------------------------------------------
 # What each recorded kind must be. cuDNN's EXECUTION_FAILED is a failed kernel, not a failed
@@ -158,6 +159,64 @@ def test_flat_memory_refuses_the_fit_and_doubles():
     result = Search(run, maximum=4096).run()
     assert result.fit is None and any("did not grow" in note for note in result.notes)
     assert sizes[:4] == [2, 16, 128, 1024] and sizes[4:] == [2048, 4096]
+
+
+def linear_memory(capacity: int, kills: bool, per_sample: int = 1024 ** 2):
+    """A device whose memory grows by ``per_sample`` bytes a sample: what a size takes is
+    known, and a size past ``capacity`` fails (or, where ``kills``, would end the process)."""
+    sizes = []
+
+    def run(size):
+        sizes.append(size)
+        peak = 256 * 1024 ** 2 + size * per_sample
+        if peak > capacity:
+            assert not kills, f"{size} went past memory where that gets the process killed"
+            return Trial(size, OUT_OF_MEMORY, capacity=capacity, runs=1)
+        return Trial(size, FITS, peak_memory=peak, capacity=capacity, capacity_kills=kills,
+                     seconds_per_step=0.01, runs=1)
+
+    return run, sizes
+
+
+def test_on_the_cpu_without_an_address_space_limit_a_tenth_of_memory_is_kept_free():
+    """Without ulimit -v, Linux overcommits and its OOM killer ends the kernel (Colab's
+    "session crashed") instead of torch raising: the search aimed at 98 % of memory and went
+    past it whenever the fit was short. By default 10 % stays free there, and the report says
+    why; --headroom 0 still uses it all, and a GPU (which raises) keeps none by default."""
+    run, sizes = linear_memory(12 * GiB, kills=True)
+    result = Search(run).run()
+    assert max(256 * MiB + size * MiB for size in sizes) <= 0.9 * 12 * GiB
+    assert result.answer >= 0.95 * (0.9 * 12 * GiB - 256 * MiB) / MiB
+    assert result.usable == int(0.9 * 12 * GiB) and "usable with headroom 10.80 GiB" in str(result)
+    assert any(note.startswith("--headroom 10% by default on the CPU") for note in result.notes)
+
+    run, sizes = linear_memory(12 * GiB, kills=False)  # a GPU, or an address-space limit
+    result = Search(run).run()
+    assert result.answer >= 0.95 * (12 * GiB - 256 * MiB) / MiB and result.usable == 12 * GiB
+    assert not result.notes
+
+    sizes = []
+    small = Search(lambda size: sizes.append(size) or Trial(
+        size, FITS, peak_memory=256 * MiB + size * 1024, capacity=12 * GiB, capacity_kills=True,
+        seconds_per_step=0.01, runs=1), maximum=4096).run()
+    assert small.answer == 4096 and not small.notes  # memory never bounded it: nothing to say
+
+
+def test_an_explicit_headroom_replaces_the_cpus_default():
+    run, _ = linear_memory(12 * GiB, kills=True)
+    result = Search(run, headroom="1GiB").run()
+    assert result.usable == 11 * GiB and not result.notes
+
+
+def test_a_cpu_trial_says_whether_going_past_memory_kills():
+    """The gauge's fact the default rests on: here (no ulimit -v) it does."""
+    import resource
+
+    from colab_gpu.batch.trial import run_trial
+
+    trial, _ = run_trial(lambda size: None, 2, steps=1, device="cpu")
+    unlimited = resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY
+    assert trial.capacity and trial.capacity_kills == unlimited
 
 
 def test_a_fit_that_a_failure_proved_wrong_is_not_followed_again():
@@ -358,6 +417,7 @@ def test_real_cpu_out_of_memory_boundary():
     assert found["answer_runs"]
     assert found["answer"] >= 0.9 * found["largest"], found
     assert len(found["trials"]) <= 8 and found["oom"] <= 2, found
+    assert not found["notes"], found  # under a limit torch raises: no default headroom
 
 
 # --- the Python API ------------------------------------------------------------------------

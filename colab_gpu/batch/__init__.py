@@ -72,7 +72,7 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
 
 
 def check_options(*, variable: str = "batch_size", mode: str = "max", start: Optional[int] = None,
-                  maximum: Optional[int] = None, steps: int = 3, headroom="0", multiple_of: int = 1,
+                  maximum: Optional[int] = None, steps: int = 3, headroom=None, multiple_of: int = 1,
                   device: str = "auto") -> None:
     """SearchError for an option ``search_batch`` would refuse, before anything is saved or run."""
     whole_number("--steps", steps)
@@ -83,7 +83,7 @@ def check_options(*, variable: str = "batch_size", mode: str = "max", start: Opt
 
 def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
-                 steps: int = 3, headroom="0", multiple_of: int = 1, device: str = "auto",
+                 steps: int = 3, headroom=None, multiple_of: int = 1, device: str = "auto",
                  measure_memory: bool = True, tolerance: float = 0.05, progress=None) -> BatchResult:
     """Search with ``step(size)``, restoring ``snapshot`` and freeing memory after every trial.
 
@@ -141,7 +141,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
 
 def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: str = "max",
                start: Optional[int] = None, max: Optional[int] = None, steps: int = 3,
-               headroom: Union[str, int] = "0", multiple_of: int = 1,
+               headroom: Union[str, int, None] = None, multiple_of: int = 1,
                restore: Union[Any, Sequence[Any], Dict[str, Any]] = (), device: str = "auto",
                measure_memory: bool = True, progress: bool = True) -> BatchResult:
     """Find the largest batch size that fits (``mode="max"``) or the fastest (``"throughput"``).
@@ -153,7 +153,8 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     ``restore``: models, optimizers, schedulers, tensors or random generators of your own
     (``np.random.default_rng``, ``torch.Generator``) whose state is put back after every
     trial (saved on the CPU). ``headroom``: memory to keep free, bytes (``"512MiB"``)
-    or a share (``"10%"``). ``multiple_of``: only its multiples are tried. ``device``:
+    or a share (``"10%"``); by default none, except 10% on the CPU without an address-space
+    limit, where going past memory gets the process killed. ``multiple_of``: only its multiples are tried. ``device``:
     ``"auto"`` (CUDA once your code has started it, else the CPU), ``"cpu"``, ``"cuda"``,
     ``"cuda:N"`` (or N, or a ``torch.device``). ``measure_memory=False`` measures no peak
     memory: the search doubles, then bisects on real failures. ``variable`` only names the

@@ -23,6 +23,9 @@ class Trial:
     outcome: str
     peak_memory: Optional[int] = None  # bytes, on the device's own scale (see capacity)
     capacity: Optional[int] = None  # bytes the device can give at most, same scale as peak_memory
+    # Going past ``capacity`` gets the process killed (Linux's OOM killer, the CPU without an
+    # address-space limit) instead of raising an out-of-memory error the search can survive.
+    capacity_kills: bool = False
     seconds_per_step: Optional[float] = None
     runs: int = 0  # runs started, the failed one included
     error: Optional[str] = None  # "RuntimeError: ..." of a failed trial, first line

@@ -84,6 +84,13 @@ class Headroom:
         return not (self.fraction or self.bytes)
 
 
+NO_HEADROOM = Headroom("0")
+KILL_HEADROOM = Headroom("10%")  # the default where going past memory kills the process
+KILL_NOTE = (f"--headroom {KILL_HEADROOM.spec} by default on the CPU: with no address-space limit set, "
+             f"Linux kills a kernel that goes past the machine's memory instead of raising an "
+             f"out-of-memory error the search survives; --headroom 0 uses all of it")
+
+
 def whole_number(option: str, value) -> int:
     """``value`` if it is a whole number >= 1, else SearchError naming the option."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -148,7 +155,7 @@ class Search:
 
     def __init__(self, run: Callable[[int], Trial], *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
-                 multiple_of: int = 1, headroom="0", tolerance: float = 0.05, device: str = "",
+                 multiple_of: int = 1, headroom=None, tolerance: float = 0.05, device: str = "",
                  on_trial: Callable[["Search"], None] = lambda search: None):
         if mode not in MODES:
             raise SearchError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
@@ -171,7 +178,8 @@ class Search:
                 first += f" as a multiple of {multiple_of}, {self.start}" if self.start != start else ""
             raise SearchError(f"--max {self.maximum} is below {first}")
         self._run, self.variable, self.mode, self.device = run, variable, mode, device
-        self.headroom = headroom if isinstance(headroom, Headroom) else Headroom(headroom)
+        self._headroom = (headroom if isinstance(headroom, Headroom) or headroom is None
+                          else Headroom(headroom))
         self.tolerance, self.on_trial = tolerance, on_trial
         self.trials: List[Trial] = []
         self.notes: List[str] = []
@@ -208,13 +216,23 @@ class Search:
         failed = [t.size for t in self.trials if t.outcome in (OUT_OF_MEMORY, OVER_HEADROOM)]
         return min(failed) if failed else None
 
+    @property
+    def headroom(self) -> Headroom:
+        """The --headroom given; by default none, except where going past the capacity gets the
+        process killed instead of raising (the CPU without an address-space limit): there a
+        search aiming at 98 % of memory would end with the kernel, not with an answer."""
+        if self._headroom is not None:
+            return self._headroom
+        known = [trial for trial in self.trials if trial.capacity]
+        return KILL_HEADROOM if known and known[-1].capacity_kills else NO_HEADROOM
+
     def attempt(self, size: int) -> Trial:
         trial = self._run(size)
-        usable = self.headroom.usable(trial.capacity)
+        self.trials.append(trial)
+        usable = self.usable if trial.capacity else None
         if trial.fits and not self.headroom.is_zero and trial.peak_memory and usable is not None \
                 and trial.peak_memory > usable:
-            trial = Trial(**{**trial.__dict__, "outcome": OVER_HEADROOM})
-        self.trials.append(trial)
+            trial = self.trials[-1] = Trial(**{**trial.__dict__, "outcome": OVER_HEADROOM})
         nothing_fits = usable is not None and usable <= 0
         if nothing_fits:
             self.stopped = (f"--headroom {self.headroom.spec} keeps all of the device's "
@@ -370,7 +388,17 @@ class Search:
         answer = fastest if self.mode == "throughput" else largest
         if self.trials and self.trials[-1].outcome == ERROR:
             answer = None  # the user's error is raised and nothing set: no "batch_size = 2" headline
+        fit = self.fit()
         return BatchResult(
             variable=self.variable, mode=self.mode, device=self.device, trials=tuple(self.trials),
             answer=answer, largest_fitting=largest, fastest=fastest, capacity=self.capacity,
-            usable=self.usable, fit=self.fit(), stopped=self.stopped, notes=tuple(self.notes))
+            usable=self.usable, fit=fit, stopped=self.stopped,
+            notes=tuple(self.notes) + ((KILL_NOTE,) if self._kill_headroom_binds(fit) else ()))
+
+    def _kill_headroom_binds(self, fit: Optional[MemoryFit]) -> bool:
+        """The default KILL_HEADROOM is in effect and memory bounds the answer: a size ran over
+        it, or the fit puts the largest size under it below --max."""
+        if self._headroom is not None or self.headroom is not KILL_HEADROOM:
+            return False
+        return (any(trial.outcome == OVER_HEADROOM for trial in self.trials)
+                or (fit is not None and fit.largest_under(self.usable) <= self.maximum))

@@ -62,6 +62,8 @@ class CudaGauge:
     def label(self) -> str:
         return f"cuda:{self.index} ({self.torch.cuda.get_device_name(self.index)})"
 
+    capacity_kills = False  # torch raises OutOfMemoryError
+
 
 def proc_status() -> dict:
     """This process's /proc/self/status sizes (VmSize, VmPeak, VmRSS, VmHWM ...) in bytes."""
@@ -107,6 +109,12 @@ class CpuGauge:
         if now["VmPeak"] > self.before["VmPeak"]:
             return now["VmPeak"]  # a new high of the address space: exact
         return min(self.before["VmSize"] + grown, self.before["VmPeak"])
+
+    @property
+    def capacity_kills(self) -> bool:
+        """Under an address-space limit, malloc fails and torch raises; without one, Linux
+        overcommits and its OOM killer ends the process (a Colab "session crashed")."""
+        return self.limit == self.unlimited
 
     def capacity(self) -> int:
         if self.limit != self.unlimited:
@@ -271,12 +279,13 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     if error is None:
         return Trial(size, FITS, peak_memory=gauge.peak() if gauge else None,
                      capacity=gauge.capacity() if gauge else None,
+                     capacity_kills=bool(gauge and gauge.capacity_kills),
                      seconds_per_step=statistics.median(timings), runs=runs), None
     interrupted = isinstance(error, KeyboardInterrupt)
     kind = None if interrupted else classify(error)
     trial = Trial(size, INTERRUPTED if interrupted else _OUTCOMES[kind], runs=runs,
                   capacity=gauge.capacity() if gauge and kind is ErrorKind.OUT_OF_MEMORY else None,
-                  error=describe(error))
+                  capacity_kills=bool(gauge and gauge.capacity_kills), error=describe(error))
     if interrupted or kind is ErrorKind.OUT_OF_MEMORY:
         _forget_frames(error)
         error = None
