@@ -873,7 +873,9 @@ def test_magic_sets_the_answer_and_leaves_the_notebook_as_it_was(shell, capsys):
     assert shell.ev("bool(torch.equal(model.weight, w0))")
     assert shell.ev("random.random()") == ns["before"]
     out = capsys.readouterr().out
-    assert "trial  1: batch_size=     2  fits           peak" in out and "out of memory" in out
+    assert "trial  1: batch_size=     2  fits  peak" in out and "out of memory" in out
+    assert all(len(line) <= 80 for line in out.splitlines() if line.startswith("trial ")), out
+    assert re.search(r"fits  peak .* samples/s\n", out), out  # a fitting trial is one line
     assert f"batch_size = {ns['batch_size']} (largest fitting" in out
 
 

@@ -17,10 +17,10 @@ NUMERIC = (True, False, True, True, True)  # right-aligned, so digits line up; w
 def trial_line(trial, variable: str, number: int) -> str:
     """One progress line for a terminal."""
     size, outcome, peak, step, speed = trial_row(trial)
-    if trial.fits:
-        measured = f"peak {peak:>9}  {step + '/step':>13}  {speed:>9} samples/s"
-    else:
-        measured = f"({trial.error})" if trial.error else ""
+    if trial.fits:  # unpadded after the peak: 80 columns hold it, samples/s did not fit on 94
+        return fold(f"trial {number:>2}: {variable}={size:>6}  {outcome}  peak {peak:>9}  {step}/step  "
+                    f"{speed} samples/s", 10)
+    measured = f"({trial.error})" if trial.error else ""
     # folded under the trial's number: an error's message runs to 200 characters
     return fold(f"trial {number:>2}: {variable}={size:>6}  {outcome:<13}  {measured}".rstrip(), 10)
 
