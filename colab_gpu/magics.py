@@ -683,3 +683,9 @@ def unregister(shell) -> None:
             if getattr(table.get(name), "__self__", None) is instance:
                 del table[name]
     del manager.registry[GPUMagics.__name__]
+    # IPython's Magics.__init__ added the instance to the shell's configurables, which %config
+    # lists and sets: left there, %config listed GPUMagics once per load, and repeated a refused
+    # value's error as often.
+    configurables = getattr(shell, "configurables", None)
+    if configurables is not None:
+        configurables[:] = [configurable for configurable in configurables if configurable is not instance]

@@ -38,6 +38,27 @@ def test_a_refused_setting_does_not_stop_the_extension_loading_again(shell, caps
         shell.run_line_magic("config", "GPUMagics.live_lines = 0")
 
 
+def test_config_knows_one_gpumagics_however_often_the_extension_was_reloaded(ipython, caplog, capsys):
+    """Each load left its GPUMagics among the shell's configurables: after two %reload_ext,
+    `%config` listed GPUMagics three times and a refused value logged its error three times;
+    after %unload_ext, `%config GPUMagics` still showed the unloaded instance's settings."""
+    ipython.run_line_magic("load_ext", "colab_gpu")
+    try:
+        ipython.run_line_magic("reload_ext", "colab_gpu")
+        ipython.run_line_magic("reload_ext", "colab_gpu")
+        capsys.readouterr()
+        ipython.run_line_magic("config", "")
+        assert capsys.readouterr().out.split().count("GPUMagics") == 1
+        ipython.run_line_magic("config", "GPUMagics.live_lines = -1")
+        assert caplog.text.count("live_lines") == 1
+    finally:
+        ipython.run_line_magic("config", "GPUMagics.live_lines = 0")  # %config keeps even a refused value
+        ipython.run_line_magic("unload_ext", "colab_gpu")
+    capsys.readouterr()
+    ipython.run_line_magic("config", "")
+    assert "GPUMagics" not in capsys.readouterr().out
+
+
 def test_help_lists_the_options(shell):
     doc = shell.find_line_magic("gpu_status").__doc__
     assert "--json" in doc and "--from" in doc and "NVML" in doc
