@@ -668,3 +668,28 @@ def test_once_cuda_runs_a_torch_without_a_runtime_setter_changes_nothing_and_say
     applied = alloc_conf(["max_split_size_mb=256"], environ=env, modules=rocm, state=started)
     assert applied.deferred == () and calls == ["garbage_collection_threshold:0.6,max_split_size_mb:256"]
     assert applied.applied_via == ("environment", "torch.cuda.memory._set_allocator_settings")
+
+
+def test_a_saved_file_that_is_not_utf8_is_one_line_at_load_and_the_extension_loads_whole(
+        ipython, clean_env, tmp_path, capsys):
+    """A hand-edited alloc_conf.txt with a Latin-1 byte made %load_ext colab_gpu end in a
+    UnicodeDecodeError traceback with the magics registered but the extension "not loaded"
+    (%unload_ext could not remove them), and %alloc_conf failed the same way."""
+    import sys
+
+    clean_env.delitem(sys.modules, "torch", raising=False)
+    clean_env.setenv("COLAB_GPU_CONFIG_DIR", str(tmp_path))
+    (tmp_path / "alloc_conf.txt").write_bytes(b"expandable_segments:True # f\xfcr Fragmente\n")
+    result = ipython.run_cell("%load_ext colab_gpu")
+    try:
+        assert result.success
+        assert "colab_gpu" in ipython.extension_manager.loaded
+        out = capsys.readouterr().out
+        assert out.startswith(f"colab_gpu: saved allocator setting from {tmp_path / 'alloc_conf.txt'} not applied:")
+        assert out.count("\n") == 1 and "(%alloc_conf --forget removes it)" in out
+        assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
+        assert ipython.run_cell("%alloc_conf --forget").success
+        assert not (tmp_path / "alloc_conf.txt").exists()
+    finally:
+        ipython.run_line_magic("unload_ext", "colab_gpu")
+    assert "gpu_status" not in ipython.magics_manager.magics["line"]

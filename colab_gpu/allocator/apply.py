@@ -123,7 +123,9 @@ def config_dir(environ: MutableMapping[str, str] = os.environ) -> pathlib.Path:
 def saved_setting(environ: MutableMapping[str, str] = os.environ) -> Tuple[Optional[str], pathlib.Path]:
     path = config_dir(environ) / SAVED_NAME
     try:
-        return path.read_text().strip(), path
+        # A byte that is not UTF-8 (a hand edit in another encoding) becomes U+FFFD, which the
+        # parser names: a UnicodeDecodeError made %load_ext fail half-way, magics registered.
+        return path.read_text(encoding="utf-8", errors="replace").strip(), path
     except OSError:
         return None, path
 
@@ -492,7 +494,7 @@ def _save_or_forget(text: str, save: bool, forget: bool, environ
             path.unlink(missing_ok=True)
         if save:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text + "\n")
+            path.write_text(text + "\n", encoding="utf-8")
             saved = text
     except OSError as error:  # a read-only home, a file where the folder should be
         where = f": {error.filename}" if error.filename else ""
