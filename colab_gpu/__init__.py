@@ -48,8 +48,19 @@ def __dir__():
     return __all__
 
 
+def _check_shell(shell, function: str) -> None:
+    """``colab_gpu.load_ipython_extension(get_ipython())`` in a plain ``python`` passes None:
+    say what to do instead of "'NoneType' object has no attribute 'magics_manager'"."""
+    if not hasattr(shell, "magics_manager"):
+        raise TypeError(f"colab_gpu.{function}() takes the running IPython shell (get_ipython()), "
+                        f"not {shell!r}: in IPython or a notebook run %load_ext colab_gpu; without "
+                        f"IPython call colab_gpu.status(), colab_gpu.alloc_conf(), "
+                        f"colab_gpu.clear_cache() or colab_gpu.find_batch() directly")
+
+
 def load_ipython_extension(shell) -> None:
     """Register the magics; loading twice keeps the first registration."""
+    _check_shell(shell, "load_ipython_extension")
     from .allocator import apply_saved
     from .magics import register
 
@@ -61,6 +72,7 @@ def load_ipython_extension(shell) -> None:
 
 def unload_ipython_extension(shell) -> None:
     """Remove every magic, hook and thread the extension added."""
+    _check_shell(shell, "unload_ipython_extension")
     from .magics import unregister
 
     unregister(shell)

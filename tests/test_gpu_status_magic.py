@@ -59,6 +59,19 @@ def test_config_knows_one_gpumagics_however_often_the_extension_was_reloaded(ipy
     assert "GPUMagics" not in capsys.readouterr().out
 
 
+def test_loading_without_an_ipython_shell_says_what_to_do_instead():
+    """`colab_gpu.load_ipython_extension(get_ipython())` in a plain `python` script passes None:
+    it failed with "'NoneType' object has no attribute 'magics_manager'"."""
+    import pytest
+
+    for function in (colab_gpu.load_ipython_extension, colab_gpu.unload_ipython_extension):
+        with pytest.raises(TypeError) as error:
+            function(None)
+        assert str(error.value).startswith(f"colab_gpu.{function.__name__}() takes the running IPython "
+                                           f"shell (get_ipython()), not None: in IPython or a notebook "
+                                           f"run %load_ext colab_gpu; without IPython call colab_gpu.status()")
+
+
 def test_help_lists_the_options(shell):
     doc = shell.find_line_magic("gpu_status").__doc__
     assert "--json" in doc and "--from" in doc and "NVML" in doc
