@@ -649,12 +649,20 @@ def _valid_config(config):
     %config merges a line into the shell's config even when GPUMagics refused it: without
     this, the next %load_ext or %reload_ext would fail on that value.
     """
+    from traitlets.config import Config
+
     config = copy.deepcopy(config)
     settings = config.get(GPUMagics.__name__, {})
     probe = GPUMagics()
+    known = probe.traits(config=True)
     for name, value in list(settings.items()):
+        if name not in known:  # traitlets warns of a misspelt name, with a did-you-mean
+            continue
         try:
-            setattr(probe, name, value)
+            # Loaded as traitlets loads it: `ipython --GPUMagics.live_interval=0.5` gives a string
+            # to convert, which a plain setattr refused ("expected a float, not the
+            # DeferredConfigString").
+            probe.update_config(Config({GPUMagics.__name__: {name: value}}))
         except TraitError as error:
             del settings[name]
             print(f"colab_gpu: ignored a setting: {error}", file=sys.stderr)

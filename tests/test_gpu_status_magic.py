@@ -1,5 +1,6 @@
 """%gpu_status in a real IPython shell, on this real machine without a GPU."""
 import json
+import os
 import sys
 
 from IPython.core.error import UsageError
@@ -57,6 +58,27 @@ def test_config_knows_one_gpumagics_however_often_the_extension_was_reloaded(ipy
     capsys.readouterr()
     ipython.run_line_magic("config", "")
     assert "GPUMagics" not in capsys.readouterr().out
+
+
+def test_settings_given_on_the_ipython_command_line_are_kept(tmp_path):
+    """`ipython --ext colab_gpu --GPUMagics.live_interval=0.5` hands the value over as a string
+    for traitlets to convert: it was refused ("ignored a setting: ... expected a float, not the
+    DeferredConfigString") and the default kept. A value wrong as such is still refused."""
+    import subprocess
+
+    from conftest import ROOT
+
+    code = ("m = get_ipython().magics_manager.registry['GPUMagics']; "
+            "print('SETTINGS', m.live_interval, m.live_lines, m.live_display, m.live_history)")
+    run = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "--ext", "colab_gpu",
+                          "--GPUMagics.live_interval=0.5", "--GPUMagics.live_lines=3",
+                          "--GPUMagics.live_display=terminal", "--GPUMagics.live_history=0", "-c", code],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env=dict(os.environ, IPYTHONDIR=str(tmp_path), PYTHONPATH=str(ROOT)))
+    assert "SETTINGS 0.5 3 terminal 3600" in run.stdout, run.stdout + run.stderr
+    assert [line for line in (run.stdout + run.stderr).splitlines() if "ignored" in line] == [
+        "colab_gpu: ignored a setting: The value of the 'live_history' trait of a GPUMagics instance "
+        "should not be less than 1, but a value of 0 was specified"]
 
 
 def test_loading_without_an_ipython_shell_says_what_to_do_instead():
