@@ -3,8 +3,10 @@ own exception classes: values come through field by field, failures become words
 from __future__ import annotations
 
 import dataclasses
+import importlib.abc
 import sys
 import threading
+import warnings
 
 import pynvml
 import pytest
@@ -107,6 +109,33 @@ def test_missing_pynvml_without_a_driver_says_there_is_no_driver(monkeypatch):
     monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: False, raising=False)
     problem = NvmlSource().snapshot().problem
     assert "pip install" not in problem and "no NVIDIA driver is installed here" in problem
+
+
+class _DeprecatedPynvmlFinder(importlib.abc.MetaPathFinder):
+    """What the deprecated ``pynvml`` package (12+, pulled in by other tools) installs through a
+    .pth file next to nvidia-ml-py: a FutureWarning at ``import pynvml``, the module found as usual."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("pynvml"):
+            warnings.warn("The pynvml package is deprecated. Please install nvidia-ml-py instead. If you "
+                          "did not install pynvml directly, please report this to the maintainers of the "
+                          "package that installed pynvml for you.", FutureWarning, stacklevel=2)
+        return None
+
+
+def test_the_deprecated_pynvml_package_neither_warns_nor_raises(monkeypatch):
+    """Where the deprecated pynvml package sits next to nvidia-ml-py, the first ``import pynvml``
+    warned: the notebook showed a FutureWarning it cannot act on above the first card, and under
+    ``python -W error`` (or pytest's filterwarnings = error) ``status()`` raised it."""
+    monkeypatch.delitem(sys.modules, "pynvml")
+    monkeypatch.setattr(sys, "meta_path", [_DeprecatedPynvmlFinder(), *sys.meta_path])
+    source = NvmlSource()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        snapshot = source.snapshot()
+    source.close()
+    assert isinstance(snapshot, colab_gpu.devices.Snapshot)
+    assert snapshot.problem != NO_PYNVML
 
 
 def test_device_count_failure_is_a_problem():

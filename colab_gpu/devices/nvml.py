@@ -10,6 +10,7 @@ import functools
 import os
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import GPU, UNKNOWN_GPU, GPUProcess, MigInstance, Snapshot
@@ -117,7 +118,12 @@ class NvmlSource:
             return None
         if self._nvml is None:
             try:
-                import pynvml
+                with warnings.catch_warnings():
+                    # The deprecated `pynvml` package (12+, which other tools pull in) warns at the
+                    # first `import pynvml` even where nvidia-ml-py provides the module: a warning
+                    # the user cannot act on, and an exception under `python -W error`.
+                    warnings.filterwarnings("ignore", "The pynvml package is deprecated", FutureWarning)
+                    import pynvml
             except ImportError:
                 # Colab's CPU and TPU images lack both: installing pynvml there would not help.
                 if not nvidia_driver_present():
