@@ -254,6 +254,27 @@ def test_unset_takes_one_key_as_a_plain_string_like_settings(env):
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
 
 
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(settings={"max_split_size_mb": 128}), "settings"),  # a dict: its values were dropped
+    (dict(settings=b"max_split_size_mb=128"), "settings"),  # bytes: AttributeError on an int
+    (dict(settings=["max_split_size_mb=128", 128]), "settings"),
+    (dict(settings=None), "settings"),
+    (dict(unset=["max_split_size_mb", 5]), "unset"),
+    (dict(unset=None), "unset"),
+    (dict(check=b"max_split_size_mb:128"), "check"),
+    (dict(check=128), "check"),
+])
+def test_arguments_of_the_wrong_type_are_a_type_error_naming_them(env, kwargs, named):
+    """alloc_conf({"max_split_size_mb": 128}) said 'malformed setting 'max_split_size_mb': expected
+    '=' or ':' ... but found the end', bytes raised AttributeError: 'int' object has no attribute
+    'rstrip'; each now says which argument takes what, and nothing changes."""
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    before = dict(env)
+    with pytest.raises(TypeError, match=rf"alloc_conf\(\) takes {named} as "):
+        alloc_conf(environ=env, modules={}, **kwargs)
+    assert env == before
+
+
 def test_warnings_where_torch_is_surprising(env):
     result = alloc_conf(["garbage_collection_threshold=0.6 max_split_size_mb=128 "
                          "expandable_segments=True backend=cudaMallocAsync"], environ=env, modules={})

@@ -272,6 +272,19 @@ def _refused_setting(source: str, held: Settings, version, rocm: bool, verb: str
     return None
 
 
+def _strings(argument: str, given: Any, example: str) -> Tuple[str, ...]:
+    """``given``, one string or several, as a tuple of strings; a TypeError naming ``argument``
+    for anything else: a dict's values would be dropped, and bytes read as numbers."""
+    if isinstance(given, str):
+        return (given,)
+    items = None if isinstance(given, (bytes, bytearray, Mapping)) or not hasattr(given, "__iter__") \
+        else tuple(given)
+    if items is None or not all(isinstance(item, str) for item in items):
+        raise TypeError(f"alloc_conf() takes {argument} as a string or a list of strings, e.g. "
+                        f"{example}; got {given!r}")
+    return items
+
+
 def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Sequence[str]] = (),
                reset: bool = False, preset: Optional[str] = None, check: Optional[str] = None,
                save: bool = False, forget: bool = False, state: Optional[TorchState] = None,
@@ -281,8 +294,8 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
 
     ``settings`` are strings in either form (``"max_split_size_mb=128"`` or
     ``"max_split_size_mb:128,expandable_segments:True"``), ``unset`` key names; either may
-    be one string. ``reset`` starts from nothing, ``preset`` names one of
-    ``colab_gpu.allocator.PRESETS``, ``check`` validates its string and applies nothing,
+    be one string (anything else, a dict or bytes, is a TypeError). ``reset`` starts from
+    nothing, ``preset`` names one of ``colab_gpu.allocator.PRESETS``, ``check`` validates its string and applies nothing,
     ``save`` / ``forget`` keep the result for ``%load_ext colab_gpu`` after a restart or
     delete it. Before CUDA starts the settings go into the environment variables; after,
     through torch's run-time setter (keys that cannot change any more are listed).
@@ -294,7 +307,12 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     """
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
-    settings, unset = ((given,) if isinstance(given, str) else given for given in (settings, unset))
+    settings = _strings("settings", settings, "'max_split_size_mb=128' or ['max_split_size_mb=128', "
+                        "'expandable_segments=True']")
+    unset = _strings("unset", unset, "'max_split_size_mb' or ['max_split_size_mb', 'expandable_segments']")
+    if check is not None and not isinstance(check, str):
+        raise TypeError(f"alloc_conf() takes check as a string, e.g. 'max_split_size_mb:128'; "
+                        f"got {type(check).__name__}")
     if save and forget:
         raise AllocConfError("--save and --forget contradict each other: --save replaces the "
                              "saved setting, --forget deletes it; give one")
