@@ -207,8 +207,11 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
 
     ``status("tesla-t4.xml")`` reads a recording too: a path is what people pass first.
     """
-    if isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, bytes, os.PathLike)):
         source, path = None, source
+    if source is not None and not callable(getattr(source, "snapshot", None)):
+        raise TypeError(f"status() takes a recording's path (str, bytes or os.PathLike) or a DeviceSource "
+                        f"(colab_gpu.open_source()), not {source!r}")
     if source is None:
         source = open_source(path) if path is not None else default_source()
     view = torch_view(source.snapshot(), detect_runtime(shell))

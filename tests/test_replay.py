@@ -92,6 +92,17 @@ def test_a_file_of_some_of_the_machines_gpus_says_so():
     assert colab_gpu.status(XML / "tesla-t4.xml").snapshot.source == "replay of tesla-t4.xml"  # 1 of 1
 
 
+def test_status_takes_a_path_as_bytes_and_refuses_what_is_no_source():
+    """status(b'tesla-t4.xml') raised TypeError: can only concatenate str (not "bytes") to str;
+    status(0), as if for GPU 0, raised AttributeError: 'int' object has no attribute 'snapshot'."""
+    path = XML / "tesla-t4.xml"
+    assert colab_gpu.status(bytes(path)).gpus[0].name == "Tesla T4"
+    assert colab_gpu.status(path=bytes(path)).snapshot.source == "replay of tesla-t4.xml"
+    for wrong in (0, None.__class__, [str(path)]):
+        with pytest.raises(TypeError, match=r"status\(\) takes a recording's path .* or a DeviceSource"):
+            colab_gpu.status(wrong)
+
+
 def test_v13_average_power_draw_and_combined_process_types():
     (gpu,) = ReplaySource(XML / "rtx-4000-sff-ada-v13.xml").snapshot().gpus
     assert (gpu.power_draw, gpu.power_limit) == (8.81, 70.0)  # average_power_draw, not instant 8.44

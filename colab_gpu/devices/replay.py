@@ -581,8 +581,8 @@ class ReplaySource:
     ``follow=True``: each snapshot is the next time step, looping at the end (a demo trace).
     """
 
-    def __init__(self, path: "str | os.PathLike[str]", follow: bool = False):
-        self.path = os.fspath(path)
+    def __init__(self, path: "str | bytes | os.PathLike", follow: bool = False):
+        self.path = os.fsdecode(path)
         self.follow = follow
         self.label = replay_label(self.path)
         self._frames: Optional[Tuple[Snapshot, ...]] = None
