@@ -241,6 +241,20 @@ def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
     assert live.stop() is None  # nothing left to stop
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(interval="1"), "the interval is a number of seconds"),
+    (dict(interval=None), "the interval is a number of seconds"),
+    (dict(history=2.5), "the history length is a whole number of samples"),
+    (dict(history="10"), "the history length is a whole number of samples"),
+])
+def test_start_with_an_option_of_the_wrong_type_says_which(kwargs, message):
+    """live.start(interval="1") raised "'<' not supported between instances of 'int' and 'str'",
+    history=2.5 "an integer is required": neither said which argument was wrong."""
+    with pytest.raises(TypeError, match=message):
+        live.start(demo=True, **kwargs)
+    assert live.running() is None
+
+
 def test_history_without_pandas_is_the_samples(monkeypatch):
     sampler, _ = live.start(demo=True, interval=0.005)
     sampler.wait(3, timeout=10)

@@ -12,6 +12,7 @@ import atexit
 import collections
 import copy
 import dataclasses
+import numbers
 import threading
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
@@ -29,7 +30,9 @@ POLL_SECONDS = 0.01
 
 def check_interval(seconds: float, name: str = "the interval") -> float:
     """``seconds`` as a float, or a ValueError that says what is accepted; the one rule for
-    the sampler, ``--interval`` and ``GPUMagics.live_interval``."""
+    the sampler, ``--interval`` and ``GPUMagics.live_interval``. Not a number: TypeError."""
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(f"{name} is a number of seconds, e.g. 1 or 0.5; not {seconds!r}")
     if not 0 < seconds <= MAX_INTERVAL:  # also refuses nan and inf
         raise ValueError(f"{name} must be a positive number of seconds up to {MAX_INTERVAL:g} "
                          f"(an hour), e.g. 1 or 0.5; not {seconds:g}")
@@ -130,6 +133,8 @@ class Sampler:
 
     def __init__(self, source: DeviceSource, interval: float = 1.0, history: int = 3600,
                  close_source: bool = False):
+        if isinstance(history, bool) or not isinstance(history, numbers.Integral):
+            raise TypeError(f"the history length is a whole number of samples, e.g. 3600; not {history!r}")
         if history < 1:
             raise ValueError(f"the history length must be at least 1 sample, not {history!r}")
         self.source = source
