@@ -58,7 +58,7 @@ class _Once(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = namespace.__dict__.setdefault(_GIVEN, {})
-        if given.get(self.dest, values) != values:
+        if self.dest in given and given[self.dest] != values:  # not get(): nan != nan, even given once
             raise argparse.ArgumentError(self, f"given twice ({given[self.dest]} and {values}); "
                                                f"give it once")
         given[self.dest] = values
