@@ -447,6 +447,12 @@ def test_find_batch_restores_model_optimizer_and_generators():
     assert (random.random(), torch.rand(1).item()) == expected
 
 
+def test_restore_none_restores_nothing():
+    """find_batch(fn, restore=None) was refused: "a NoneType has no state_dict()"."""
+    result = find_batch(lambda size: None, restore=None, max=4, progress=False)
+    assert result.answer == 4
+
+
 def test_an_optimizer_that_has_trained_and_pending_gradients_are_restored_as_they_were():
     """After a few training steps Adam holds state, and gradients may be accumulating. On the
     CPU (and for Adam's step counts anywhere) load_state_dict keeps the tensors it is given,
