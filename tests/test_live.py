@@ -598,6 +598,14 @@ def live_config(shell):
         shell.run_line_magic("config", f"GPUMagics.{name} = {value!r}")
 
 
+def test_start_refuses_a_path_and_the_demo_together():
+    """live.start(path=..., demo=True) replayed the bundled trace and dropped the user's file
+    without a word; the magic refuses --from with --demo."""
+    with pytest.raises(ValueError, match="give one"):
+        live.start(path=str(NANOGPT), demo=True)
+    assert live.running() is None
+
+
 def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys):
     run_live(live_config, "--live --demo --interval 0.02", live_lines=3)
     lines = capsys.readouterr().out.splitlines()

@@ -38,9 +38,12 @@ def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
 
     Reads the live GPUs through NVML, or replays the recording at ``path`` (or the bundled
     demo trace) one time step per sample, looping. Raises :class:`SourceError` when the
-    source cannot be read at all (no driver, a bad file).
+    source cannot be read at all (no driver, a bad file), ValueError for both a ``path`` and
+    ``demo`` (the magic's --from with --demo).
     """
     global _sampler
+    if demo and path is not None:  # replaying the bundled trace would drop the user's file silently
+        raise ValueError("demo=True replays the bundled trace and path= your recording: give one")
     with _lock:
         current = running()
         if current is not None:
