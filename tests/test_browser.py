@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -171,6 +172,41 @@ def test_the_live_page_keeps_polling_after_one_lost_answer(browser):
         page.wait_for_timeout(1000)
         assert panel_state(page) != first  # still moving
         assert page.locator("#cgpu-note").inner_text() == ""
+        page.close()
+    finally:
+        live.stop()
+
+
+# How far anything in the live card sticks out past the card's right edge, and what.
+STICKS_OUT = """() => {
+  const card = document.querySelector('.cgpu-card'), right = card.getBoundingClientRect().right;
+  let worst = 0, what = '';
+  card.querySelectorAll('*').forEach(element => {
+    const past = element.getBoundingClientRect().right - right;
+    if (past > worst) { worst = past; what = element.tagName + ' ' + element.textContent.slice(0, 40); }
+  });
+  return [Math.round(worst), what, document.documentElement.scrollWidth - innerWidth];
+}"""
+
+
+def test_the_live_page_fits_a_400_px_frame(browser):
+    """In a 400 px frame (a phone, a narrow Colab window) the table ran 140 px past the card:
+    power and temperature outside its border, the page scrolled sideways. Its cells now wrap
+    and drop their bars; every number is still there."""
+    from colab_gpu import live
+
+    live.start(demo=True, interval=0.2)
+    try:
+        page = browser.new_page()
+        page.set_viewport_size({"width": 400, "height": 700})
+        page.goto(live.page_server().url)
+        page.wait_for_selector(".cgpu-live svg.cgpu-chart polyline", timeout=20_000)
+        page.screenshot(path=str(ARTIFACTS / "live-page-400px.png"), full_page=True)
+        assert page.evaluate(STICKS_OUT) == [0, "", 0]
+        row = page.locator(".cgpu-live tr").nth(1).inner_text()
+        assert re.search(r"\d+%\s+[\d.]+\s[MG]iB / 32.00\sGiB\s+n/a\s+\d+\s°C", row), row
+        page.set_viewport_size({"width": 1200, "height": 700})  # wide: the bars are back
+        assert page.locator(".cgpu-live .cgpu-bar").first.is_visible()
         page.close()
     finally:
         live.stop()
