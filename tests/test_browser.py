@@ -210,3 +210,40 @@ def test_the_live_page_fits_a_400_px_frame(browser):
         page.close()
     finally:
         live.stop()
+
+
+def test_the_live_page_comes_back_after_a_longer_silence(browser):
+    """A laptop waking up or a network changing leaves the page without answers for several
+    seconds while the monitor runs on. After five lost polls the page said "The monitor has
+    stopped (its server is gone)" and never asked again; it now says what it knows, keeps
+    asking every few seconds and moves on once the answers come back."""
+    from colab_gpu import live
+
+    live.start(demo=True, interval=0.2)
+    try:
+        page = browser.new_page()
+        silent = []  # not empty: every poll is lost
+        page.route("**/data.json", lambda route: route.abort() if silent else route.continue_())
+        page.clock.install()  # the page's timers run when the test says, not in real seconds
+
+        def run_until(condition: str, step_ms: int, what: str) -> None:
+            deadline = time.monotonic() + 15
+            while not page.evaluate(condition):
+                assert time.monotonic() < deadline, f"{what}: {page.locator('#cgpu-note').inner_text()!r}"
+                page.clock.run_for(step_ms)
+                page.wait_for_timeout(50)  # the poll in flight gets its answer or its error
+
+        page.goto(live.page_server().url)
+        run_until("document.querySelector('.cgpu-state') !== null", 200, "no first sample")
+        silent.append(True)
+        run_until("document.getElementById('cgpu-note').textContent.includes('last sample seen')", 500, "never gave up")
+        note = page.locator("#cgpu-note").inner_text()
+        assert "stopped or the connection dropped" in note and "Trying again every 5 s" in note, note
+        before = page.locator(".cgpu-state").inner_text()
+        silent.clear()
+        run_until("document.getElementById('cgpu-note').textContent === ''", 1000, "never asked again")
+        run_until(f"document.querySelector('.cgpu-state').innerText !== {json.dumps(before)}", 200,
+                  "the panel did not move on")
+        page.close()
+    finally:
+        live.stop()
