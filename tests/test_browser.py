@@ -247,3 +247,26 @@ def test_the_live_page_comes_back_after_a_longer_silence(browser):
         page.close()
     finally:
         live.stop()
+
+
+def test_the_live_page_in_a_tab_of_its_own_logs_no_error(browser):
+    """Opened at live_url() in a tab, the page's console showed "Failed to load resource: the
+    server responded with a status of 404" at every load: the browser asked for /favicon.ico."""
+    from colab_gpu import live
+
+    live.start(demo=True, interval=0.2)
+    try:
+        page = browser.new_page()
+        console, answers = [], []
+        page.on("console", lambda message: console.append((message.type, message.text)))
+        page.on("response", lambda response: answers.append((response.status, response.url)))
+        page.goto(live.page_server().url)
+        deadline = time.monotonic() + 20
+        while sum(url.endswith("/data.json") for _, url in answers) < 4:  # well after the load
+            assert time.monotonic() < deadline, answers
+            page.wait_for_timeout(100)
+        assert [(kind, text) for kind, text in console if kind in ("error", "warning")] == []
+        assert [(status, url) for status, url in answers if status != 200] == []
+        page.close()
+    finally:
+        live.stop()
