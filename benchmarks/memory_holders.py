@@ -4,15 +4,19 @@ The baseline is a bare loop that reads each tensor's storage size (what any rank
 least); the ranking adds the walk, the visited set and the shared-storage bookkeeping. Both run
 side by side in one process, so the printed ratios hold on a loaded machine too.
 
-    PYTHONPATH=. python benchmarks/memory_holders.py
+    python benchmarks/memory_holders.py
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's colab_gpu
 
-from colab_gpu.memory import rank_holders
+import torch  # noqa: E402
+
+from colab_gpu.memory import rank_holders  # noqa: E402
 
 
 def best_of(repeats: int, work) -> float:

@@ -3,7 +3,7 @@
 Run on a machine with an NVIDIA GPU and a CUDA build of torch (under a minute; bounded at
 5 minutes by the sizes chosen):
 
-    PYTHONPATH=. python gpu_checks/clear_cache.py
+    python gpu_checks/clear_cache.py
 
 It allocates a tensor inside a function, fails that cell with a real CUDA out-of-memory error
 (so the traceback keeps the tensor alive), runs %clear_cache and checks that
@@ -13,8 +13,11 @@ Exit status: 0 all checks passed, 1 a check failed, 2 no CUDA GPU here (nothing 
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's colab_gpu
 
 GiB = 1024 ** 3
 

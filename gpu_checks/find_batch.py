@@ -11,8 +11,11 @@ optimizer's state restored without a second host copy of its GPU tensors.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's colab_gpu
 
 T4_BYTES = 15 * 1024 ** 3
 

@@ -2,6 +2,7 @@
 and the package builds into a wheel that holds its data."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -58,3 +59,45 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
                  "colab_gpu/live/page.html"):
         assert data in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), "no MIT licence text"
+
+
+# Put this checkout first on sys.path later, not when loaded: in main() (status_speed,
+# cuda_order_cost) or in the PYTHONPATH of the processes they start (alloc_conf,
+# find_batch_vs_peers).
+PATH_SET_LATER = {"benchmarks/status_speed.py", "benchmarks/cuda_order_cost.py",
+                  "benchmarks/find_batch_vs_peers.py", "gpu_checks/alloc_conf.py"}
+PROBE = """
+import runpy, sys, traceback
+for script in sys.argv[1:]:
+    path = list(sys.path)
+    for name in [name for name in sys.modules if name.partition(".")[0] == "colab_gpu"]:
+        del sys.modules[name]
+    try:
+        runpy.run_path(script, run_name="probe")  # the module's own code, not main()
+        import colab_gpu
+        print(script, colab_gpu.__file__)
+    except BaseException as error:
+        print(script, "failed:", "".join(traceback.format_exception_only(type(error), error)).strip())
+    sys.path[:] = path
+"""
+
+
+def test_benchmarks_and_gpu_checks_measure_their_own_checkout(tmp_path):
+    """`python benchmarks/memory_holders.py` (or gpu_checks/find_batch.py) run from a fresh
+    checkout must import that checkout's colab_gpu: not fail with "No module named 'colab_gpu'",
+    nor measure another copy that pip or PYTHONPATH provides."""
+    decoy = tmp_path / "decoy" / "colab_gpu"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("")  # an empty package: another colab_gpu first on PYTHONPATH
+    scripts = sorted(str(path.relative_to(ROOT)) for folder in ("benchmarks", "gpu_checks")
+                     for path in (ROOT / folder).glob("*.py"))
+    probed = [script for script in scripts if script not in PATH_SET_LATER]
+    assert len(probed) >= 8, probed
+    done = subprocess.run([sys.executable, "-c", PROBE, *(str(ROOT / script) for script in probed)],
+                          cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(tmp_path / "decoy")),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    own = str(ROOT / "colab_gpu" / "__init__.py")
+    lines = done.stdout.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == [str(ROOT / script) for script in probed], done.stdout
+    assert all(line.endswith(" " + own) for line in lines), done.stdout
