@@ -1,5 +1,6 @@
 """The set-up files install what they say: torch's CPU build, never PyPI's multi-GB CUDA one;
-and the package builds into a wheel that holds its data."""
+the package builds into a wheel that holds its data and a source distribution that runs its
+tests; the scripts run from a fresh checkout."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 
 import pytest
@@ -59,6 +61,40 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
                  "colab_gpu/live/page.html"):
         assert data in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), "no MIT licence text"
+
+
+# What the tests read besides colab_gpu/: themselves, their helpers and recordings, the
+# notebooks they execute, the scripts and set-up files they check (and ci/, which
+# scripts/test.sh reads).
+SDIST_FOLDERS = ("tests", "notebooks", "scripts", "binder", "ci", "benchmarks", "gpu_checks")
+
+
+def test_the_sdist_runs_its_own_tests(tmp_path):
+    """Who runs pytest in an unpacked source distribution (a distribution's packager, say)
+    gets the whole suite: setuptools alone shipped tests/test_*.py without conftest.py, the
+    helpers and the recordings, and every test file failed at 'from conftest import ...'."""
+    pytest.importorskip("setuptools", minversion="77")  # the SPDX licence string of pyproject
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
+        if (ROOT / name).exists():
+            shutil.copy(ROOT / name, source)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "out")  # gpu_checks/out: a run's logs
+    for folder in ("colab_gpu",) + SDIST_FOLDERS:
+        shutil.copytree(ROOT / folder, source / folder, ignore=skip)
+    build = subprocess.run(
+        [sys.executable, "-c", "import sys; from setuptools import build_meta; "
+         "print(build_meta.build_sdist(sys.argv[1]))", str(tmp_path / "dist")],
+        cwd=source, capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    sdist = tmp_path / "dist" / build.stdout.split()[-1]
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    wanted = {str(path.relative_to(source)) for folder in SDIST_FOLDERS
+              for path in (source / folder).rglob("*") if path.is_file()}
+    assert "tests/conftest.py" in wanted and "tests/data/README.md" in wanted
+    assert sorted(wanted - names) == []
+    assert not [name for name in names if name.endswith(".pyc") or "/out/" in name]
 
 
 # Put this checkout first on sys.path later, not when loaded: in main() (status_speed,
