@@ -132,9 +132,18 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
         yield from functools.partial.args.__get__(obj)
         yield from functools.partial.keywords.__get__(obj).values()
     if kind in _SUSPENDED:  # `data = torch.load(...)` then `yield data[i]`: data lives in the frame
-        frame = getattr(obj, _SUSPENDED[kind])
-        if frame is not None:
-            yield from frame.f_locals.values()
+        # Its local variables as the garbage collector sees them, not through the frame's
+        # f_locals: Python 3.11 and 3.12 keep that dict on the frame, and with it a local the
+        # generator deletes later (`del data`) until it ends. Free variables come as cells.
+        if getattr(obj, _SUSPENDED[kind]) is not None:
+            for referent in gc.get_referents(obj):
+                if isinstance(referent, types.CellType):
+                    try:
+                        yield referent.cell_contents
+                    except ValueError:  # a cell not yet filled
+                        pass
+                elif not isinstance(referent, (types.FrameType, types.CodeType, str)):
+                    yield referent
         return
     if issubclass(kind, BaseException):
         yield obj.__traceback__

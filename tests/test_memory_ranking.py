@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import torch
 
@@ -204,6 +205,32 @@ def test_a_partial_and_a_paused_generator_hold_what_they_keep_alive():
     assert order == ["paused", "step", "keyword"]
     assert by_name["paused"].nbytes == 8_000 and by_name["paused"].tensors == 1
     assert by_name["step"].nbytes == nbytes(model.weight) and by_name["keyword"].nbytes == 1_200
+
+
+def test_ranking_a_paused_generator_does_not_keep_what_it_later_drops():
+    """Python 3.11 and 3.12 cache a frame's ``f_locals`` on the frame: read once by the ranking,
+    a generator's ``data`` stayed alive after the generator's own ``del data``, until it ended,
+    so ``%clear_cache --vars`` kept the memory it reported on. Its closure cells count too."""
+    import weakref
+
+    scale = torch.ones(500)
+
+    def batches():
+        data = torch.ones(2_000)
+        yield data[:10] if scale.numel() else None
+        del data
+        yield None
+        yield None
+
+    paused = batches()
+    next(paused)
+    by_name, _, _ = ranked(paused=paused)
+    assert by_name["paused"].nbytes == 8_000 + 2_000 and by_name["paused"].tensors == 2
+    data = weakref.ref(next(obj for obj in gc.get_referents(paused)  # read without f_locals
+                            if isinstance(obj, torch.Tensor) and obj.numel() == 2_000))
+    next(paused)  # del data
+    gc.collect()
+    assert data() is None
 
 
 def test_one_line_agrees_with_the_number_of_holders():
