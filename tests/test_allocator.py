@@ -331,6 +331,28 @@ def test_a_variable_torch_does_not_read_is_named_and_never_said_rewritten_by_a_s
     assert not [w for w in alloc_conf(environ=env, modules=_torch(version)).warnings if "PYTORCH_ALLOC_CONF" in w]
 
 
+@pytest.mark.parametrize("before, call, said", [
+    (dict(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", PYTORCH_ALLOC_CONF="max_split_size_mb:512"),
+     dict(reset=True), "PYTORCH_ALLOC_CONF held 'max_split_size_mb:512', which was not in effect: torch 2.13 "
+                       "reads PYTORCH_CUDA_ALLOC_CONF first and ignores PYTORCH_ALLOC_CONF while "
+                       "PYTORCH_CUDA_ALLOC_CONF is set; it is now unset, as PYTORCH_CUDA_ALLOC_CONF is"),
+    (dict(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", PYTORCH_ALLOC_CONF="max_split_size_mb:512"),
+     dict(unset=["expandable_segments"]), "; it is now unset, as PYTORCH_CUDA_ALLOC_CONF is"),
+    (dict(PYTORCH_ALLOC_CONF="max_split_size_mb:512"), dict(reset=True),
+     "PYTORCH_ALLOC_CONF's settings were not in effect: torch 2.9 does not read PYTORCH_ALLOC_CONF for CUDA "
+     "(pytorch#183387); every variable is now unset"),
+])
+def test_a_change_that_empties_the_setting_says_the_ignored_variable_is_now_unset(env, before, call, said):
+    """--reset (or unsetting every key) removes every variable: the warning said the ignored
+    PYTORCH_ALLOC_CONF 'now holds the same string as PYTORCH_CUDA_ALLOC_CONF', or that its
+    settings 'are now in every variable', of an environment that held neither any more."""
+    env.update(before)
+    version = "2.9.1" if "PYTORCH_CUDA_ALLOC_CONF" not in before else "2.13.0"
+    result = alloc_conf(environ=env, modules=_torch(version), **call)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env and "PYTORCH_ALLOC_CONF" not in env
+    assert result.warnings[-1].endswith(said) and "same string" not in result.warnings[-1]
+
+
 @pytest.mark.parametrize("version, in_effect", [("2.9.1", False), ("2.8.0", False), ("2.10.0", True)])
 def test_settings_only_in_pytorch_alloc_conf_are_said_to_be_in_effect_only_where_torch_reads_it(
         env, version, in_effect):

@@ -227,11 +227,12 @@ def _warnings(settings: Settings, version: Optional[Tuple[int, int]],
 
 
 def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Optional[str]],
-                       written: bool) -> Tuple[str, ...]:
+                       written: bool, cleared: bool = False) -> Tuple[str, ...]:
     """The variables set in ``env_before`` that torch does not read, said as such: torch reads
     the first one set (``env_before`` is in its order; PYTORCH_ALLOC_CONF only from 2.10), so
     another that holds something else changes nothing. ``written``: this call wrote the same
-    string to every variable, replacing what the ignored ones held."""
+    string to every variable, replacing what the ignored ones held; ``cleared``: that string
+    was empty (--reset, or every key unset), so every variable is now unset."""
     known = version if version is not None else NEWEST
     torch = f"torch {format_version(version)}" if version is not None else "torch"
     order = [name for name in env_before if name != "PYTORCH_ALLOC_CONF" or known >= GENERIC_ENV_SINCE]
@@ -247,10 +248,15 @@ def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Opti
                 " for CUDA (pytorch#183387)" if known[:2] == (2, 9) else
                 f" (torch reads it from {format_version(GENERIC_ENV_SINCE)})")
         if read is None:  # the settings shown come from this variable alone
-            found.append(f"{name}'s settings were not in effect: {why}; they are now in every "
+            found.append(f"{name}'s settings were not in effect: {why}; every variable is now unset"
+                         if cleared else
+                         f"{name}'s settings were not in effect: {why}; they are now in every "
                          f"variable" if written else
                          f"{name}'s settings, shown here, are not in effect: {why}; any change with "
                          f"%alloc_conf writes them to every variable")
+        elif cleared:
+            found.append(f"{name} held {value!r}, which was not in effect: {why}; it is now unset, "
+                         f"as {read} is")
         elif written:
             found.append(f"{name} held {value!r}, which was not in effect: {why}; it now holds "
                          f"the same string as {read}")
@@ -386,7 +392,8 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         result, action="set", preset=explanation, saved=saved, saved_path=str(path),
         forgotten=forgotten,
         warnings=_warnings(new_settings, version) + result.warnings
-        + _ignored_variables(version, env_before, written=True), **common)
+        + _ignored_variables(version, env_before, written=True,
+                             cleared=all(value is None for value in result.env_after.values())), **common)
 
 
 _NO_SETTER = ("the installed torch has no run-time settings call: it read its allocator "
