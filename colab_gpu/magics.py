@@ -58,8 +58,10 @@ class _Once(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = namespace.__dict__.setdefault(_GIVEN, {})
-        if self.dest in given and given[self.dest] != values:  # not get(): nan != nan, even given once
-            raise argparse.ArgumentError(self, f"given twice ({given[self.dest]} and {values}); "
+        earlier = given.get(self.dest, values)
+        # nan != nan: a nan given once, or twice, is one value, left to the option's own check
+        if earlier != values and not (earlier != earlier and values != values):
+            raise argparse.ArgumentError(self, f"given twice ({earlier} and {values}); "
                                                f"give it once")
         given[self.dest] = values
         setattr(namespace, self.dest, values)

@@ -131,6 +131,14 @@ def test_the_same_value_twice_is_accepted(shell, clean_env):
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 
 
+def test_nan_given_twice_is_one_value_checked_as_usual(magic):
+    """nan != nan: '--interval nan --interval nan' was 'given twice (nan and nan)', two values that
+    are the same, instead of the interval's own rule, as for one nan."""
+    assert magic("gpu_status", "--live --interval nan --interval nan") == magic("gpu_status", "--live --interval nan")
+    assert magic("gpu_status", "--live --interval nan").startswith("--interval must be a positive number of seconds")
+    assert "given twice (nan and 2.0)" in magic("gpu_status", "--live --interval nan --interval 2")
+
+
 def test_restore_given_twice_restores_both(shell):
     """--restore a --restore m kept only m: the cell's changes to a stayed, and the user's tensor
     was left as the last trial made it."""
