@@ -780,28 +780,34 @@ def test_the_users_own_error_is_raised_after_restoring():
     assert torch.equal(model.weight, weights)
 
 
+class FinishedResults:
+    """A progress display that keeps the results it was finished with, and shows nothing."""
+
+    def __init__(self):
+        self.finished = []
+
+    def __call__(self, search):
+        pass
+
+    def finish(self, result):
+        self.finished.append(result)
+
+
 def test_the_report_of_a_search_ended_by_the_users_error_does_not_claim_an_answer(shell):
     """A notebook keeps the report above the traceback. After sizes had fitted it read
     "batch_size = 2 (largest fitting ...)", while the error left batch_size as it was."""
     from colab_gpu.batch import Snapshot, search_batch
     from colab_gpu.batch.render import render_text
 
-    finished = []
-
-    class Progress:
-        def __call__(self, search):
-            pass
-
-        def finish(self, result):
-            finished.append(result)
+    progress = FinishedResults()
 
     def step(size):
         if size > 10:
             raise ValueError("a bug in the cell")
 
     with pytest.raises(ValueError, match="a bug"):
-        search_batch(step, Snapshot(), maximum=64, progress=Progress())
-    (result,) = finished
+        search_batch(step, Snapshot(), maximum=64, progress=progress)
+    (result,) = progress.finished
     assert result.answer is None and result.largest_fitting == 2
     report = render_text(result)
     assert report.startswith("no batch_size found: batch_size=16 raised ValueError: a bug in the cell")
@@ -1084,21 +1090,14 @@ def test_a_restore_object_that_cannot_be_put_back_ends_the_progress_saying_why()
     from colab_gpu.batch import RestoreError, Snapshot, search_batch
 
     head = torch.nn.Sequential(torch.nn.Linear(4, 2))
-    finished = []
-
-    class Progress:
-        def __call__(self, search):
-            pass
-
-        def finish(self, result):
-            finished.append(result)
+    progress = FinishedResults()
 
     def step(size):
         head[0] = torch.nn.Linear(4, 3)
 
     with pytest.raises(RestoreError, match="^--restore head: its state could not be put back"):
-        search_batch(step, Snapshot(objects={"head": head}), maximum=8, progress=Progress())
-    assert [result.stopped.split(" (")[0] for result in finished] == [
+        search_batch(step, Snapshot(objects={"head": head}), maximum=8, progress=progress)
+    assert [result.stopped.split(" (")[0] for result in progress.finished] == [
         "--restore head: its state could not be put back after a trial"]
 
 
