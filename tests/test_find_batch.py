@@ -793,6 +793,19 @@ class FinishedResults:
         self.finished.append(result)
 
 
+@pytest.mark.parametrize("rate, speed", [(333, "333 samples/s"), (99_999, "99999 samples/s"),
+                                         (171_000, "171k samples/s"), (999_700, "1M samples/s"),
+                                         (31_500_000, "31.5M samples/s")])
+def test_a_fitting_trials_progress_line_is_one_line_of_80_columns_however_fast(rate, speed):
+    """A fast cell (a small model on the CPU) runs 100000 samples/s or more: its line was 81
+    columns and more, so samples/s wrapped onto a second line, as it did at 94 columns."""
+    from colab_gpu.batch.render import trial_line
+
+    trial = Trial(4096, FITS, peak_memory=1023 * MiB, seconds_per_step=4096 / rate, runs=3)
+    (line,) = trial_line(trial, "batch_size", 12).splitlines()
+    assert len(line) <= 80 and line.endswith(f"/step  {speed}"), line
+
+
 def test_the_report_of_a_search_ended_by_the_users_error_does_not_claim_an_answer(shell):
     """A notebook keeps the report above the traceback. After sizes had fitted it read
     "batch_size = 2 (largest fitting ...)", while the error left batch_size as it was."""

@@ -14,12 +14,22 @@ HEADER = ("size", "outcome", "peak memory", "time/step", "samples/s")
 NUMERIC = (True, False, True, True, True)  # right-aligned, so digits line up; words read from the left
 
 
+def _short_rate(samples_per_second: Optional[float], exact: str) -> str:
+    """At most 5 characters: 489177 samples/s reads 489k, 4891770 reads 4.89M (the table keeps
+    every digit). A fast cell's 6 digits made the progress line 81 columns."""
+    if samples_per_second is None or samples_per_second < 1e5:
+        return exact
+    if samples_per_second < 999_500:
+        return f"{samples_per_second / 1e3:.0f}k"
+    return f"{samples_per_second / 1e6:.3g}M"
+
+
 def trial_line(trial, variable: str, number: int) -> str:
     """One progress line for a terminal."""
     size, outcome, peak, step, speed = trial_row(trial)
     if trial.fits:  # unpadded after the peak: 80 columns hold it, samples/s did not fit on 94
         return fold(f"trial {number:>2}: {variable}={size:>6}  {outcome}  peak {peak:>9}  {step}/step  "
-                    f"{speed} samples/s", 10)
+                    f"{_short_rate(trial.samples_per_second, speed)} samples/s", 10)
     measured = f"({trial.error})" if trial.error else ""
     # folded under the trial's number: an error's message runs to 200 characters
     return fold(f"trial {number:>2}: {variable}={size:>6}  {outcome:<13}  {measured}".rstrip(), 10)
