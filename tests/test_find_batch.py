@@ -252,6 +252,33 @@ def test_throughput_mode_is_not_stopped_by_one_slow_trial():
     assert result.answer == 256 and [t.size for t in result.trials][-3:] == [256, 512, 1024]
 
 
+def test_throughput_mode_looks_between_the_last_doubling_and_the_size_that_failed():
+    """samples/s still grows when doubling 1024 runs out of memory: 1500 fits and is 19 % faster.
+    The search stopped at the failure, answering 1024 as the fastest; from a --start above what
+    fits it tried 2047, just under a known failure, and stopped there too. It bisects now."""
+    def run(size):  # 10 ms a step plus 10 µs a sample; more than 1500 runs out of memory
+        if size > 1500:
+            return Trial(size, OUT_OF_MEMORY, runs=1)
+        return Trial(size, FITS, seconds_per_step=0.01 + size * 1e-5, runs=3)
+
+    for start in (None, 4096):
+        result = Search(run, mode="throughput", start=start).run()
+        assert 0.95 * 1500 <= result.answer <= 1500 and result.answer == result.fastest
+        assert 2047 not in [t.size for t in result.trials]
+        assert result.stopped == f"batch_size=1536 did not fit, and {result.answer} is within 5% of it"
+
+
+def test_throughput_mode_between_sizes_keeps_the_patience_rule():
+    def run(size):  # samples/s flat from 256 on; more than 700 runs out of memory
+        if size > 700:
+            return Trial(size, OUT_OF_MEMORY, runs=1)
+        return Trial(size, FITS, seconds_per_step=max(size, 256) / 1000, runs=3)
+
+    result = Search(run, mode="throughput").run()
+    assert result.answer == 256 and [t.size for t in result.trials][-4:] == [512, 1024, 768, 640]
+    assert result.stopped == "going up to 512 and 640 gained less than 5% samples/s over 256"
+
+
 def test_throughput_mode_that_reaches_max_says_so():
     result = Search(lambda size: Trial(size, FITS, seconds_per_step=0.01, runs=3),
                     mode="throughput", maximum=16).run()

@@ -11,7 +11,9 @@ just under the failure, then bisects between the largest success and the smalles
 a fit that still predicts a size at or above a failure is wrong up there and is not followed.
 A --start above what fits halves to a first success, then measures a size BELOW times
 smaller, so that the fit, not blind bisection, places the rest. Throughput mode doubles from
-the start and stops when two doublings in a row gain less than 5 % samples/s over the best.
+the start and stops when two doublings in a row gain less than 5 % samples/s over the best;
+a size that fails is not the end: it bisects between the largest success and the failure
+until within tolerance of it, under the same rule.
 
 The answer is always a size that ran and fitted: never an interpolated one.
 """
@@ -355,27 +357,35 @@ class Search:
             self.attempt(below)
 
     def _fastest(self) -> None:
+        """Double from the first success while samples/s pays. Once a size has failed, the
+        sizes between the largest success and that failure are bisected, not given up: where
+        samples/s still grew at the last doubling, the fastest size lies up there."""
         best, unpaid = self._successes()[-1], []
         while True:
-            fit = self.fit()
-            ceiling = min(x for x in (self.maximum, self.hi and self.hi - 1,
+            lo, hi, fit = self.lo, self.hi, self.fit()
+            if hi is not None and self._close(lo, hi):
+                self.stopped = f"{self.variable}={hi} did not fit" + (
+                    f", and {lo} is within {self.tolerance:.0%} of it" if hi - lo > self.step else "")
+                return
+            ceiling = min(x for x in (self.maximum, hi and hi - 1,
                                       fit and self.usable and fit.largest_under(self.usable))
                           if x)
-            size = self._align(min(2 * self.lo, ceiling))
-            if size <= self.lo:
+            size = self._align(min(2 * lo if hi is None else _middle(lo, hi), ceiling))
+            if size <= lo:
                 self.stopped = (f"reached --max {self.maximum}" if ceiling == self.maximum
                                 else "reached the largest size that fits")
                 return
             trial = self.attempt(size)
             if not trial.fits:
-                self.stopped = f"{self.variable}={size} did not fit"
-                return
+                continue  # the next size lies between the largest success and this failure
             if (trial.samples_per_second or 0) >= THROUGHPUT_GAIN * (best.samples_per_second or 0):
                 best, unpaid = trial, []
                 continue
-            unpaid.append(size)
+            unpaid.append((lo, size))
             if len(unpaid) == THROUGHPUT_PATIENCE:
-                self.stopped = (f"doubling to {' and '.join(map(str, unpaid))} gained less than "
+                doubled = all(size == 2 * lo for lo, size in unpaid)
+                self.stopped = (f"{'doubling' if doubled else 'going up'} to "
+                                f"{' and '.join(str(size) for _, size in unpaid)} gained less than "
                                 f"{THROUGHPUT_GAIN - 1:.0%} samples/s over {best.size}")
                 return
 
