@@ -1304,6 +1304,16 @@ def test_step_times_keep_their_digits_from_microseconds_to_seconds():
     assert times == ["4.2 µs", "12.3 ms", "2.5 s"]
 
 
+def test_samples_per_second_of_a_slow_step_keep_their_digits():
+    """A big model on the CPU: 2 samples in 5 s, 4 in 6 s. The column read "0" and "1", so the
+    table could not show why 4 was the faster; three significant digits below 100 now."""
+    from colab_gpu.batch.result import trial_row
+
+    speeds = [trial_row(Trial(size, FITS, seconds_per_step=seconds, runs=3))[4]
+              for size, seconds in ((2, 5.0), (4, 6.0), (64, 1.5), (2048, 2.5))]
+    assert speeds == ["0.4", "0.667", "42.7", "819"]
+
+
 def test_chart_is_a_png_with_memory_and_throughput():
     from colab_gpu.batch.render import chart_png
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from ..render import count, duration, number, size as format_size
+from ..render import NA, count, duration, size as format_size
 
 FITS = "fits"
 OUT_OF_MEMORY = "out of memory"
@@ -45,9 +45,16 @@ class Trial:
         return self.size * self.runs
 
 
+def rate(samples_per_second: Optional[float]) -> str:
+    """Three significant digits below 100 (a slow step's 0.4 samples/s, not 0), whole above."""
+    if samples_per_second is None:
+        return NA
+    return f"{samples_per_second:.3g}" if samples_per_second < 100 else f"{samples_per_second:.0f}"
+
+
 def trial_row(trial: Trial) -> Tuple[str, str, str, str, str]:
     return (str(trial.size), trial.outcome, format_size(trial.peak_memory),
-            duration(trial.seconds_per_step), number(trial.samples_per_second))
+            duration(trial.seconds_per_step), rate(trial.samples_per_second))
 
 
 @dataclasses.dataclass(frozen=True)
