@@ -1322,6 +1322,22 @@ def test_chart_is_a_png_with_memory_and_throughput():
     assert png.startswith(b"\x89PNG")
 
 
+def test_chart_draws_throughput_from_the_smallest_size_to_the_largest():
+    """--start above what fits: 512 fits, then 128 is measured below it, then 673. The line
+    joined them in that order, from 512 back to 128 and across to 673: it crossed itself."""
+    from colab_gpu.batch.render import _chart_figure
+    from colab_gpu.render.chart import neutral_style
+
+    curve = Curve([(1, 2 * GiB), (64, 9 * GiB), (512, 60 * GiB)])
+    device = ReplayDevice(curve, 80 * GiB)
+    result = Search(device, start=4096).run()
+    fits = [t for t in result.trials if t.fits]
+    assert [t.size for t in fits][:2] == [512, 128]
+    with neutral_style():
+        speed = _chart_figure(result, fits).axes[1]
+    assert list(speed.lines[0].get_xdata()) == sorted(t.size for t in fits)
+
+
 def test_chart_marks_at_the_capacity_only_the_sizes_that_ran_out_of_memory():
     """A red cross on the capacity line says "ran out of memory here". A trial over the
     headroom (its real peak is drawn), one cut short by Ctrl-C and one that raised the user's

@@ -141,7 +141,9 @@ def _chart_figure(result, fits):
                     "--", color="tab:gray", label="fit")
     memory.set(xlabel=result.variable, ylabel="GiB", title="peak memory")
     memory.legend(fontsize="small")
-    timed = [t for t in fits if t.samples_per_second]
+    # By size, not in the order they ran: a size measured below the first success (--start
+    # above what fits) drew the line back over itself.
+    timed = sorted((t for t in fits if t.samples_per_second), key=lambda t: t.size)
     speed.plot([t.size for t in timed], [t.samples_per_second for t in timed], "o-")
     speed.set(xlabel=result.variable, ylabel="samples/s", title="throughput")
     figure.tight_layout()
