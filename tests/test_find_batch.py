@@ -279,6 +279,28 @@ def test_throughput_mode_between_sizes_keeps_the_patience_rule():
     assert result.stopped == "going up to 512 and 640 gained less than 5% samples/s over 256"
 
 
+def test_throughput_mode_does_not_double_past_the_memory_fit_into_out_of_memory_errors():
+    """convnext_large on a 40 GiB H100: the fit sends 128 to 198, its refit to 199. Two sizes a
+    sample apart grow less than the noise, so no refit came, and the search doubled to 398: an
+    out-of-memory error, then five more bisecting back down to 199. The fit from 199 and a size
+    that used measurably less still says 199 is the top."""
+    curve, capacity = next((curve, capacity) for label, curve, capacity in problems()
+                           if label == "H100/convnext_large-fp16@40GiB")
+    result = Search(ReplayDevice(curve, capacity), mode="throughput").run()
+    assert result.out_of_memory_count == 0 and result.answer == curve.largest_under(capacity) == 199
+
+
+def test_throughput_mode_on_recorded_curves_reaches_the_largest_size_when_it_is_the_fastest():
+    """A step of constant time: samples/s grow with the size, so the fastest is the largest that
+    fits. On milabench's curves the search stopped at the first failure (or below the fit's top)
+    and answered under 95 % of it on 107 of 230 problems."""
+    results = [(Search(ReplayDevice(curve, capacity), mode="throughput").run(), curve.largest_under(capacity))
+               for _, curve, capacity in problems()]
+    assert sum(result.answer >= 0.95 * largest for result, largest in results) >= 225
+    assert max(result.out_of_memory_count for result, _ in results) <= 4
+    assert statistics.mean(result.out_of_memory_count for result, _ in results) < 0.7
+
+
 def test_throughput_mode_that_reaches_max_says_so():
     result = Search(lambda size: Trial(size, FITS, seconds_per_step=0.01, runs=3),
                     mode="throughput", maximum=16).run()

@@ -362,7 +362,7 @@ class Search:
         samples/s still grew at the last doubling, the fastest size lies up there."""
         best, unpaid = self._successes()[-1], []
         while True:
-            lo, hi, fit = self.lo, self.hi, self.fit()
+            lo, hi, fit = self.lo, self.hi, self.fit() or self._wide_fit()
             if hi is not None and self._close(lo, hi):
                 self.stopped = f"{self.variable}={hi} did not fit" + (
                     f", and {lo} is within {self.tolerance:.0%} of it" if hi - lo > self.step else "")
@@ -388,6 +388,21 @@ class Search:
                                 f"{' and '.join(str(size) for _, size in unpaid)} gained less than "
                                 f"{THROUGHPUT_GAIN - 1:.0%} samples/s over {best.size}")
                 return
+
+    def _wide_fit(self) -> Optional[MemoryFit]:
+        """Memory against size from the largest measured success and the largest one below it
+        that used measurably less: two sizes a sample apart (a jump to the fit's prediction,
+        then its refit) grow less than the noise, which is no reason to double past them."""
+        measured = self._measured()
+        if self.refused or len(measured) < 2 or self.capacity is None:
+            return None
+        large = measured[-1]
+        for small in reversed(measured[:-1]):
+            growth = large.peak_memory - small.peak_memory
+            if growth >= noise_floor(self.capacity):
+                slope = growth / (large.size - small.size)
+                return MemoryFit(large.peak_memory - slope * large.size, slope, (small.size, large.size))
+        return None
 
     def result(self) -> BatchResult:
         successes = self._successes()
