@@ -301,6 +301,16 @@ def test_throughput_mode_on_recorded_curves_reaches_the_largest_size_when_it_is_
     assert statistics.mean(result.out_of_memory_count for result, _ in results) < 0.7
 
 
+def test_throughput_mode_stopped_by_the_memory_fit_says_it_is_the_fit_that_says_so():
+    """recursiongfn on a 16 GiB MI325: the fit from 32 and 64 puts the top at 111; 139 fits in
+    truth. Nothing failed, yet the report said "reached the largest size that fits"."""
+    curve, capacity = next((curve, capacity) for label, curve, capacity in problems()
+                           if label == "MI325/recursiongfn@16GiB")
+    result = Search(ReplayDevice(curve, capacity), mode="throughput").run()
+    assert result.out_of_memory_count == 0 and result.answer < curve.largest_under(capacity)
+    assert result.stopped == f"the memory fit says batch_size={result.answer} is as large as fits"
+
+
 def test_throughput_mode_that_reaches_max_says_so():
     result = Search(lambda size: Trial(size, FITS, seconds_per_step=0.01, runs=3),
                     mode="throughput", maximum=16).run()

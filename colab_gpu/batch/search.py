@@ -371,9 +371,9 @@ class Search:
                                       fit and self.usable and fit.largest_under(self.usable))
                           if x)
             size = self._align(min(2 * lo if hi is None else _middle(lo, hi), ceiling))
-            if size <= lo:
+            if size <= lo:  # a failure just above lo ended the search before: the fit did this
                 self.stopped = (f"reached --max {self.maximum}" if ceiling == self.maximum
-                                else "reached the largest size that fits")
+                                else f"the memory fit says {self.variable}={lo} is as large as fits")
                 return
             trial = self.attempt(size)
             if not trial.fits:
