@@ -1370,6 +1370,20 @@ def test_chart_draws_throughput_from_the_smallest_size_to_the_largest():
     assert list(speed.lines[0].get_xdata()) == sorted(t.size for t in fits)
 
 
+def test_chart_without_memory_measured_has_no_empty_memory_panel():
+    """measure_memory=False (or a CPU other than Linux's): the memory panel was drawn empty, with
+    made-up ticks from -0.04 to 0.04 GiB and a legend for "peak (ran)" points that are not there."""
+    from colab_gpu.batch.render import _chart_figure, render_html
+    from colab_gpu.render.chart import neutral_style
+
+    result = find_batch(lambda size: None, mode="throughput", max=8, steps=1, measure_memory=False,
+                        progress=False)
+    with neutral_style():
+        figure = _chart_figure(result, [t for t in result.trials if t.fits])
+    assert [axes.get_title() for axes in figure.axes] == ["throughput"]
+    assert "<img alt='throughput against batch_size'" in render_html(result)
+
+
 def test_chart_marks_at_the_capacity_only_the_sizes_that_ran_out_of_memory():
     """A red cross on the capacity line says "ran out of memory here". A trial over the
     headroom (its real peak is drawn), one cut short by Ctrl-C and one that raised the user's

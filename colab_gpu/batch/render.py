@@ -104,12 +104,13 @@ def _chart_html(result) -> str:
         return ""
     if png is None:
         return ""
-    return (f"<img alt='peak memory and throughput against {escape(result.variable)}' "
+    shown = "peak memory and throughput" if _memory_shown(result) else "throughput"
+    return (f"<img alt='{shown} against {escape(result.variable)}' "
             f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>")
 
 
 def chart_png(result) -> Optional[bytes]:
-    """Peak memory (with capacity and the fit) and throughput against size, as PNG bytes."""
+    """Peak memory (with capacity and the fit, where measured) and throughput against size, as PNG bytes."""
     fits = [t for t in result.trials if t.fits]
     if not fits:
         return None
@@ -120,6 +121,11 @@ def chart_png(result) -> Optional[bytes]:
 def _chart_figure(result, fits):
     from matplotlib.figure import Figure
 
+    if not _memory_shown(result):  # measure_memory=False, a CPU other than Linux's
+        figure = Figure(figsize=(4.5, 3.2))
+        _throughput(figure.subplots(), result, fits)
+        figure.tight_layout()
+        return figure
     figure = Figure(figsize=(9, 3.2))
     memory, speed = figure.subplots(1, 2)
     gib = 1024 ** 3
@@ -141,10 +147,20 @@ def _chart_figure(result, fits):
                     "--", color="tab:gray", label="fit")
     memory.set(xlabel=result.variable, ylabel="GiB", title="peak memory")
     memory.legend(fontsize="small")
+    _throughput(speed, result, fits)
+    figure.tight_layout()
+    return figure
+
+
+def _memory_shown(result) -> bool:
+    """Whether the chart has a memory panel: not where no peak or capacity was measured (its
+    axes would be empty, with a legend for points that are not there)."""
+    return result.capacity is not None or any(t.peak_memory is not None for t in result.trials)
+
+
+def _throughput(speed, result, fits) -> None:
     # By size, not in the order they ran: a size measured below the first success (--start
     # above what fits) drew the line back over itself.
     timed = sorted((t for t in fits if t.samples_per_second), key=lambda t: t.size)
     speed.plot([t.size for t in timed], [t.samples_per_second for t in timed], "o-")
     speed.set(xlabel=result.variable, ylabel="samples/s", title="throughput")
-    figure.tight_layout()
-    return figure
