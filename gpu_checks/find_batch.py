@@ -108,8 +108,10 @@ def main() -> int:
                    "images = torch.randn(batch_size, 3, 128, 128, device='cuda')\n"
                    "step(batch_size)\n", store_history=False)
     chosen = shell.user_ns.get("batch_size")
-    check(isinstance(chosen, int) and 0 < chosen <= result.answer and chosen % 8 == 0,
-          f"%%find_batch --mode throughput set batch_size={chosen} (largest that fits: {result.answer})")
+    # Max mode's answer is within 5 % of the largest that fits; throughput mode bisects up to a
+    # failure too, so its answer may lie a little above max mode's, never above the largest.
+    check(isinstance(chosen, int) and 0 < chosen <= result.answer / 0.95 and chosen % 8 == 0,
+          f"%%find_batch --mode throughput set batch_size={chosen} (max mode's answer: {result.answer})")
     check(shell.user_ns["images"] == "the user's own images", "the cell's name `images` is the user's again")
     check(torch.equal(torch.cuda.get_rng_state(), generator), "the CUDA random generator is restored")
     back_at(baseline, "after %%find_batch")
