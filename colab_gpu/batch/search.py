@@ -136,6 +136,12 @@ def step_after_failure(lo: int, hi: int, fitted: bool, first_failure: bool) -> f
     return (lo + hi) / 2
 
 
+def _line_through(small: Trial, large: Trial) -> MemoryFit:
+    """Peak memory against size through two measured successes."""
+    slope = (large.peak_memory - small.peak_memory) / (large.size - small.size)
+    return MemoryFit(large.peak_memory - slope * large.size, slope, (small.size, large.size))
+
+
 def _middle(lo: int, hi: int) -> float:
     """Bisect geometrically over wide ranges (2..16 -> 5.7, not 9), arithmetically over narrow ones."""
     return math.sqrt(lo * hi) if hi >= 4 * lo else (lo + hi) / 2
@@ -273,8 +279,7 @@ class Search:
                     f"peak memory did not grow from {self.variable}={measured[0].size} to "
                     f"{large.size}: no memory fit (does the cell use {self.variable}?); doubling instead")
             return None
-        slope = growth / (large.size - small.size)
-        return MemoryFit(large.peak_memory - slope * large.size, slope, (small.size, large.size))
+        return _line_through(small, large)
 
     # --- the two modes -----------------------------------------------------------------
     def run(self) -> BatchResult:
@@ -398,10 +403,8 @@ class Search:
             return None
         large = measured[-1]
         for small in reversed(measured[:-1]):
-            growth = large.peak_memory - small.peak_memory
-            if growth >= noise_floor(self.capacity):
-                slope = growth / (large.size - small.size)
-                return MemoryFit(large.peak_memory - slope * large.size, slope, (small.size, large.size))
+            if large.peak_memory - small.peak_memory >= noise_floor(self.capacity):
+                return _line_through(small, large)
         return None
 
     def result(self) -> BatchResult:
