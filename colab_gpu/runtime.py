@@ -166,7 +166,9 @@ def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> d
 
     ``gpus`` are NVML's GPU records (their ``index`` and ``uuid`` are read). Entries may be
     ordinals or (prefixes of) UUIDs; CUDA stops at the first entry it cannot resolve, and so
-    does this. A GPU hidden from CUDA is absent from the result.
+    does this. A GPU named twice ("0,0") hides every GPU, as in torch's own parsing
+    (torch.cuda._parse_visible_devices: "Repeated ordinal results in empty set"). A GPU hidden
+    from CUDA is absent from the result.
     """
     ids = [(gpu.index, gpu.uuid) for gpu in gpus]
     if cuda_visible_devices is None:
@@ -174,8 +176,10 @@ def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> d
     mapping: dict = {}
     for entry in visible_entries(cuda_visible_devices):
         match = _resolve_visible_entry(entry, ids)
-        if match is None or match in mapping:
+        if match is None:
             break
+        if match in mapping:
+            return {}
         mapping[match] = len(mapping)
     return mapping
 
@@ -194,7 +198,8 @@ def names_mig_instances(cuda_visible_devices: Optional[str]) -> bool:
 def mig_torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> dict:
     """Map the MIG instances CUDA_VISIBLE_DEVICES names, as ``(GPU index, MIG index)``, to the
     torch index each gets: its entry's position, CUDA resolving entries in order and stopping
-    at the first it cannot resolve, as :func:`torch_indices` does. Instances whose UUID NVML
+    at the first it cannot resolve and seeing none when one is named twice, as
+    :func:`torch_indices` does. Instances whose UUID NVML
     did not give cannot be matched (a recording holds none)."""
     if not names_mig_instances(cuda_visible_devices):
         return {}
@@ -207,8 +212,10 @@ def mig_torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) 
                 break
             continue
         match = _resolve_visible_entry(entry, instances)
-        if match is None or match in mapping:
+        if match is None:
             break
+        if match in mapping:
+            return {}
         mapping[match] = position
     return mapping
 

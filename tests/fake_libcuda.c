@@ -9,8 +9,8 @@
  *   FAKE_CUDA_LOG           a file cuInit appends its process id to, one line per call
  *
  * CUDA_VISIBLE_DEVICES is applied as the driver applies it: ordinals of that order or
- * (unique prefixes of) UUIDs, stopping at the first entry that names no GPU or one already
- * named. No device visible: cuInit returns CUDA_ERROR_NO_DEVICE.
+ * (unique prefixes of) UUIDs, stopping at the first entry that names no GPU; a GPU named twice
+ * leaves none visible. No device visible: cuInit returns CUDA_ERROR_NO_DEVICE.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,9 +78,12 @@ static void apply_visible_devices(void) {
         size_t length = strcspn(entries, ",");
         while (length > 0 && entries[length - 1] == ' ') length--;
         int device = named_device(entries, length);
-        for (int seen = 0; seen < visible_count; seen++)
-            if (visible[seen] == device) device = -1;
         if (device < 0) return;
+        for (int seen = 0; seen < visible_count; seen++)
+            if (visible[seen] == device) {
+                visible_count = 0; /* a GPU named twice: none is visible */
+                return;
+            }
         visible[visible_count++] = device;
         entries = strchr(entries, ',');
         if (!entries) return;

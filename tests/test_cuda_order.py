@@ -144,6 +144,7 @@ def test_the_driver_is_matched_by_bus_id_alone_and_by_uuid_alone(driver, mixed_b
     ("1,0", {0: "cuda:0", 1: "cuda:1"}),
     ("0,GPU-304a277d", {0: "cuda:1", 1: "cuda:0"}),  # an ordinal, then the 1660 Ti's UUID prefix
     ("", {0: "hidden from torch", 1: "hidden from torch"}),  # cuInit: no device
+    ("1,1", {0: "hidden from torch", 1: "hidden from torch"}),  # a GPU named twice: no device either
 ])
 def test_cuda_visible_devices_ordinals_are_the_drivers_fastest_first_ones(shell, capsys, driver, mixed_box,
                                                                           monkeypatch, visible, labels):

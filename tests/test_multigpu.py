@@ -161,3 +161,21 @@ def test_clear_cache_with_every_gpu_hidden_reports_none_of_them(clean_env, shell
     report = colab_gpu.clear_cache(shell=shell, source=BusyNeighbour())
     assert [reading.device for reading in report.before if reading.device != "cpu"] == []
     assert "GPU 0" not in str(report)
+
+
+@pytest.mark.parametrize("visible", ["0,0", "1,0,1", "GPU-00000001,GPU-00000001-0000"])
+def test_a_gpu_named_twice_hides_every_gpu_as_torch_counts_them(clean_env, monkeypatch, visible):
+    """Kaggle's two T4s under CUDA_VISIBLE_DEVICES="0,0": torch sees no GPU (torch.cuda's own
+    _parse_visible_devices: "Repeated ordinal results in empty set"), but the card called GPU 0
+    cuda:0, warned of nothing, and %%find_batch --device cuda:0 went on to a device torch lacks."""
+    import colab_gpu.devices
+    from colab_gpu.batch import SearchError, checked_device
+
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", visible)
+    source = box("tesla-t4.xml", "tesla-t4.xml")
+    text = str(colab_gpu.status(source))
+    assert "GPU 0  Tesla T4  (hidden from torch," in text and "GPU 1  Tesla T4  (hidden from torch," in text
+    assert "hides every GPU from torch" in " ".join(text.split())
+    monkeypatch.setattr(colab_gpu.devices, "_default_source", source)
+    with pytest.raises(SearchError, match="this machine has no CUDA device"):
+        checked_device("cuda:0")

@@ -107,7 +107,9 @@ GPUS = [GPU(index, "Tesla T4", uuid) for index, uuid in ((0, "GPU-aaaa-1111"), (
     ("GPU-bbbb", {1: 0}),
     ("GPU-cccc-3333,0", {2: 0, 0: 1}),
     ("0,7,1", {0: 0}),  # CUDA stops at the first entry it cannot resolve
-    ("0,0", {0: 0}),
+    ("0,0", {}),  # a GPU named twice: none visible (torch.cuda._parse_visible_devices)
+    ("2,0,2", {}),
+    ("GPU-bbbb,GPU-bbbb-2222", {}),
     ("GPU-", {}),  # ambiguous prefix
 ])
 def test_cuda_visible_devices_mapping(visible, expected):
