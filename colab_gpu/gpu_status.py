@@ -15,7 +15,7 @@ from .advice import Advice, advise
 from .cuda_order import driver_torch_indices
 from .devices import GPU, DeviceSource, MigInstance, Snapshot, default_source, open_source
 from .runtime import (Runtime, cuda_numbering_known, cuda_torch, detect_runtime, mig_torch_indices,
-                      names_mig_instances, torch_indices, visible_entries)
+                      names_mig_instances, read_entries, torch_indices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +119,7 @@ class Status:
             if not gpu.mig_enabled:
                 return True  # a whole GPU: CUDA sees the MIG instances named, not it
             instances = gpu.mig_instances or ()
-        entries = sum(entry.startswith("MIG-") for entry in visible_entries(self.visible_devices))
+        entries = len(read_entries(self.visible_devices))  # all MIG UUIDs: names_mig_instances
         if len(named) < entries and (not instances or any(instance.uuid is None for instance in instances)):
             return None
         return True

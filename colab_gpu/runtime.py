@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from typing import Mapping, Optional, Sequence, Tuple
 
@@ -165,16 +166,16 @@ def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> d
     """Map NVML indices to the indices torch will use, given ``CUDA_VISIBLE_DEVICES``.
 
     ``gpus`` are NVML's GPU records (their ``index`` and ``uuid`` are read). Entries may be
-    ordinals or (prefixes of) UUIDs; CUDA stops at the first entry it cannot resolve, and so
-    does this. A GPU named twice ("0,0") hides every GPU, as in torch's own parsing
-    (torch.cuda._parse_visible_devices: "Repeated ordinal results in empty set"). A GPU hidden
-    from CUDA is absent from the result.
+    ordinals or (prefixes of) UUIDs, of the first entry's form (:func:`read_entries`); CUDA
+    stops at the first entry it cannot resolve, and so does this. A GPU named twice ("0,0")
+    hides every GPU, as in torch's own parsing (torch.cuda._parse_visible_devices: "Repeated
+    ordinal results in empty set"). A GPU hidden from CUDA is absent from the result.
     """
     ids = [(gpu.index, gpu.uuid) for gpu in gpus]
     if cuda_visible_devices is None:
         return {index: position for position, (index, _) in enumerate(ids)}
     mapping: dict = {}
-    for entry in visible_entries(cuda_visible_devices):
+    for entry in read_entries(cuda_visible_devices):
         match = _resolve_visible_entry(entry, ids)
         if match is None:
             break
@@ -189,28 +190,50 @@ def visible_entries(cuda_visible_devices: Optional[str]) -> list:
     return [part.strip() for part in cuda_visible_devices.split(",")] if cuda_visible_devices else []
 
 
+_UUID_FORMS = ("GPU-", "MIG-")
+
+
+def read_entries(cuda_visible_devices: Optional[str]) -> list:
+    """The entries of CUDA_VISIBLE_DEVICES that CUDA reads, as torch.cuda._parse_visible_devices
+    reads them: all of the first entry's form, GPU UUIDs, MIG UUIDs or ordinals, up to the first
+    of another form ("GPU-5c2e,1" is the one GPU: "Ordinals are not included in GPUid set", and
+    "1,GPU-5c2e" the one ordinal) or, in a list of ordinals, the first that is no ordinal
+    ("1,abc,0", "0,-1,1"); none when an entry is repeated ("0,0" hides every GPU)."""
+    entries = visible_entries(cuda_visible_devices)
+    form = next((prefix for prefix in _UUID_FORMS if entries and entries[0].startswith(prefix)), None)
+    read: list = []
+    for entry in entries:
+        if (_ordinal(entry) is None) if form is None else not entry.startswith(form):
+            break
+        read.append(entry)
+    keys = [_ordinal(entry) for entry in read] if form is None else read
+    return read if len(set(keys)) == len(keys) else []
+
+
+def _ordinal(entry: str) -> Optional[int]:
+    """An entry read as CUDA reads an ordinal, like C's strtoul: the number it starts with,
+    a sign allowed ("1gpu" is 1, "+1" 1, "-0" 0); None for no number or a negative one."""
+    match = re.match(r"[+-]?[0-9]+", entry)
+    return int(match.group()) if match and int(match.group()) >= 0 else None
+
+
 def names_mig_instances(cuda_visible_devices: Optional[str]) -> bool:
     """Whether CUDA_VISIBLE_DEVICES picks MIG instances: NVML lists their GPUs, not them, so
     which GPU torch runs on (and how many devices it sees) cannot be told from NVML's list."""
-    return bool(cuda_visible_devices) and "MIG-" in cuda_visible_devices
+    return any(entry.startswith("MIG-") for entry in read_entries(cuda_visible_devices))
 
 
 def mig_torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> dict:
     """Map the MIG instances CUDA_VISIBLE_DEVICES names, as ``(GPU index, MIG index)``, to the
     torch index each gets: its entry's position, CUDA resolving entries in order and stopping
     at the first it cannot resolve and seeing none when one is named twice, as
-    :func:`torch_indices` does. Instances whose UUID NVML
-    did not give cannot be matched (a recording holds none)."""
+    :func:`torch_indices` does. Instances whose UUID NVML did not give cannot be matched (a
+    recording holds none)."""
     if not names_mig_instances(cuda_visible_devices):
         return {}
     instances = [((gpu.index, mig.index), mig.uuid) for gpu in gpus for mig in gpu.mig_instances or ()]
-    whole_gpus = [(gpu.index, gpu.uuid) for gpu in gpus]
     mapping: dict = {}
-    for position, entry in enumerate(visible_entries(cuda_visible_devices)):
-        if not entry.startswith("MIG-"):
-            if _resolve_visible_entry(entry, whole_gpus) is None:
-                break
-            continue
+    for position, entry in enumerate(read_entries(cuda_visible_devices)):
         match = _resolve_visible_entry(entry, instances)
         if match is None:
             break
@@ -230,16 +253,14 @@ def cuda_numbering_known(cuda_visible_devices: Optional[str], cuda_device_order:
     """
     if cuda_device_order == "PCI_BUS_ID" or len(gpu_models(gpus)) <= 1:
         return True
-    entries = visible_entries(cuda_visible_devices)
-    return bool(entries) and all(entry.startswith(("GPU-", "MIG-")) for entry in entries)
+    entries = read_entries(cuda_visible_devices)
+    return bool(entries) and entries[0].startswith(_UUID_FORMS)
 
 
 def _resolve_visible_entry(entry: str, gpus: Sequence[Tuple[object, Optional[str]]]) -> Optional[object]:
-    """The key of the one (key, uuid) pair an entry names: by ordinal, or by a UUID prefix."""
-    if entry.lstrip("-").isdigit():
-        ordinal = int(entry)
-        return ordinal if any(index == ordinal for index, _ in gpus) else None
-    if entry.startswith("GPU-") or entry.startswith("MIG-"):
+    """The key of the one (key, uuid) pair an entry names: by a UUID prefix, or by ordinal."""
+    if entry.startswith(_UUID_FORMS):
         candidates = [index for index, uuid in gpus if uuid and uuid.startswith(entry)]
         return candidates[0] if len(candidates) == 1 else None
-    return None
+    ordinal = _ordinal(entry)
+    return ordinal if ordinal is not None and any(index == ordinal for index, _ in gpus) else None

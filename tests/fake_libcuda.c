@@ -8,9 +8,10 @@
  *   FAKE_CUDA_INIT_SECONDS  how long cuInit takes (a box without persistence mode)
  *   FAKE_CUDA_LOG           a file cuInit appends its process id to, one line per call
  *
- * CUDA_VISIBLE_DEVICES is applied as the driver applies it: ordinals of that order or
- * (unique prefixes of) UUIDs, stopping at the first entry that names no GPU; a GPU named twice
- * leaves none visible. No device visible: cuInit returns CUDA_ERROR_NO_DEVICE.
+ * CUDA_VISIBLE_DEVICES is applied as the driver applies it: ordinals of that order (read as
+ * strtoul reads them) or (unique prefixes of) UUIDs, all of the first entry's form, stopping
+ * at the first entry that names no GPU or is of the other form; a GPU named twice leaves none
+ * visible. No device visible: cuInit returns CUDA_ERROR_NO_DEVICE.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,12 +47,15 @@ static void read_devices(void) {
     }
 }
 
-static int named_device(const char *entry, size_t length) {
+/* The device an entry names in a list whose first entry is a GPU UUID (by_uuid) or an ordinal:
+ * read as strtoul reads it ("1gpu" is 1); an entry of the other form names none. */
+static int named_device(const char *entry, size_t length, int by_uuid) {
     char text[64];
     snprintf(text, sizeof text, "%.*s", (int)length, entry);
-    if (length > 0 && strspn(text, "0123456789") == length) {
-        int ordinal = atoi(text);
-        return ordinal < device_count ? ordinal : -1;
+    if (!by_uuid) {
+        char *end;
+        long ordinal = strtol(text, &end, 10);
+        return end != text && ordinal >= 0 && ordinal < device_count ? (int)ordinal : -1;
     }
     if (strncmp(text, "GPU-", 4) == 0) {
         int match = -1;
@@ -73,11 +77,13 @@ static void apply_visible_devices(void) {
         for (int device = 0; device < device_count; device++) visible[visible_count++] = device;
         return;
     }
+    while (*entries == ' ') entries++;
+    int by_uuid = strncmp(entries, "GPU-", 4) == 0;
     while (visible_count < MAX_DEVICES) {
         while (*entries == ' ') entries++;
         size_t length = strcspn(entries, ",");
         while (length > 0 && entries[length - 1] == ' ') length--;
-        int device = named_device(entries, length);
+        int device = named_device(entries, length, by_uuid);
         if (device < 0) return;
         for (int seen = 0; seen < visible_count; seen++)
             if (visible[seen] == device) {

@@ -144,6 +144,9 @@ def test_cuda_visible_devices_maps_mig_uuids_and_prefixes_to_torch_indices():
     assert mig_torch_indices(f"{UUIDS[2]},{UUIDS[0][:12]}", gpus) == {(0, 2): 0, (0, 0): 1}
     assert mig_torch_indices(f"{UUIDS[1]},MIG-00000000,{UUIDS[3]}", gpus) == {(0, 1): 0}  # CUDA stops there
     assert mig_torch_indices("0", gpus) == {} and mig_torch_indices(None, gpus) == {}
+    # torch reads a list in its first entry's form: a MIG UUID after an ordinal or a GPU's is not read
+    assert mig_torch_indices(f"0,{UUIDS[1]}", gpus) == {} and mig_torch_indices(f"GPU-0,{UUIDS[1]}", gpus) == {}
+    assert mig_torch_indices(f"{UUIDS[1]},{UUIDS[1]}", gpus) == {}  # named twice: none
     assert mig_torch_indices(UUIDS[1], recorded_a100().gpus) == {}  # no UUIDs known: no match
 
 

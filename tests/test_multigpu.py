@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 import pytest
 
@@ -179,3 +180,29 @@ def test_a_gpu_named_twice_hides_every_gpu_as_torch_counts_them(clean_env, monke
     monkeypatch.setattr(colab_gpu.devices, "_default_source", source)
     with pytest.raises(SearchError, match="this machine has no CUDA device"):
         checked_device("cuda:0")
+
+
+@pytest.mark.parametrize("visible, labels", [
+    ("GPU-00000001,0", {0: "hidden from torch", 1: "cuda:0"}),
+    ("1,GPU-00000000", {0: "hidden from torch", 1: "cuda:0"}),
+    ("1gpu", {0: "hidden from torch", 1: "cuda:0"}),
+])
+def test_cuda_visible_devices_is_read_in_the_first_entrys_form_as_torch_reads_it(clean_env, monkeypatch,
+                                                                                  visible, labels):
+    """Kaggle's two T4s: torch reads a UUID list up to its first ordinal and an ordinal list up
+    to its first UUID ("Ordinals are not included in GPUid set"), and an ordinal like strtoul
+    ("1gpu2,2ampere" is 1,2). The card said "GPU 0 (cuda:1)" for the first two, a cuda:1 torch
+    does not have, and "hides every GPU" for "1gpu"; --device cuda:1 went on to a missing device."""
+    import colab_gpu.devices
+    from colab_gpu.batch import SearchError, checked_device
+
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", visible)
+    source = box("tesla-t4.xml", "tesla-t4.xml")
+    text = str(colab_gpu.status(source))
+    assert {index: text.split(f"GPU {index}  Tesla T4  (")[1].split(",")[0] for index in (0, 1)} == labels
+    assert "hides every GPU" not in text
+    monkeypatch.setattr(colab_gpu.devices, "_default_source", source)
+    monkeypatch.delitem(sys.modules, "torch")  # not imported yet: this machine's torch is a CPU build
+    assert checked_device("cuda:0") == "cuda:0"
+    with pytest.raises(SearchError, match=r"this machine has 1 CUDA device \(cuda:0 to cuda:0\)"):
+        checked_device("cuda:1")

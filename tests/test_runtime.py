@@ -105,7 +105,10 @@ GPUS = [GPU(index, "Tesla T4", uuid) for index, uuid in ((0, "GPU-aaaa-1111"), (
     ("2,0", {2: 0, 0: 1}),
     ("1, 2", {1: 0, 2: 1}),
     ("GPU-bbbb", {1: 0}),
-    ("GPU-cccc-3333,0", {2: 0, 0: 1}),
+    ("GPU-cccc-3333,0", {2: 0}),  # the first entry's form only: "Ordinals are not included in GPUid set"
+    ("1,GPU-cccc", {1: 0}),  # nor UUIDs in a list of ordinals
+    ("1gpu,2ampere", {1: 0, 2: 1}),  # ordinals read as strtoul reads them (torch.cuda._parse_visible_devices)
+    ("+2, -0", {2: 0, 0: 1}),
     ("0,7,1", {0: 0}),  # CUDA stops at the first entry it cannot resolve
     ("0,0", {}),  # a GPU named twice: none visible (torch.cuda._parse_visible_devices)
     ("2,0,2", {}),
