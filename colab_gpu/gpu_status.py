@@ -15,7 +15,7 @@ from .advice import Advice, advise
 from .cuda_order import driver_torch_indices
 from .devices import GPU, DeviceSource, MigInstance, Snapshot, default_source, open_source
 from .runtime import (Runtime, cuda_numbering_known, cuda_torch, detect_runtime, mig_torch_indices,
-                      names_mig_instances, read_entries, torch_indices)
+                      names_mig_instances, torch_indices)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,10 +104,10 @@ class Status:
         return gpu.index not in self.torch_index_of
 
     def _hidden_by_mig_entries(self, gpu: GPU, mig: Optional[MigInstance]) -> Optional[bool]:
-        """hidden_from_torch where CUDA_VISIBLE_DEVICES names MIG instances. Those it names that
-        NVML gave UUIDs for are matched; CUDA stops at the first entry it cannot resolve, but
-        where an entry was left unmatched and some instance's UUID is unknown, that entry (and
-        those after it) may be that instance: unknown, not hidden."""
+        """hidden_from_torch where CUDA_VISIBLE_DEVICES names MIG instances. CUDA enumerates
+        the first one only (:func:`~colab_gpu.runtime.mig_torch_indices`), matched where NVML
+        gave its UUID; where it was left unmatched and some instance's UUID is unknown, it may
+        be that instance: unknown, not hidden."""
         named = self.mig_torch_index_of
         if mig is not None:
             if (gpu.index, mig.index) in named:
@@ -119,8 +119,7 @@ class Status:
             if not gpu.mig_enabled:
                 return True  # a whole GPU: CUDA sees the MIG instances named, not it
             instances = gpu.mig_instances or ()
-        entries = len(read_entries(self.visible_devices))  # all MIG UUIDs: names_mig_instances
-        if len(named) < entries and (not instances or any(instance.uuid is None for instance in instances)):
+        if not named and (not instances or any(instance.uuid is None for instance in instances)):
             return None
         return True
 

@@ -224,23 +224,18 @@ def names_mig_instances(cuda_visible_devices: Optional[str]) -> bool:
 
 
 def mig_torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> dict:
-    """Map the MIG instances CUDA_VISIBLE_DEVICES names, as ``(GPU index, MIG index)``, to the
-    torch index each gets: its entry's position, CUDA resolving entries in order and stopping
-    at the first it cannot resolve and seeing none when one is named twice, as
-    :func:`torch_indices` does. Instances whose UUID NVML did not give cannot be matched (a
-    recording holds none)."""
+    """Map the MIG instance CUDA_VISIBLE_DEVICES gives this process, as ``(GPU index, MIG
+    index)``, to its torch index, 0: CUDA enumerates one MIG instance only (NVIDIA's CUDA
+    Programming Guide, CUDA_VISIBLE_DEVICES: "Only single MIG instance enumeration is
+    supported"), the first entry's, so the instances named after it are none of torch's
+    devices. None when that entry names no instance here, or one is named twice, as
+    :func:`torch_indices` reads them. Instances whose UUID NVML did not give cannot be matched
+    (a recording holds none)."""
     if not names_mig_instances(cuda_visible_devices):
         return {}
     instances = [((gpu.index, mig.index), mig.uuid) for gpu in gpus for mig in gpu.mig_instances or ()]
-    mapping: dict = {}
-    for position, entry in enumerate(read_entries(cuda_visible_devices)):
-        match = _resolve_visible_entry(entry, instances)
-        if match is None:
-            break
-        if match in mapping:
-            return {}
-        mapping[match] = position
-    return mapping
+    match = _resolve_visible_entry(read_entries(cuda_visible_devices)[0], instances)
+    return {} if match is None else {match: 0}
 
 
 def cuda_numbering_known(cuda_visible_devices: Optional[str], cuda_device_order: str,

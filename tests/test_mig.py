@@ -141,7 +141,9 @@ def test_a_gpu_lost_while_reading_its_instances_is_marked_lost():
 
 def test_cuda_visible_devices_maps_mig_uuids_and_prefixes_to_torch_indices():
     gpus = with_instances(recorded_a100()).gpus
-    assert mig_torch_indices(f"{UUIDS[2]},{UUIDS[0][:12]}", gpus) == {(0, 2): 0, (0, 0): 1}
+    # CUDA enumerates one MIG instance only, the first named (CUDA Programming Guide)
+    assert mig_torch_indices(f"{UUIDS[2]},{UUIDS[0][:12]}", gpus) == {(0, 2): 0}
+    assert mig_torch_indices(UUIDS[0][:12], gpus) == {(0, 0): 0}
     assert mig_torch_indices(f"{UUIDS[1]},MIG-00000000,{UUIDS[3]}", gpus) == {(0, 1): 0}  # CUDA stops there
     assert mig_torch_indices("0", gpus) == {} and mig_torch_indices(None, gpus) == {}
     # torch reads a list in its first entry's form: a MIG UUID after an ordinal or a GPU's is not read
@@ -186,6 +188,19 @@ def test_gpu_status_marks_the_instance_cuda_visible_devices_names(shown, clean_e
     assert [key for key, row in rows.items() if "cuda:" in row] == ["2"]
     assert "uuid MIG-1d4f6a0e" in rows["0"]
     assert "torch runs on its MIG instance 2" in html and html.count("cuda:0 of this process") == 1
+
+
+def test_two_mig_instances_named_give_torch_the_first_only(shown, clean_env, monkeypatch):
+    """CUDA_VISIBLE_DEVICES=MIG-<a>,MIG-<b> (a pod given two slices): CUDA enumerates a single
+    MIG instance (NVIDIA's CUDA Programming Guide), so torch has cuda:0 and no cuda:1, but the
+    card called the second slice "cuda:1 of this process"."""
+    live(with_instances(recorded_a100()), monkeypatch)
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", f"{UUIDS[2]},{UUIDS[0]}")
+    text, html = shown()
+    rows = {line.split()[1]: line for line in instance_rows(text)}
+    assert rows["2"].endswith("cuda:0 of this process (CUDA_VISIBLE_DEVICES)")
+    assert "cuda:1" not in text and "cuda:1" not in html
+    assert "(torch runs on its MIG instance 2," in text
 
 
 def test_json_holds_the_instances_and_which_one_torch_sees(shell, clean_env, monkeypatch, capsys):
