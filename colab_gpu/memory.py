@@ -645,6 +645,7 @@ class Step:
     name: str
     done: str
     after: Tuple[Reading, ...]
+    error: Optional[str] = None  # why the step failed, in one line; None when it did not
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -689,8 +690,9 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     tensors or modules (all of them with ``history=True``), delete the variables ``names`` (and
     nothing else), ``gc.collect()``, then, only if CUDA is already initialized, synchronize,
     free cuBLAS's workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after
-    each step. A bad name raises ``colab_gpu.memory.ClearCacheError`` (a ValueError) before
-    anything is done. ``print(report)`` shows the report ``%clear_cache`` shows.
+    each step. A step that raises (a CUDA error after a device-side assert) is reported as
+    failed, with its error, and the others still run. A bad name raises
+    ``colab_gpu.memory.ClearCacheError`` (a ValueError) before anything is done. ``print(report)`` shows the report ``%clear_cache`` shows.
     """
     shell = shell if shell is not None else current_shell()
     names = check_names(names, shell)  # a name given twice is deleted and reported once
@@ -701,9 +703,13 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
 
     def step(name: str, action: Callable[[], str]) -> None:
         nonlocal snapshot
-        done = action()
+        try:
+            done, error = action(), None
+        except Exception as failure:  # a CUDA error (a device-side assert): said, not raised
+            error = _failure(failure)
+            done = f"failed: {error}"
         snapshot = _snapshot(source)  # the last one also serves the ranking below
-        steps.append(Step(name, done, read_memory(torch, snapshot)))
+        steps.append(Step(name, done, read_memory(torch, snapshot), error))
 
     step("exception", lambda: _listed("dropped ", drop_exception(shell), "no exception was kept"))
     step("output history", lambda: _history_done(clear_output_history(shell, history), history))
@@ -718,6 +724,18 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     return ClearReport(before=readings, steps=tuple(steps),
                        holders=_holders(shell, snapshot), deleted=tuple(names),
                        cuda_initialized=cuda)
+
+
+def _failure(error: BaseException) -> str:
+    """A step's error in one line; one that breaks the device (a device-side assert, an
+    illegal memory access) says that only a restart mends it."""
+    from .batch.oom import ErrorKind, classify
+    from .batch.trial import describe
+
+    if classify(error) is ErrorKind.DEVICE_BROKEN:
+        return (f"{describe(error)} (the CUDA context is broken: nothing on the GPU can be "
+                f"freed until the runtime restarts)")
+    return describe(error)
 
 
 def _listed(prefix: str, items: List[str], empty: str) -> str:

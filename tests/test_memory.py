@@ -488,3 +488,49 @@ def test_torch_view_is_read_when_nvml_is_missing(monkeypatch):
     readings = {reading.device: reading for reading in read_memory(torch, snapshot)}
     assert readings["cuda:0"].allocated == 3 * MiB and readings["cuda:0"].reserved == 8 * MiB
     assert readings["cuda:0"].nvml_used is None and "cpu" in readings
+
+
+DEVICE_SIDE_ASSERT = ("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
+                      "reported at some other API call, so the stacktrace below might be incorrect.\n"
+                      "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n")
+
+
+@pytest.fixture
+def cuda_after_a_device_side_assert(monkeypatch):
+    """CUDA runs on cuda:0 (the faked boundary), and every CUDA call fails as after a
+    device-side assert: the error is sticky, so synchronize() is the first to raise it."""
+    stats = {"allocated_bytes.all.current": 3 * MiB, "reserved_bytes.all.current": 8 * MiB}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: stats)
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda device: True, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    error = getattr(torch, "AcceleratorError", RuntimeError)  # what torch 2.8+ raises for a CUDA error
+
+    def broken(*args):
+        raise error(DEVICE_SIDE_ASSERT)
+
+    for name in ("synchronize", "empty_cache", "ipc_collect"):
+        monkeypatch.setattr(torch.cuda, name, broken)
+
+
+def test_a_cuda_error_in_the_last_step_is_reported_not_raised(shell, capsys, cuda_after_a_device_side_assert):
+    """After a device-side assert, %clear_cache left a traceback of torch.cuda.synchronize()
+    and no report, though it had already dropped the failed cell's references."""
+    import colab_gpu
+
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    capsys.readouterr()
+    result = run(shell, "%clear_cache --quiet")
+    assert result.error_in_exec is None, repr(result.error_in_exec)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err
+    assert not alive(shell), "the steps before the failing one still ran"
+    line = " ".join(out.out.split())
+    assert line.startswith("clear_cache: freed cpu tensors 61 MiB; CUDA cache step failed: ")
+    assert ("Error: CUDA error: device-side assert triggered (the CUDA context is broken: nothing on the "
+            "GPU can be freed until the runtime restarts)") in line and "CUDA_LAUNCH_BLOCKING" not in line
+    report = colab_gpu.clear_cache(shell=shell)
+    assert [step.error is not None for step in report.steps] == [False, False, False, True]
+    assert report.steps[-1].done.startswith("failed: ")
+    assert "4. CUDA cache          failed: " in str(report)

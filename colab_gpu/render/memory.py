@@ -140,7 +140,8 @@ def report_line(report) -> str:
     top = report.holders.holders[0] if report.holders.holders else None
     held = f"; biggest holder: {top.name} {size(top.nbytes)}" if top and top.nbytes else ""
     deleted = f"; deleted {', '.join(report.deleted)}" if report.deleted else ""
-    return f"clear_cache: {freed}{deleted}{held}"
+    failed = "".join(f"; {step.name} step failed: {step.error}" for step in report.steps if step.error)
+    return f"clear_cache: {freed}{deleted}{failed}{held}"
 
 
 def report_text(report) -> str:
