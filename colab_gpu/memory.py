@@ -618,9 +618,12 @@ def empty_cuda_cache(torch) -> List[str]:
     cached blocks of every device. It runs with a device in use as the current one: called
     while the current device has no context (a model on cuda:1, the current device still 0)
     it creates one there (pytorch#25752, #144025), hundreds of MiB on a GPU that may be
-    another user's.
+    another user's. Where no device has a context yet (CUDA initialized by a query such as
+    ``torch.cuda.current_device()``) nothing can be cached, and nothing is called.
     """
     in_use = cuda_devices_in_use(torch)
+    if not in_use:
+        return []
     for device in in_use:
         torch.cuda.synchronize(device)
     current = torch.cuda.current_device()
@@ -719,8 +722,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
          lambda: f"gc.collect() found {count(gc.collect(), 'unreachable object')}")
     cuda = cuda_torch() is not None
     if cuda:
-        step("CUDA cache", lambda: _listed("synchronized ", empty_cuda_cache(torch), "")
-             + "; cuBLAS workspaces, empty_cache(), ipc_collect()")
+        step("CUDA cache", lambda: _cuda_done(empty_cuda_cache(torch)))
     return ClearReport(before=readings, steps=tuple(steps),
                        holders=_holders(shell, snapshot), deleted=tuple(names),
                        cuda_initialized=cuda)
@@ -736,6 +738,12 @@ def _failure(error: BaseException) -> str:
         return (f"{describe(error)} (the CUDA context is broken: nothing on the GPU can be "
                 f"freed until the runtime restarts)")
     return describe(error)
+
+
+def _cuda_done(synchronized: List[str]) -> str:
+    if not synchronized:
+        return "no GPU has a CUDA context yet: nothing is cached"
+    return f"{_listed('synchronized ', synchronized, '')}; cuBLAS workspaces, empty_cache(), ipc_collect()"
 
 
 def _listed(prefix: str, items: List[str], empty: str) -> str:

@@ -534,3 +534,22 @@ def test_a_cuda_error_in_the_last_step_is_reported_not_raised(shell, capsys, cud
     assert [step.error is not None for step in report.steps] == [False, False, False, True]
     assert report.steps[-1].done.startswith("failed: ")
     assert "4. CUDA cache          failed: " in str(report)
+
+
+def test_cuda_started_by_a_query_alone_is_left_untouched(shell, monkeypatch):
+    """`torch.cuda.current_device()` initializes CUDA without a context on any GPU: the last
+    step still called empty_cache() and ipc_collect() on the context-less current device and
+    read "; cuBLAS workspaces, empty_cache(), ipc_collect()", a sentence cut at its start."""
+    fake = FakeCuda()
+    fake._C._cuda_hasPrimaryContext = lambda device: False
+    fake._C._cuda_clearCublasWorkspaces = lambda: fake.calls.append(("clear cuBLAS workspaces",))
+    assert empty_cuda_cache(fake) == [] and fake.calls == []
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: {})
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda device: False, raising=False)
+    for name in ("synchronize", "empty_cache", "ipc_collect", "current_device"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args: pytest.fail("a CUDA call without a context"))
+    report = __import__("colab_gpu").clear_cache(shell=shell)
+    assert report.steps[-1].done == "no GPU has a CUDA context yet: nothing is cached"
