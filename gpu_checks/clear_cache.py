@@ -1,7 +1,7 @@
 """GPU check for %clear_cache: a real CUDA OOM in a real IPython shell, then the memory back.
 
-Run on a machine with an NVIDIA GPU and a CUDA build of torch (under a minute; bounded at
-5 minutes by the sizes chosen):
+Run on a machine with an NVIDIA GPU and a CUDA build of torch (a few minutes at most: the
+sizes are bounded, each fresh process at 60 s):
 
     python gpu_checks/clear_cache.py
 
@@ -9,6 +9,8 @@ It allocates a tensor inside a function, fails that cell with a real CUDA out-of
 (so the traceback keeps the tensor alive), runs %clear_cache and checks that
 torch.cuda.memory_allocated() is back at its baseline, that NVML's used memory dropped by
 about the tensor's size, and that the ranking names a variable that holds GPU memory.
+Then, each in a fresh process: CUDA initialized by a query alone is left without a context,
+and after a real device-side assert %clear_cache reports the failed step without a traceback.
 Exit status: 0 all checks passed, 1 a check failed, 2 no CUDA GPU here (nothing checked).
 """
 from __future__ import annotations
@@ -95,8 +97,56 @@ train_step()
           f"the ranking names the GPU holder and its size: {top}")
     shell.run_line_magic("clear_cache", "kept --quiet")
     check(torch.cuda.memory_allocated() == baseline, "%clear_cache kept: allocated back to baseline")
+    for code, what in ((QUERY_ONLY, "CUDA started by a query alone: no context created, the step says so"),
+                       (DEVICE_SIDE_ASSERT, "after a real device-side assert: a report, no traceback")):
+        check(_in_a_fresh_process(code), what)
     print(f"{len(failures)} failed, in {time.perf_counter() - started:.1f} s")
     return 1 if failures else 0
+
+
+# Each in a process of its own: one leaves CUDA without a context, the other breaks it for good.
+QUERY_ONLY = """
+import torch, colab_gpu
+torch.cuda.current_device()  # initializes CUDA, creates no context (lazy loading)
+assert torch.cuda.is_initialized()
+if torch._C._cuda_hasPrimaryContext(0):
+    print("this torch made a context when CUDA started: nothing to check")
+    raise SystemExit(0)
+report = colab_gpu.clear_cache()
+print(report.steps[-1].done)
+assert report.steps[-1].done == "no GPU has a CUDA context yet: nothing is cached"
+assert not torch._C._cuda_hasPrimaryContext(0), "clear_cache created a context"
+"""
+DEVICE_SIDE_ASSERT = """
+from IPython.testing.globalipapp import start_ipython
+shell = start_ipython()
+shell.run_line_magic("load_ext", "colab_gpu")
+failed = shell.run_cell("import torch\\nx = torch.zeros(4, device='cuda')\\n"
+                        "y = x[torch.tensor([40], device='cuda')]\\ntorch.cuda.synchronize()")
+print("the cell failed with:", repr(failed.error_in_exec)[:200])
+print("=== %clear_cache --quiet:")  # IPython printed the failed cell's traceback above
+result = shell.run_cell("%clear_cache --quiet")
+assert result.error_in_exec is None, repr(result.error_in_exec)
+"""
+
+
+def _in_a_fresh_process(code: str) -> bool:
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+           + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              timeout=60)
+    except subprocess.TimeoutExpired:
+        print("  (timed out after 60 s)")
+        return False
+    print(done.stdout + done.stderr[-2000:])
+    ok = done.returncode == 0
+    if code is DEVICE_SIDE_ASSERT:
+        after = done.stdout.partition("=== %clear_cache --quiet:")[2]
+        ok = ok and "CUDA cache step failed:" in after and "Traceback" not in after
+    return ok
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ nvidia-smi -q -x >"$out/nvidia-smi-q-x.xml" 2>/dev/null || rm -f "$out/nvidia-sm
 'IPython', IPython.__version__)"
 
 # name and seconds; find_batch, the longest, goes second so a slow machine still runs it
-checks=(gpu_status:90 find_batch:270 alloc_conf:120 clear_cache:120 live_monitor:150)
+checks=(gpu_status:90 find_batch:270 alloc_conf:120 clear_cache:240 live_monitor:150)
 shift $(($# > 0))
 status=0
 for check in "${checks[@]}"; do
