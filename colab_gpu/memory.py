@@ -695,7 +695,8 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     free cuBLAS's workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after
     each step. A step that raises (a CUDA error after a device-side assert) is reported as
     failed, with its error, and the others still run. A bad name raises
-    ``colab_gpu.memory.ClearCacheError`` (a ValueError) before anything is done. ``print(report)`` shows the report ``%clear_cache`` shows.
+    ``colab_gpu.memory.ClearCacheError`` (a ValueError) before anything is done.
+    ``print(report)`` shows the report ``%clear_cache`` shows.
     """
     shell = shell if shell is not None else current_shell()
     names = check_names(names, shell)  # a name given twice is deleted and reported once
