@@ -193,6 +193,7 @@ class Search:
         self.notes: List[str] = []
         self.stopped = "not started"
         self.refused = False  # memory stayed flat: no fit from now on
+        self._fit_stopped = False  # throughput mode ended at the memory fit's top
 
     # --- bookkeeping -------------------------------------------------------------------
     def _align(self, size: float) -> int:
@@ -377,8 +378,9 @@ class Search:
                           if x)
             size = self._align(min(2 * lo if hi is None else _middle(lo, hi), ceiling))
             if size <= lo:  # a failure just above lo ended the search before: the fit did this
-                self.stopped = (f"reached --max {self.maximum}" if ceiling == self.maximum
-                                else f"the memory fit says {self.variable}={lo} is as large as fits")
+                self._fit_stopped = ceiling != self.maximum
+                self.stopped = (f"the memory fit says {self.variable}={lo} is as large as fits"
+                                if self._fit_stopped else f"reached --max {self.maximum}")
                 return
             trial = self.attempt(size)
             if not trial.fits:
@@ -425,8 +427,12 @@ class Search:
 
     def _kill_headroom_binds(self, fit: Optional[MemoryFit]) -> bool:
         """The default KILL_HEADROOM is in effect and memory bounds the answer: a size ran over
-        it, or the fit puts the largest size under it below --max."""
+        it, or the fit puts the largest size under it below --max (in throughput mode, the
+        search stopped there: where samples/s stopped paying first, memory bounded nothing)."""
         if self._headroom is not None or self.headroom is not KILL_HEADROOM:
             return False
-        return (any(trial.outcome == OVER_HEADROOM for trial in self.trials)
-                or (fit is not None and fit.largest_under(self.usable) <= self.maximum))
+        if any(trial.outcome == OVER_HEADROOM for trial in self.trials):
+            return True
+        if self.mode == "throughput":  # its fit may have been _wide_fit, which result() lacks
+            return self._fit_stopped
+        return fit is not None and fit.largest_under(self.usable) <= self.maximum
