@@ -311,6 +311,9 @@ def test_throughput_mode_does_not_double_past_the_memory_fit_into_out_of_memory_
                            if label == "H100/convnext_large-fp16@40GiB")
     result = Search(ReplayDevice(curve, capacity), mode="throughput").run()
     assert result.out_of_memory_count == 0 and result.answer == curve.largest_under(capacity) == 199
+    # the report that says "the memory fit says" shows that fit, in its facts and its chart
+    assert result.stopped == "the memory fit says batch_size=199 is as large as fits"
+    assert result.fit is not None and result.fit.sizes[1] == 199 and "memory fit: " in str(result)
 
 
 def test_throughput_mode_on_recorded_curves_reaches_the_largest_size_when_it_is_the_fastest():

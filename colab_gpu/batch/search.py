@@ -418,7 +418,8 @@ class Search:
         answer = fastest if self.mode == "throughput" else largest
         if self.trials and self.trials[-1].outcome == ERROR:
             answer = None  # the user's error is raised and nothing set: no "batch_size = 2" headline
-        fit = self.fit()
+        # the fit the search went by: a report that says "the memory fit says" shows that fit
+        fit = self.fit() or (self._wide_fit() if self.mode == "throughput" else None)
         return BatchResult(
             variable=self.variable, mode=self.mode, device=self.device, trials=tuple(self.trials),
             answer=answer, largest_fitting=largest, fastest=fastest, capacity=self.capacity,
