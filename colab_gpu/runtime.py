@@ -185,21 +185,17 @@ def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> d
     return mapping
 
 
-def visible_entries(cuda_visible_devices: Optional[str]) -> list:
-    """CUDA_VISIBLE_DEVICES's entries, stripped, in order; none when it is unset or empty."""
-    return [part.strip() for part in cuda_visible_devices.split(",")] if cuda_visible_devices else []
-
-
 _UUID_FORMS = ("GPU-", "MIG-")
 
 
 def read_entries(cuda_visible_devices: Optional[str]) -> list:
-    """The entries of CUDA_VISIBLE_DEVICES that CUDA reads, as torch.cuda._parse_visible_devices
-    reads them: all of the first entry's form, GPU UUIDs, MIG UUIDs or ordinals, up to the first
-    of another form ("GPU-5c2e,1" is the one GPU: "Ordinals are not included in GPUid set", and
-    "1,GPU-5c2e" the one ordinal) or, in a list of ordinals, the first that is no ordinal
-    ("1,abc,0", "0,-1,1"); none when an entry is repeated ("0,0" hides every GPU)."""
-    entries = visible_entries(cuda_visible_devices)
+    """The entries of CUDA_VISIBLE_DEVICES that CUDA reads, stripped of spaces, as
+    torch.cuda._parse_visible_devices reads them: all of the first entry's form, GPU UUIDs,
+    MIG UUIDs or ordinals, up to the first of another form ("GPU-5c2e,1" is the one GPU:
+    "Ordinals are not included in GPUid set", and "1,GPU-5c2e" the one ordinal) or, in a list
+    of ordinals, the first that is no ordinal ("1,abc,0", "0,-1,1"); none when an entry is
+    repeated ("0,0" hides every GPU)."""
+    entries = [part.strip() for part in cuda_visible_devices.split(",")] if cuda_visible_devices else []
     form = next((prefix for prefix in _UUID_FORMS if entries and entries[0].startswith(prefix)), None)
     read: list = []
     for entry in entries:
