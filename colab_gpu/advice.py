@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 from .devices import GiB, gpu_models
 from .devices.nvml import DRIVER_PRESENT_PROBLEMS, NO_PYNVML
 from .render import count
-from .runtime import COLAB, KAGGLE
+from .runtime import COLAB, KAGGLE, names_a_device_twice
 
 if TYPE_CHECKING:
     from .gpu_status import Status
@@ -92,6 +92,10 @@ def tpu_runtime(status):
 
 def visible_devices_hide_all(status):
     if status.gpus and all(status.hidden_from_torch(gpu) is True for gpu in status.gpus):
+        if names_a_device_twice(status.visible_devices, status.gpus):  # "0,0": indices, yet none
+            return (f"CUDA_VISIBLE_DEVICES={status.runtime.cuda_visible_devices!r} hides every GPU from torch: "
+                    f"it names the same device twice, which CUDA takes as naming none; list each "
+                    f"once, or unset it, before torch starts CUDA.")
         return (f"CUDA_VISIBLE_DEVICES={status.runtime.cuda_visible_devices!r} hides every GPU from torch: "
                 f"unset it or list GPU indices or UUIDs, before torch starts CUDA.")
 

@@ -171,18 +171,32 @@ def torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> d
     hides every GPU, as in torch's own parsing (torch.cuda._parse_visible_devices: "Repeated
     ordinal results in empty set"). A GPU hidden from CUDA is absent from the result.
     """
+    return _resolved(cuda_visible_devices, gpus)[0]
+
+
+def names_a_device_twice(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> bool:
+    """Whether CUDA_VISIBLE_DEVICES hides every GPU by naming one (or a MIG instance) twice:
+    "0,0", "1,0,1", a UUID and its prefix; what :func:`torch_indices` reads as none visible."""
+    return _resolved(cuda_visible_devices, gpus)[1]
+
+
+def _resolved(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) -> Tuple[dict, bool]:
+    """:func:`torch_indices`, and whether a device named twice emptied it."""
     ids = [(gpu.index, gpu.uuid) for gpu in gpus]
     if cuda_visible_devices is None:
-        return {index: position for position, (index, _) in enumerate(ids)}
+        return {index: position for position, (index, _) in enumerate(ids)}, False
+    entries, repeated = _read(cuda_visible_devices)
+    if repeated:
+        return {}, True
     mapping: dict = {}
-    for entry in read_entries(cuda_visible_devices):
+    for entry in entries:
         match = _resolve_visible_entry(entry, ids)
         if match is None:
             break
         if match in mapping:
-            return {}
+            return {}, True
         mapping[match] = len(mapping)
-    return mapping
+    return mapping, False
 
 
 _UUID_FORMS = ("GPU-", "MIG-")
@@ -195,6 +209,12 @@ def read_entries(cuda_visible_devices: Optional[str]) -> list:
     "Ordinals are not included in GPUid set", and "1,GPU-5c2e" the one ordinal) or, in a list
     of ordinals, the first that is no ordinal ("1,abc,0", "0,-1,1"); none when an entry is
     repeated ("0,0" hides every GPU)."""
+    read, repeated = _read(cuda_visible_devices)
+    return [] if repeated else read
+
+
+def _read(cuda_visible_devices: Optional[str]) -> Tuple[list, bool]:
+    """:func:`read_entries` before the check for repeats, and whether an entry is repeated."""
     entries = [part.strip() for part in cuda_visible_devices.split(",")] if cuda_visible_devices else []
     form = next((prefix for prefix in _UUID_FORMS if entries and entries[0].startswith(prefix)), None)
     read: list = []
@@ -203,7 +223,7 @@ def read_entries(cuda_visible_devices: Optional[str]) -> list:
             break
         read.append(entry)
     keys = [_ordinal(entry) for entry in read] if form is None else read
-    return read if len(set(keys)) == len(keys) else []
+    return read, len(set(keys)) < len(keys)
 
 
 def _ordinal(entry: str) -> Optional[int]:

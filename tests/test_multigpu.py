@@ -176,10 +176,17 @@ def test_a_gpu_named_twice_hides_every_gpu_as_torch_counts_them(clean_env, monke
     source = box("tesla-t4.xml", "tesla-t4.xml")
     text = str(colab_gpu.status(source))
     assert "GPU 0  Tesla T4  (hidden from torch," in text and "GPU 1  Tesla T4  (hidden from torch," in text
-    assert "hides every GPU from torch" in " ".join(text.split())
+    assert "hides every GPU from torch: it names the same device twice" in " ".join(text.split())
     monkeypatch.setattr(colab_gpu.devices, "_default_source", source)
     with pytest.raises(SearchError, match="this machine has no CUDA device"):
         checked_device("cuda:0")
+
+
+@pytest.mark.parametrize("visible", ["", "7", "7,0", "abc,0"])
+def test_a_variable_that_names_no_gpu_here_is_not_said_to_name_one_twice(clean_env, visible):
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", visible)
+    text = " ".join(str(colab_gpu.status(box("tesla-t4.xml", "tesla-t4.xml"))).split())
+    assert "hides every GPU from torch: unset it or list GPU indices or UUIDs" in text and "twice" not in text
 
 
 @pytest.mark.parametrize("visible, labels", [
