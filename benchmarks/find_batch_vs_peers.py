@@ -15,6 +15,9 @@ accelerate's find_executable_batch_size, side by side in one run.
    capacity (Lightning needs a real Trainer and data loader, so it is left out there), each
    from its default start and from 3x the true answer (accelerate only shrinks: its own use),
    at the four capacities the search was tuned on and, held out, at every 2 GiB from 12 to 80 but those.
+   Under each table, the same curves on a device where going past capacity kills the process
+   (the CPU without ulimit -v): how often colab_gpu ran a size past it, with its default
+   --headroom there and with none.
 
 Needs: pip install torch==2.13.0 lightning accelerate (a separate venv; see the report).
 Run: python benchmarks/find_batch_vs_peers.py [--room MIB] [--skip-cpu]
@@ -210,6 +213,29 @@ def print_fit_table(capacities_gib, about: str, tools) -> None:
         print(f"{tool:<20}{statistics.median(trials):>14}{sum(t <= 4 for t in trials):>12}"
               f"{statistics.mean(o for _, o, _ in data):>10.2f}{100 * statistics.median(ratios):>9.1f}%"
               f"{100 * min(ratios):>8.1f}%{sum(r >= 0.95 for r in ratios):>8}{both:>23}")
+    print_past_memory(capacities_gib)
+
+
+def print_past_memory(capacities_gib) -> None:
+    """Where going past memory kills the process instead of raising (the CPU without ulimit -v):
+    on how many problems a trial went past capacity, with the default headroom and with none."""
+    import dataclasses
+
+    from colab_gpu.batch.search import KILL_HEADROOM, Search
+    from tests.milabench_replay import ReplayDevice, fit_problems
+
+    problems = list(fit_problems(capacities_gib))
+    past = {}
+    for headroom in (None, "0"):
+        past[headroom] = 0
+        for _, curve, capacity, _ in problems:
+            replay = ReplayDevice(curve, capacity)
+            Search(lambda size: dataclasses.replace(replay(size), capacity_kills=True),
+                   headroom=headroom).run()
+            past[headroom] += any(curve(size) > capacity for size in replay.sizes_run)
+    print(f"where going past memory kills (the CPU without ulimit -v): a trial went past capacity "
+          f"on {past[None]} of {len(problems)} problems with the default --headroom "
+          f"{KILL_HEADROOM.spec}, on {past['0']} with --headroom 0")
 
 
 def main() -> None:
