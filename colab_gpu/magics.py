@@ -455,10 +455,10 @@ class GPUMagics(Magics):
         """Run the cell at several batch sizes; set the variable to the largest (or
         fastest) that fits.
 
-        The notebook's variables (also those set by %time or a function's global), the
-        --restore objects and the random generators are put back after every trial;
-        Ctrl-C stops and keeps the best size so far. A cell error other than
-        out-of-memory stops the search and is shown.
+        Every notebook name a trial binds, rebinds or deletes (also through %time or a
+        function's global), the --restore objects and the random generators are put back
+        after every trial; Ctrl-C stops and keeps the best size so far. A cell error
+        other than out-of-memory stops the search and is shown.
         """
         from .batch import RestoreError, SearchError, check_options, search_batch
         from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
