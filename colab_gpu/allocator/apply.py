@@ -301,10 +301,11 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     ``settings`` are strings in either form (``"max_split_size_mb=128"`` or
     ``"max_split_size_mb:128,expandable_segments:True"``), ``unset`` key names; either may
     be one string (anything else, a dict or bytes, is a TypeError). ``reset`` starts from
-    nothing, ``preset`` names one of ``colab_gpu.allocator.PRESETS``, ``check`` validates its string and applies nothing,
-    ``save`` / ``forget`` keep the result for ``%load_ext colab_gpu`` after a restart or
-    delete it. Before CUDA starts the settings go into the environment variables; after,
-    through torch's run-time setter (keys that cannot change any more are listed).
+    nothing, ``preset`` names one of ``colab_gpu.allocator.PRESETS``, ``check`` validates its
+    string and applies nothing, ``save`` / ``forget`` keep the result for ``%load_ext
+    colab_gpu`` after a restart or delete it. Before CUDA starts the settings go into the
+    environment variables; after, through torch's run-time setter (keys that cannot change
+    any more are listed; under a torch without a setter, every changed key).
     Everything is validated against the installed torch before anything changes; on any
     failure the environment is restored byte for byte and AllocConfError says what was
     wrong. ``state`` overrides the detected torch state (for callers that already know it).

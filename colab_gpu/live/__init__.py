@@ -110,8 +110,8 @@ def record_of(sampler: Sampler) -> RunRecord:
 
 def history(frame: Optional[bool] = None):
     """The samples of the running or last live run: a pandas DataFrame (one row per GPU and
-    time) when pandas is installed, else a tuple of :class:`~colab_gpu.live.sampler.Sample`. ``frame=False`` always
-    returns the samples; ``frame=True`` requires pandas."""
+    time) when pandas is installed, else a tuple of :class:`~colab_gpu.live.sampler.Sample`.
+    ``frame=False`` always returns the samples; ``frame=True`` requires pandas."""
     sampler = _sampler
     samples = sampler.samples() if sampler is not None else ()
     if frame is False:
