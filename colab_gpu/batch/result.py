@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from ..render import NA, count, duration, size as format_size
+from ..render import NA, count, duration, significant, size as format_size
 
 FITS = "fits"
 OUT_OF_MEMORY = "out of memory"
@@ -45,16 +45,11 @@ class Trial:
         return self.size * self.runs
 
 
-def rate(samples_per_second: Optional[float]) -> str:
-    """Three significant digits below 100 (a slow step's 0.4 samples/s, not 0), whole above."""
-    if samples_per_second is None:
-        return NA
-    return f"{samples_per_second:.3g}" if samples_per_second < 100 else f"{samples_per_second:.0f}"
-
-
 def trial_row(trial: Trial) -> Tuple[str, str, str, str, str]:
+    # samples/s with significant digits: a slow step's 0.4, not 0
+    speed = trial.samples_per_second
     return (str(trial.size), trial.outcome, format_size(trial.peak_memory),
-            duration(trial.seconds_per_step), rate(trial.samples_per_second))
+            duration(trial.seconds_per_step), NA if speed is None else significant(speed))
 
 
 @dataclasses.dataclass(frozen=True)

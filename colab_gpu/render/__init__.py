@@ -44,9 +44,14 @@ def labelled_row(label: str, value: str, label_width: int) -> str:
     return fold_items(f"  {label:<{label_width}} {value}", label_width + 3)
 
 
+def significant(value: float) -> str:
+    """Three significant digits below 100 (3.81, 0.4), whole numbers above."""
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
 def _digits(value: float, unit: str) -> str:
-    """Three significant digits below 100 (3.81 MiB, not 4 MiB), whole units above."""
-    return f"{value:.3g} {unit}" if abs(value) < 100 else f"{value:.0f} {unit}"
+    """A value in ``unit``, :func:`significant` (3.81 MiB, not 4 MiB)."""
+    return f"{significant(value)} {unit}"
 
 
 def size(value: Optional[float]) -> str:
