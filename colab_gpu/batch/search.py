@@ -265,22 +265,32 @@ class Search:
         """Ctrl-C's stop: "the best size so far is the answer" only when one has fitted."""
         return INTERRUPTED_NOTE if self.lo is not None else "interrupted (Ctrl-C) before any size fitted"
 
-    def fit(self) -> Optional[MemoryFit]:
-        """Memory against size from the two largest measured successes, or None."""
+    def fit(self, reach_back: bool = False) -> Optional[MemoryFit]:
+        """Memory against size from the two largest measured successes, or None.
+
+        ``reach_back`` (throughput mode): where those two grew less than the noise (sizes a
+        sample apart: a jump to the fit's prediction, then its refit), from the largest and
+        the largest one below it that used measurably less, which is no reason to double
+        past them.
+        """
         measured = self._measured()
         if self.refused or len(measured) < 2 or self.capacity is None:
             return None
         small, large = measured[-2], measured[-1]
-        growth = large.peak_memory - small.peak_memory
-        if growth < noise_floor(self.capacity):
-            flat = large.peak_memory - measured[0].peak_memory < FLAT_BYTES
-            if flat and large.size >= FLAT_RANGE * measured[0].size:
-                self.refused = True
-                self.notes.append(
-                    f"peak memory did not grow from {self.variable}={measured[0].size} to "
-                    f"{large.size}: no memory fit (does the cell use {self.variable}?); doubling instead")
+        if large.peak_memory - small.peak_memory >= noise_floor(self.capacity):
+            return _line_through(small, large)
+        flat = large.peak_memory - measured[0].peak_memory < FLAT_BYTES
+        if flat and large.size >= FLAT_RANGE * measured[0].size:
+            self.refused = True
+            self.notes.append(
+                f"peak memory did not grow from {self.variable}={measured[0].size} to "
+                f"{large.size}: no memory fit (does the cell use {self.variable}?); doubling instead")
             return None
-        return _line_through(small, large)
+        if reach_back:
+            for small in reversed(measured[:-2]):
+                if large.peak_memory - small.peak_memory >= noise_floor(self.capacity):
+                    return _line_through(small, large)
+        return None
 
     # --- the two modes -----------------------------------------------------------------
     def run(self) -> BatchResult:
@@ -368,7 +378,7 @@ class Search:
         samples/s still grew at the last doubling, the fastest size lies up there."""
         best, unpaid = self._successes()[-1], []
         while True:
-            lo, hi, fit = self.lo, self.hi, self.fit() or self._wide_fit()
+            lo, hi, fit = self.lo, self.hi, self.fit(reach_back=True)
             if hi is not None and self._close(lo, hi):
                 self.stopped = f"{self.variable}={hi} did not fit" + (
                     f", and {lo} is within {self.tolerance:.0%} of it" if hi - lo > self.step else "")
@@ -396,19 +406,6 @@ class Search:
                                 f"{THROUGHPUT_GAIN - 1:.0%} samples/s over {best.size}")
                 return
 
-    def _wide_fit(self) -> Optional[MemoryFit]:
-        """Memory against size from the largest measured success and the largest one below it
-        that used measurably less: two sizes a sample apart (a jump to the fit's prediction,
-        then its refit) grow less than the noise, which is no reason to double past them."""
-        measured = self._measured()
-        if self.refused or len(measured) < 2 or self.capacity is None:
-            return None
-        large = measured[-1]
-        for small in reversed(measured[:-1]):
-            if large.peak_memory - small.peak_memory >= noise_floor(self.capacity):
-                return _line_through(small, large)
-        return None
-
     def result(self) -> BatchResult:
         successes = self._successes()
         largest = successes[-1].size if successes else None
@@ -419,7 +416,7 @@ class Search:
         if self.trials and self.trials[-1].outcome == ERROR:
             answer = None  # the user's error is raised and nothing set: no "batch_size = 2" headline
         # the fit the search went by: a report that says "the memory fit says" shows that fit
-        fit = self.fit() or (self._wide_fit() if self.mode == "throughput" else None)
+        fit = self.fit(reach_back=self.mode == "throughput")
         return BatchResult(
             variable=self.variable, mode=self.mode, device=self.device, trials=tuple(self.trials),
             answer=answer, largest_fitting=largest, fastest=fastest, capacity=self.capacity,
@@ -430,10 +427,10 @@ class Search:
         """The default KILL_HEADROOM is in effect and memory bounds the answer: a size ran over
         it, or the fit puts the largest size under it below --max (in throughput mode, the
         search stopped there: where samples/s stopped paying first, memory bounded nothing)."""
-        if self._headroom is not None or self.headroom is not KILL_HEADROOM:
+        if self.headroom is not KILL_HEADROOM:  # given, or not where going past memory kills
             return False
         if any(trial.outcome == OVER_HEADROOM for trial in self.trials):
             return True
-        if self.mode == "throughput":  # its fit may have been _wide_fit, which result() lacks
+        if self.mode == "throughput":  # stopped by samples/s, memory bounded nothing
             return self._fit_stopped
         return fit is not None and fit.largest_under(self.usable) <= self.maximum
