@@ -6,7 +6,6 @@ adding one entry to ``RULES`` (and one test).
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
 import re
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
@@ -118,13 +117,13 @@ def several_gpus(status):
 def _torch_version(status) -> Optional[str]:
     """The user's torch version: the imported one's, else the installed one's (read from its
     metadata, without importing it); None when there is none."""
+    from .allocator.apply import installed_torch_version
+
     torch = status.runtime.torch
-    if torch.imported:
-        return torch.version
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return torch.version if torch.imported else installed_torch_version(modules={})
+
+
+CUDA13_OLDEST = (7, 5)  # the newest start of any build judged below: CUDA 13 compiles nothing under it
 
 
 def _oldest_capability(version: Optional[str]) -> Optional[Tuple[int, int]]:
@@ -138,7 +137,7 @@ def _oldest_capability(version: Optional[str]) -> Optional[Tuple[int, int]]:
         return None
     major, minor, cuda = (int(part) for part in match.groups())
     if cuda >= 130:
-        return (7, 5)
+        return CUDA13_OLDEST
     if cuda >= 128 and (major, minor) >= (2, 8):
         return (7, 0)
     return None
@@ -147,8 +146,9 @@ def _oldest_capability(version: Optional[str]) -> Optional[Tuple[int, int]]:
 def _without_kernels(status):
     """The GPUs visible to this machine's torch that it has no kernels for (never for a recording:
     the torch here is not the recorded machine's)."""
-    if status.snapshot.recorded:
-        return []
+    if status.snapshot.recorded or not any(gpu.compute_capability and gpu.compute_capability < CUDA13_OLDEST
+                                           for gpu in status.gpus):
+        return []  # no GPU any build lacks kernels for: the installed version is not read
     oldest = _oldest_capability(_torch_version(status))
     if oldest is None:
         return []
