@@ -532,6 +532,31 @@ def test_find_batch_restores_model_optimizer_and_generators():
     assert (random.random(), torch.rand(1).item()) == expected
 
 
+def test_a_cell_that_starts_cuda_leaves_the_cuda_generators_as_cuda_starts(monkeypatch):
+    """torch.manual_seed(5), then a search whose cell starts CUDA and draws on it: the CUDA
+    generators were left where the trials' draws took them, so the user's first CUDA draw
+    after the search differed from the one without it. Only the CUDA device is faked: its
+    is_initialized flag, and its generators (real torch.Generator objects, seeded as
+    torch.manual_seed seeds CUDA's when CUDA starts)."""
+    import torch
+
+    started = []
+    generators = (torch.Generator().manual_seed(5), torch.Generator().manual_seed(5))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: bool(started))
+    monkeypatch.setattr(torch.cuda, "default_generators", generators)
+    first_draw = torch.randn(4, generator=torch.Generator().manual_seed(5))
+
+    def step(batch_size):
+        started.append(True)  # the cell's first .cuda() starts CUDA
+        torch.randn(batch_size, generator=generators[0])
+        torch.randn(batch_size, generator=generators[1])
+
+    result = find_batch(step, device="cpu", max=8, progress=False)
+    assert result.answer == 8 and started
+    for generator in generators:
+        assert torch.equal(torch.randn(4, generator=generator), first_draw)
+
+
 def test_restore_none_restores_nothing():
     """find_batch(fn, restore=None) was refused: "a NoneType has no state_dict()"."""
     result = find_batch(lambda size: None, restore=None, max=4, progress=False)

@@ -435,7 +435,8 @@ CUDA_GUARDS = {
     "colab_gpu/live/cells.py:_torch_line": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
     "colab_gpu/batch/__init__.py:_cuda_devices": "device_count() only after torch.cuda.is_initialized()",
     "colab_gpu/batch/state.py:__init__": "get_rng_state_all only if torch.cuda.is_initialized()",
-    "colab_gpu/batch/state.py:restore": "set_rng_state_all only with a CUDA state saved while initialized",
+    "colab_gpu/batch/state.py:restore": "set_rng_state_all only with a CUDA state saved while initialized; "
+                                          "the generators reseeded only if cuda_torch() says CUDA started",
     "colab_gpu/batch/trial.py:_cuda_index": "returns None unless runtime.cuda_torch() gives torch (CUDA initialized)",
     "colab_gpu/batch/trial.py:run_trial": "synchronize only for the index _cuda_index gave (CUDA initialized)",
     "colab_gpu/batch/trial.py:release_memory": "only for the index _cuda_index gave (CUDA initialized)",

@@ -163,7 +163,13 @@ class _ObjectState:
 
 
 class _Generators:
-    """Python's, NumPy's (if imported), torch's (if imported) and CUDA's (if started)."""
+    """Python's, NumPy's (if imported), torch's (if imported) and CUDA's.
+
+    CUDA's state can only be read once CUDA has started, and reading it before would start it.
+    Where a trial starts CUDA, each CUDA generator is put back to its initial seed instead: the
+    state CUDA starts in (torch.manual_seed queues its seed until then), which is what the
+    user's own first CUDA draw would have seen had the search not run.
+    """
 
     def __init__(self):
         self.python = random.getstate()
@@ -182,6 +188,9 @@ class _Generators:
             torch.set_rng_state(self.torch)
         if self.cuda is not None:
             torch.cuda.set_rng_state_all(self.cuda)
+        elif cuda_torch() is not None:  # a trial started CUDA
+            for generator in torch.cuda.default_generators:
+                generator.manual_seed(generator.initial_seed())
 
 
 _GONE = object()  # a name the trial deleted
