@@ -5,8 +5,9 @@ largest batch for a real model built in code (a ResNet-style CNN, AdamW, AMP; no
 downloads), runs 50 training steps at the found size without OOM, and shows that memory is
 back at its baseline after the search. Also: a search started 4x above the answer (real CUDA
 out-of-memory errors, recovered from), and %%find_batch --mode throughput in a real IPython
-shell (the answer set, the cell's names and the CUDA generator put back), and a trained
-optimizer's state restored without a second host copy of its GPU tensors.
+shell (the answer set, the cell's names and the CUDA generator put back), a trained
+optimizer's state restored without a second host copy of its GPU tensors, and the CUDA
+generator as torch.manual_seed left it where the cell is what starts CUDA.
     python gpu_checks/find_batch.py
 """
 from __future__ import annotations
@@ -15,7 +16,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's colab_gpu
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's colab_gpu
 
 T4_BYTES = 15 * 1024 ** 3
 
@@ -142,6 +144,20 @@ def main() -> int:
     del optimizer.load_state_dict
     check(given[0]["exp_avg"] is saved["exp_avg"] and given[0]["step"] is not saved["step"],
           "a restore gives the GPU's state as saved and the CPU's step counts as a fresh copy")
+
+    # A cell that starts CUDA itself: in a fresh process, the user's first CUDA draw after the
+    # search is the one torch.manual_seed(0) gives without it.
+    import subprocess
+
+    starts_cuda = ("import torch; from colab_gpu import find_batch; torch.manual_seed(0); "
+                   "find_batch(lambda size: torch.randn(size, device='cuda'), max=64, progress=False); "
+                   "seeded = torch.Generator('cuda').manual_seed(0); "
+                   "print(torch.equal(torch.randn(8, device='cuda'), "
+                   "torch.randn(8, device='cuda', generator=seeded)))")
+    fresh = subprocess.run([sys.executable, "-c", starts_cuda], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    check(fresh.stdout.strip() == "True", "a cell that starts CUDA leaves the CUDA generator as "
+                                          f"torch.manual_seed(0) left it ({fresh.stdout.strip() or fresh.stderr[-300:]})")
     print(f"{len(failures)} failed, {time.perf_counter() - began:.0f} s in all")
     return 1 if failures else 0
 
