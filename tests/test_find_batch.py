@@ -1056,6 +1056,24 @@ def test_ctrl_c_before_anything_fitted_does_not_promise_a_best_size(shell, capsy
     assert "trial  1: bs=     2  interrupted    (KeyboardInterrupt)\n" in out  # not "(KeyboardInterrupt:)"
 
 
+def test_ctrl_c_caught_by_the_cell_still_stops_the_search(shell, capsys):
+    """A training loop that ends early on Ctrl-C (``except KeyboardInterrupt``) swallowed the
+    press: the search went on to the next sizes, and the cut-short trial counted as fitting."""
+    shell.user_ns["presses"] = presses = []
+    result = shell.run_cell(
+        "%%find_batch --var bs\n"
+        "import os, signal\n"
+        "try:\n"
+        "    if bs == 16 and not presses:\n"
+        "        presses.append(bs); os.kill(os.getpid(), signal.SIGINT)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('training stopped early')\n")
+    assert result.error_in_exec is None and presses == [16]
+    assert shell.user_ns["bs"] == 2  # 16 was cut short: not an answer
+    out = capsys.readouterr().out
+    assert "trial  2: bs=    16  interrupted" in out and "trial  3" not in out, out
+
+
 class PressesCtrlCWhileRestored:
     """A --restore object during whose second restore the user presses Ctrl-C: a real SIGINT
     to this process, arriving between trials rather than inside the cell."""

@@ -191,7 +191,8 @@ def describe(error: BaseException) -> str:
 
 
 class CtrlC:
-    """Ctrl-C interrupts the user's step at once; anywhere else in the search it is held.
+    """Ctrl-C interrupts the user's step at once (and stops the search even when the cell
+    catches it); anywhere else in the search it is held.
 
     Between steps the search restores state and frees memory: a KeyboardInterrupt there
     would escape half-way through a restore, or vanish into a finalizer (ipykernel's own
@@ -216,9 +217,9 @@ class CtrlC:
             signal.signal(signal.SIGINT, self._previous)
 
     def _on_sigint(self, signum, frame) -> None:
+        self.pressed = True  # also in the step: a cell may catch it (a loop's early stop)
         if self._in_step:
             raise KeyboardInterrupt
-        self.pressed = True
 
     @contextlib.contextmanager
     def deliverable(self):
@@ -262,6 +263,8 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
             began = time.perf_counter()
             with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
                 step(size)
+            if ctrl_c is not None and ctrl_c.pressed:  # the cell caught it: stop all the same,
+                raise KeyboardInterrupt  # this run cut short is no fitting size
             started_cuda = False
             if runs == 1 and index is None:  # the first run may have started CUDA
                 index = _cuda_index(device)
