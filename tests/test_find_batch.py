@@ -652,6 +652,27 @@ def test_find_batch_restores_train_eval_mode_and_requires_grad():
     assert not model[0].weight.requires_grad and model[2].weight.requires_grad
 
 
+def test_a_restored_scheduler_puts_back_the_rate_it_set_in_its_optimizer(shell):
+    """``--restore model sched``: the scheduler was put back to its step, but its optimizer kept
+    the last trial's rate (and OneCycleLR's momentum), which ExponentialLR multiplies on from."""
+    shell.run_cell("import torch\n"
+                   "model = torch.nn.Linear(4, 1)\n"
+                   "opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)\n"
+                   "sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5)\n"
+                   "cycle = torch.optim.lr_scheduler.OneCycleLR(torch.optim.SGD(model.parameters(), lr=0.1,"
+                   " momentum=0.9), max_lr=1.0, total_steps=100)\n"
+                   "before = cycle.optimizer.param_groups[0].copy()\n"
+                   "batch_size = 4")
+    result = shell.run_cell("%%find_batch --restore model sched cycle --max 16\n"
+                            "model(torch.randn(batch_size, 4)).sum().backward(); opt.step(); sched.step()\n"
+                            "cycle.optimizer.step(); cycle.step()")
+    assert result.error_in_exec is None
+    assert shell.ev("opt.param_groups[0]['lr']") == shell.ev("sched.get_last_lr()[0]") == 0.1
+    shell.run_cell("sched.step()")
+    assert shell.ev("opt.param_groups[0]['lr']") == 0.05
+    assert shell.ev("cycle.optimizer.param_groups[0] == before")
+
+
 def test_a_trial_that_fails_between_unscale_and_step_leaves_the_grad_scaler_ready():
     """AdamW's first step allocates its state after scaler.unscale_(): an out-of-memory error
     there must not leave the scaler believing the user's next gradients are already unscaled."""

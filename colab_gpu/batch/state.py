@@ -143,6 +143,20 @@ class _ObjectState:
         # scaler.step() would skip unscaling. Between iterations it is empty: so it is again.
         stages = getattr(obj, "_per_optimizer_states", None)
         self.empty_stages = isinstance(stages, dict) and not stages  # update() replaces the dict
+        # A scheduler writes the learning rate (OneCycleLR the momentum too) into its optimizer's
+        # param groups, outside its own state_dict: put back with it, or a schedule restored
+        # to step 0 drives an optimizer left at the last trial's rate (which ExponentialLR and
+        # StepLR multiply on from).
+        self.groups = [_map_tensors({key: value for key, value in group.items() if key != "params"},
+                                    lambda tensor: tensor.clone())
+                       for group in self._param_groups()]
+
+    def _param_groups(self) -> List[dict]:
+        """The param groups of a scheduler's optimizer; none for anything else."""
+        if self.copies_in or self.is_tensor or self.random is not None:
+            return []
+        groups = getattr(getattr(self.obj, "optimizer", None), "param_groups", None)
+        return groups if isinstance(groups, list) else []
 
     def restore(self) -> None:
         if self.is_tensor:
@@ -160,6 +174,8 @@ class _ObjectState:
             parameter.requires_grad_(requires_grad)
         if self.empty_stages:
             self.obj._per_optimizer_states.clear()
+        for group, saved in zip(self._param_groups(), self.groups):  # a tensor rate is filled in place
+            group.update(_map_tensors(saved, lambda tensor: tensor.clone()))
 
 
 class _Generators:
