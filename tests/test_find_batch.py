@@ -1291,6 +1291,21 @@ def test_a_restore_object_whose_state_cannot_be_saved_or_put_back_is_one_line_an
     assert shell.ev("random.random()") == shell.user_ns["before"]
 
 
+def test_a_cell_that_replaces_a_layer_with_one_of_the_same_shape_is_stopped_not_kept(shell):
+    """The saved weights loaded into the new layer, so the search went on; afterwards the model
+    held the last trial's layer, which the optimizer made before the search never trains."""
+    from IPython.core.error import UsageError
+
+    shell.run_cell("import torch\nmodel = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))\n"
+                   "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nhead = model[1]\nbatch_size = 7")
+    with pytest.raises(UsageError) as refused:
+        shell.run_cell_magic("find_batch", "--max 8 --restore model opt",
+                             "model[1] = torch.nn.Linear(4, 2)\nmodel(torch.randn(batch_size, 4)).sum().backward()")
+    assert str(refused.value).startswith("--restore model: its state could not be put back after a trial "
+                                         "(RuntimeError: the cell replaced 1, 1.weight, 1.bias)")
+    assert shell.user_ns["batch_size"] == 7
+
+
 @pytest.mark.parametrize("cell, message", [
     ("seen.append(batch_size)\nx = (batch_size", "SyntaxError on line 3 of the cell: '(' was never "
                                                  "closed: x = (batch_size; nothing ran"),

@@ -137,6 +137,7 @@ class _ObjectState:
         # parameter, which a training cell often sets (model.train(), unfreezing a layer).
         modules = getattr(obj, "modules", None)
         self.modes = [(m, m.training) for m in modules()] if callable(modules) else []
+        self.tree = self._tree()
         self.requires_grad = [(p, p.requires_grad) for p, _ in self.grads]
         # A GradScaler keeps each optimizer's unscale_()/step() stage outside its state_dict. A
         # trial that ran out of memory between the two leaves it half-way, and the next
@@ -150,6 +151,12 @@ class _ObjectState:
         self.groups = [_map_tensors({key: value for key, value in group.items() if key != "params"},
                                     lambda tensor: tensor.clone())
                        for group in self._param_groups()]
+
+    def _tree(self) -> Dict[str, Any]:
+        """A module's submodules and parameters by name; empty for anything else."""
+        if not self.copies_in:
+            return {}
+        return {**dict(self.obj.named_modules()), **dict(self.obj.named_parameters())}
 
     def _param_groups(self) -> List[dict]:
         """The param groups of a scheduler's optimizer; none for anything else."""
@@ -176,6 +183,12 @@ class _ObjectState:
             self.obj._per_optimizer_states.clear()
         for group, saved in zip(self._param_groups(), self.groups):  # a tensor rate is filled in place
             group.update(_map_tensors(saved, lambda tensor: tensor.clone()))
+        # A layer the cell replaced with one of the same shapes loads the saved weights, but the
+        # model would keep the last trial's layer, which the optimizer does not train.
+        now = self._tree()
+        replaced = [name for name, item in self.tree.items() if now.get(name) is not item]
+        if replaced:
+            raise RuntimeError(f"the cell replaced {', '.join(replaced[:3])}" + (", ..." if replaced[3:] else ""))
 
 
 class _Generators:
