@@ -462,7 +462,7 @@ def test_saved_reset_after_import_keeps_the_loaded_backend_in_the_environment(en
     result = alloc_conf(reset=True, save=True, environ=env, modules={}, state=imported)
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == env["PYTORCH_ALLOC_CONF"] == "backend:cudaMallocAsync"
     assert to_torch(result.settings) == "backend:cudaMallocAsync"
-    assert open(result.saved_path).read() == "\n"
+    assert not os.path.exists(result.saved_path)  # nothing for %load_ext to apply after a restart
 
 
 def test_heading_says_unchanged_and_forget_says_what_it_deleted(env):
@@ -482,6 +482,21 @@ def test_heading_says_unchanged_and_forget_says_what_it_deleted(env):
         "Allocator configuration changed: (empty)\n")
     assert pretty(alloc_conf(reset=True, environ=env, modules={})).startswith(
         "Allocator configuration unchanged: (empty)\n")
+
+
+def test_saving_an_empty_result_says_it_replaced_the_saved_setting(env):
+    """`%alloc_conf --reset --save` after a saved setting: the restart applies nothing, and
+    the report says so (it said nothing of the save, and --forget then said there was none)."""
+    from IPython.lib.pretty import pretty
+
+    alloc_conf(preset="fragmentation", save=True, environ=env, modules={})
+    reset = alloc_conf(reset=True, save=True, environ=env, modules={})
+    assert "  saved setting:\n    deleted 'expandable_segments:True' from\n" in pretty(reset)
+    assert "deleted &#x27;expandable_segments:True&#x27;" in reset._repr_html_()
+    assert not os.path.exists(reset.saved_path)
+    assert alloc_conf(environ=env, modules={}).saved is None
+    assert "there was none to delete" in pretty(alloc_conf(unset=["max_split_size_mb"], save=True,
+                                                           environ=env, modules={}))
 
 
 def test_result_renders_as_text_html_and_json(env):

@@ -511,9 +511,14 @@ def _in_effect(state: TorchState, modules) -> Optional[str]:
 
 def _save_or_forget(text: str, save: bool, forget: bool, environ
                     ) -> Tuple[Optional[str], Optional[str], pathlib.Path]:
-    """(saved, forgotten, path): what stays saved, and what --forget deleted, for the report."""
+    """(saved, forgotten, path): what stays saved, and what --forget deleted, for the report.
+
+    Saving an empty result (``--reset --save``) is forgetting: %load_ext then applies nothing,
+    and the report says which saved setting that replaced instead of saying nothing."""
     saved, path = saved_setting(environ)
     forgotten = None
+    if save and not text:
+        save, forget = False, True
     try:
         if forget:
             forgotten, saved = saved or "", None
