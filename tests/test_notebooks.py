@@ -120,6 +120,8 @@ def test_01_gpu_status_shows_this_machine_the_recordings_and_the_live_run(execut
     mine = code_cell(notebook, "%gpu_status", exact=True)
     text = shown(mine)
     assert re.search(r"No NVIDIA GPU found|^GPU \d+ ", text, re.M), text
+    # What the text says of a machine without a GPU: the reason on the card's "No GPU read:" line.
+    assert re.search(r"^GPU \d+ ", text, re.M) or "\nNo GPU read: " in text, text
     assert "cgpu-card" in shown(mine, "text/html")  # the HTML card a notebook shows
 
     t4 = code_cell(notebook, "%gpu_status --from $T4")
