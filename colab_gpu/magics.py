@@ -291,10 +291,10 @@ class GPUMagics(Magics):
 
         Drops the references IPython keeps to the last exception (they keep the failed
         cell's tensors alive), clears output-history entries that hold tensors or
-        modules, deletes the variables NAME..., runs gc.collect() and, only if CUDA is
-        already initialized, torch.cuda.synchronize(), frees cuBLAS's workspaces,
-        empty_cache() and ipc_collect(). Then ranks your variables by the tensor memory
-        they still hold. Never initializes CUDA.
+        modules, deletes the variables NAME..., runs gc.collect() and, only once your
+        code has put something on a GPU (a CUDA context), torch.cuda.synchronize(),
+        frees cuBLAS's workspaces, empty_cache() and ipc_collect(). Then ranks your
+        variables by the tensor memory they still hold. Never initializes CUDA.
         """
         from .memory import ClearCacheError, clear_cache, memory_holders
 

@@ -691,8 +691,9 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
 
     In order: drop the last exception's references, clear the output-history entries that hold
     tensors or modules (all of them with ``history=True``), delete the variables ``names`` (and
-    nothing else), ``gc.collect()``, then, only if CUDA is already initialized, synchronize,
-    free cuBLAS's workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after
+    nothing else), ``gc.collect()``, then, only where a GPU already has a CUDA context (not
+    after a mere query such as ``torch.cuda.current_device()``), synchronize, free cuBLAS's
+    workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after
     each step. A step that raises (a CUDA error after a device-side assert) is reported as
     failed, with its error, and the others still run. A bad name raises
     ``colab_gpu.memory.ClearCacheError`` (a ValueError) before anything is done.
