@@ -961,6 +961,18 @@ def test_the_report_of_a_search_ended_by_the_users_error_does_not_claim_an_answe
     assert shell.user_ns["batch_size"] == 7
 
 
+def test_in_a_terminal_a_search_ended_by_the_users_error_says_the_variable_kept_its_value(shell, capsys):
+    """The notebook keeps the report above the traceback; a terminal showed only the trial
+    lines ("batch_size=2 fits") and the traceback, as if batch_size were now 2."""
+    shell.run_cell("batch_size = 7")
+    shell.run_cell("%%find_batch --max 64\nif batch_size > 10: raise ValueError('a bug')")
+    printed = capsys.readouterr().out
+    assert "no batch_size found: batch_size=16 raised ValueError: a bug" in printed, printed
+    assert "largest that ran: 2" in printed
+    assert printed.index("no batch_size found") < printed.index("Traceback")
+    assert shell.user_ns["batch_size"] == 7
+
+
 def test_the_users_own_random_generators_can_be_restored(shell):
     """A seeded generator of one's own (NumPy's default_rng, torch.Generator, random.Random) is
     not the global stream the search puts back: each trial advanced it, and --restore refused it

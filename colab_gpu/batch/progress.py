@@ -6,7 +6,7 @@ table is updated in the foreground through a display id, which works on IPython 
 from __future__ import annotations
 
 from ..runtime import current_shell
-from .render import trial_line
+from .render import render_text, trial_line
 from .result import ERROR
 
 
@@ -19,7 +19,10 @@ class TerminalProgress:
         print(trial_line(search.trials[-1], search.variable, len(search.trials)), flush=True)
 
     def finish(self, result) -> None:
-        pass
+        """The report only when the user's error is raised next: no result is returned or
+        shown then, and without it nothing says the variable kept its old value."""
+        if result.trials and result.trials[-1].outcome == ERROR:
+            print(render_text(result), flush=True)
 
 
 class NotebookProgress:
