@@ -161,7 +161,7 @@ class GPUMagics(Magics):
         ["auto", "text"], default_value="auto",
         help="How results are shown: 'auto' gives the front end both forms, so notebooks (Jupyter, "
              "Colab, VS Code) show the HTML card and a terminal shows text; 'text' forces plain "
-             "text everywhere.",
+             "text everywhere but in %gpu_status --live, which follows live_display.",
     ).tag(config=True)
 
     live_interval = Float(
