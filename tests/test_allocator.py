@@ -454,6 +454,21 @@ def test_saved_backend_after_import_waits_and_the_rest_of_the_setting_applies(en
     assert "add --save" not in message
 
 
+def test_a_saved_backend_alone_after_import_is_not_applied_and_says_so(env):
+    """`%alloc_conf --preset async --save`, then a restarted notebook that imports torch before
+    %load_ext: the message said "applied the saved allocator setting 'backend:cudaMallocAsync'
+    ... except backend:cudaMallocAsync ...; now ''", when nothing at all was applied."""
+    alloc_conf(preset="async", save=True, environ=env, modules={})
+    fresh = {"COLAB_GPU_CONFIG_DIR": env["COLAB_GPU_CONFIG_DIR"]}
+    message = apply_saved(environ=fresh, modules={}, state=TorchState(imported=True, version="2.11.0"))
+    path = os.path.join(env["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt")
+    assert message == (f"colab_gpu: saved allocator setting 'backend:cudaMallocAsync' from {path} not "
+                       f"applied: torch was imported before the extension loaded and chose its allocator "
+                       f"then: restart and load the extension before `import torch` "
+                       f"(%alloc_conf --forget removes it)")
+    assert fresh == {"COLAB_GPU_CONFIG_DIR": env["COLAB_GPU_CONFIG_DIR"]}
+
+
 def test_saved_reset_after_import_keeps_the_loaded_backend_in_the_environment(env):
     env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync,expandable_segments:True"
     imported = TorchState(imported=True, version="2.13.0")

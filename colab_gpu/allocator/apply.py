@@ -561,8 +561,11 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
         if retried is None:
             return f"colab_gpu: saved allocator setting from {path} not applied: {error} {forget}"
         backend, result = retried
-        late = (f" except backend:{backend} (torch was imported before the extension loaded "
-                f"and chose its allocator then: restart and load the extension before `import torch`)")
+        why = ("torch was imported before the extension loaded and chose its allocator then: "
+               "restart and load the extension before `import torch`")
+        if result is None:  # the backend was the whole setting: nothing at all was applied
+            return f"colab_gpu: saved allocator setting {saved!r} from {path} not applied: {why} {forget}"
+        late = f" except backend:{backend} ({why})"
     return (f"colab_gpu: applied the saved allocator setting {saved!r} from {path}{late}; now "
             f"{to_torch(result.settings)!r} {forget}")
 
@@ -581,16 +584,17 @@ def _holding(saved: str, environ, modules) -> Optional[str]:
 
 
 def _without_backend(saved: str, environ, modules, state: TorchState
-                     ) -> Optional[Tuple[str, AllocConfResult]]:
-    """The saved backend and the rest of the setting applied without it: `import torch` ran
-    before the extension loaded and chose the backend then, and the rest still applies. None
-    where the setting names no backend, torch is not imported, or the rest is refused too."""
+                     ) -> Optional[Tuple[str, Optional[AllocConfResult]]]:
+    """The saved backend and the rest of the setting applied without it (None where the backend
+    was all of it): `import torch` ran before the extension loaded and chose the backend then,
+    and the rest still applies. None where the setting names no backend, torch is not
+    imported, or the rest is refused too."""
     try:
         settings = parse(saved)
         backend = dict(settings).get("backend")
         if backend is None or not state.imported:
             return None
         rest = to_torch(tuple((name, value) for name, value in settings if name != "backend"))
-        return backend, alloc_conf([rest] if rest else [], environ=environ, modules=modules, state=state)
+        return backend, alloc_conf([rest], environ=environ, modules=modules, state=state) if rest else None
     except AllocConfError:
         return None
