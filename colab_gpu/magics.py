@@ -665,7 +665,7 @@ def _valid_config(config):
             # to convert, which a plain setattr refused ("expected a float, not the
             # DeferredConfigString").
             probe.update_config(Config({GPUMagics.__name__: {name: value}}))
-        except TraitError as error:
+        except (TraitError, ValueError) as error:  # ValueError: given twice on the command line
             del settings[name]
             print(f"colab_gpu: ignored a setting: {error}", file=sys.stderr)
     return config

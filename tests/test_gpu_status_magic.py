@@ -81,6 +81,25 @@ def test_settings_given_on_the_ipython_command_line_are_kept(tmp_path):
         "should not be less than 1, but a value of 0 was specified"]
 
 
+def test_a_setting_given_twice_on_the_command_line_is_one_line_and_the_extension_loads(tmp_path):
+    """`ipython --ext colab_gpu --GPUMagics.live_lines=5 --GPUMagics.live_lines=10` (an alias plus
+    the user's own): traitlets' ValueError escaped the check of the settings, so the extension
+    failed to load with a traceback and every magic was missing."""
+    import subprocess
+
+    from conftest import ROOT
+
+    code = "print('LOADED', 'gpu_status' in get_ipython().magics_manager.magics['line'])"
+    run = subprocess.run([sys.executable, "-m", "IPython", "--no-banner", "--ext", "colab_gpu",
+                          "--GPUMagics.live_lines=5", "--GPUMagics.live_lines=10", "-c", code],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env=dict(os.environ, IPYTHONDIR=str(tmp_path), PYTHONPATH=str(ROOT)))
+    assert "LOADED True" in run.stdout, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr + run.stdout
+    assert [line for line in (run.stdout + run.stderr).splitlines() if "ignored" in line] == [
+        "colab_gpu: ignored a setting: live_lines only accepts one value, got 2: ['5', '10']"]
+
+
 def test_loading_without_an_ipython_shell_says_what_to_do_instead():
     """`colab_gpu.load_ipython_extension(get_ipython())` in a plain `python` script passes None:
     it failed with "'NoneType' object has no attribute 'magics_manager'"."""
