@@ -63,9 +63,11 @@ def load_ipython_extension(shell) -> None:
     _check_shell(shell, "load_ipython_extension")
     from .allocator import apply_saved
     from .magics import register
+    from .options import as_magic
 
     register(shell)
-    message = apply_saved()  # a setting saved with `%alloc_conf --save`, before CUDA starts
+    with as_magic():  # %load_ext's message names %alloc_conf's options
+        message = apply_saved()  # a setting saved with `%alloc_conf --save`, before CUDA starts
     if message:
         print(message)
 

@@ -24,6 +24,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments as ipython_magic_arguments
 from traitlets import Enum, Float, Int, TraitError, validate
 
+from .options import as_magic
+
 
 class magic_arguments(ipython_magic_arguments):
     """IPython's decorator, with abbreviated options refused: argparse took ``--jso`` for
@@ -130,13 +132,15 @@ def _parse(magic: Callable, line: str):
 
 
 def _friendly_errors(method: Callable) -> Callable:
-    """Turn a missing package or an NVML failure into one line instead of a traceback."""
+    """Turn a missing package or an NVML failure into one line instead of a traceback; the
+    messages inside spell options as the magic's."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         __tracebackhide__ = True  # IPython hides this frame in a traceback of the user's error
         try:
-            return method(self, *args, **kwargs)
+            with as_magic():  # the messages name --headroom, not headroom=
+                return method(self, *args, **kwargs)
         except UsageError:
             raise
         except ImportError as error:

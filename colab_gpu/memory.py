@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 from .devices import DeviceSource, Snapshot
 from .gpu_status import MemoryBreakdown, breakdown, torch_memory, torch_view
+from .options import option
 from .render import count
 from .runtime import cuda_torch, current_shell, detect_runtime
 
@@ -558,7 +559,7 @@ def check_names(names: Iterable[str], shell: Any) -> List[str]:
     for name in names:
         if _is_ipython_name(name, namespace.get(name, _MISSING), shell, hidden):
             raise ClearCacheError(f"{name!r} is IPython's own name, not a variable of yours; "
-                                  f"use --history to clear the output history")
+                                  f"use {option('history', True)} to clear the output history")
         if _is_dunder(name):
             raise ClearCacheError(f"{name!r} is Python's own name, not a variable of yours")
         if not name.isidentifier():

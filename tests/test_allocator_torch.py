@@ -204,7 +204,7 @@ def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env):
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"  # as in effect
     from IPython.lib.pretty import pretty
 
-    assert "add --save to apply them when the extension loads after a restart" in " ".join(pretty(result).split())
+    assert "add save=True to apply them when the extension loads after a restart" in " ".join(pretty(result).split())
     saved = alloc_conf(["backend=cudaMallocAsync"], state=started, save=True)
     assert ("backend", "backend is chosen when torch is imported") in saved.deferred
     assert saved.saved.endswith("backend:cudaMallocAsync")

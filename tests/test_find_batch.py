@@ -146,7 +146,7 @@ def test_grow_then_bisect_starts_small_and_respects_max():
     run, sizes = blind(10 ** 9)
     result = Search(run, maximum=1000).run()
     assert sizes[0] == 2 and max(sizes) == 1000 and result.answer == 1000
-    assert "--max" in result.stopped
+    assert result.stopped == "reached max=1000"
 
 
 def test_flat_memory_refuses_the_fit_and_doubles():
@@ -189,7 +189,7 @@ def test_on_the_cpu_without_an_address_space_limit_a_tenth_of_memory_is_kept_fre
     assert max(256 * MiB + size * MiB for size in sizes) <= 0.9 * 12 * GiB
     assert result.answer >= 0.95 * (0.9 * 12 * GiB - 256 * MiB) / MiB
     assert result.usable == int(0.9 * 12 * GiB) and "usable with headroom 10.80 GiB" in str(result)
-    assert any(note.startswith("--headroom 10% by default on the CPU") for note in result.notes)
+    assert any(note.startswith("headroom='10%' by default on the CPU") for note in result.notes)
 
     run, sizes = linear_memory(12 * GiB, kills=False)  # a GPU, or an address-space limit
     result = Search(run).run()
@@ -222,7 +222,7 @@ def test_the_cpus_default_headroom_is_named_in_throughput_mode_only_where_it_bou
                     mode="throughput").run()
     assert result.stopped == f"the memory fit says batch_size={result.answer} is as large as fits"
     assert max(curve(size) for size in device.sizes_run) <= 0.9 * capacity
-    assert any(note.startswith("--headroom 10% by default") for note in result.notes)
+    assert any(note.startswith("headroom='10%' by default") for note in result.notes)
 
 
 def test_an_explicit_headroom_replaces_the_cpus_default():
@@ -340,13 +340,13 @@ def test_throughput_mode_stopped_by_the_memory_fit_says_it_is_the_fit_that_says_
 def test_throughput_mode_that_reaches_max_says_so():
     result = Search(lambda size: Trial(size, FITS, seconds_per_step=0.01, runs=3),
                     mode="throughput", maximum=16).run()
-    assert result.answer == 16 and result.stopped == "reached --max 16"
+    assert result.answer == 16 and result.stopped == "reached max=16"
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(maximum=4, multiple_of=8), "--max 4 is below the first size, 8 (a multiple of 8)"),
-    (dict(maximum=4, start=6), "--max 4 is below --start 6"),
-    (dict(maximum=6, start=4, multiple_of=8), "--max 6 is below --start 4 as a multiple of 8, 8"),
+    (dict(maximum=4, multiple_of=8), "max=4 is below the first size, 8 (a multiple of 8)"),
+    (dict(maximum=4, start=6), "max=4 is below start=6"),
+    (dict(maximum=6, start=4, multiple_of=8), "max=6 is below start=4 as a multiple of 8, 8"),
 ])
 def test_a_max_below_the_first_size_names_what_set_that_size(options, message):
     with pytest.raises(SearchError, match=f"^{re.escape(message)}$"):
@@ -361,7 +361,7 @@ def test_a_max_below_the_default_first_size_is_the_only_size_tried():
 def test_throughput_with_one_step_says_when_a_time_includes_the_warm_up():
     slow = find_batch(lambda size: time.sleep(0.1), mode="throughput", max=4, steps=1, progress=False)
     assert [t.runs for t in slow.trials] == [1, 1]
-    assert any(note.startswith("--steps 1: a step of 0.05 s or more ran once or twice") for note in slow.notes)
+    assert any(note.startswith("steps=1: a step of 0.05 s or more ran once or twice") for note in slow.notes)
     assert "warm-up" in str(slow)
     fast = find_batch(lambda size: None, mode="throughput", max=8, steps=1, progress=False)
     assert not fast.notes and all(t.runs > 1 for t in fast.trials)  # many runs: the median is warm
@@ -406,7 +406,7 @@ def test_headroom_larger_than_the_device_says_so_after_one_trial():
     device = ReplayDevice(Curve([(1, GiB), (100, 2 * GiB)]), 4 * GiB)
     result = Search(device, headroom="1000GiB").run()
     assert device.sizes_run == [2] and result.answer is None
-    assert result.summary() == ("no batch_size found: --headroom 1000GiB keeps all of the "
+    assert result.summary() == ("no batch_size found: headroom='1000GiB' keeps all of the "
                                 "device's 4.00 GiB free: no size can fit")
     # What is left to use is nothing, not a negative amount ("usable with headroom -996.00 GiB").
     assert result.usable == 0 and "capacity: 4.00 GiB, usable with headroom 0 B" in str(result)
@@ -417,7 +417,7 @@ def test_a_headroom_that_could_not_be_applied_says_so():
     without a word: the report read as if 10 % had been kept free."""
     result = find_batch(lambda size: None, max=8, headroom="10%", measure_memory=False, progress=False)
     assert result.answer == 8
-    assert ("--headroom 10% was not applied: memory could not be measured here, so only "
+    assert ("headroom='10%' was not applied: memory could not be measured here, so only "
             "out-of-memory errors decided what fits") in result.notes
     assert not find_batch(lambda size: None, max=8, measure_memory=False, progress=False).notes
 
@@ -434,7 +434,7 @@ def test_headroom_spelling():
     assert Headroom("512MiB").usable(1024 ** 3) == 512 * 1024 ** 2
     assert Headroom("10%").usable(1000) == 900
     for bad in ("12x", "-5%", "150%"):
-        with pytest.raises(SearchError, match="--headroom"):
+        with pytest.raises(SearchError, match=f"^headroom='{re.escape(bad)}': "):
             Headroom(bad)
 
 
@@ -716,9 +716,9 @@ def test_wrong_types_in_the_api_say_which_argument():
 
     assert find_batch(step, restore=model, max=8, progress=False).answer == 8  # one object, not a list
     assert torch.equal(model.weight, weights)
-    for arguments, message in (({"max": "8"}, "--max '8': give a whole number"),
-                               ({"steps": "3"}, "--steps '3'"), ({"max": 8.5}, "--max 8.5"),
-                               ({"variable": None}, "--var None: give a Python variable name")):
+    for arguments, message in (({"max": "8"}, "max='8': give a whole number"),
+                               ({"steps": "3"}, "steps='3'"), ({"max": 8.5}, "max=8.5"),
+                               ({"variable": None}, "variable=None: give a Python variable name")):
         with pytest.raises(SearchError, match=message):
             find_batch(step, progress=False, **arguments)
 
@@ -728,7 +728,8 @@ def test_a_torch_device_or_an_index_names_the_device():
 
     result = find_batch(lambda size: None, device=torch.device("cpu"), max=8, progress=False)
     assert result.answer == 8 and result.device == "cpu"
-    with pytest.raises(SearchError, match="--device cuda:0: this machine has no CUDA device"):
+    with pytest.raises(SearchError, match="^device=0: this machine has no CUDA device; use "
+                                          "device='auto' or device='cpu'$"):
         find_batch(lambda size: None, device=0, progress=False)
 
 
@@ -791,7 +792,7 @@ def test_kaggles_two_t4s_with_a_cpu_only_torch_refuse_a_cuda_device(shell, clean
             shell.run_cell_magic("find_batch", f"--device {device} --max 8", "ran.append(batch_size)")
         assert str(refused.value) == (f"--device {device}: torch {torch.__version__} is a CPU-only build, "
                                       f"which cannot use this machine's GPUs; install a CUDA build, or "
-                                      f"use --device auto or cpu")
+                                      f"use --device auto or --device cpu")
     assert shell.user_ns["ran"] == [] and shell.user_ns["batch_size"] == 2
 
 
@@ -1269,10 +1270,10 @@ def test_a_restore_object_that_cannot_be_put_back_ends_the_progress_saying_why()
     def step(size):
         head[0] = torch.nn.Linear(4, 3)
 
-    with pytest.raises(RestoreError, match="^--restore head: its state could not be put back"):
+    with pytest.raises(RestoreError, match="^restore head: its state could not be put back"):
         search_batch(step, Snapshot(objects={"head": head}), maximum=8, progress=progress)
     assert [result.stopped.split(" (")[0] for result in progress.finished] == [
-        "--restore head: its state could not be put back after a trial"]
+        "restore head: its state could not be put back after a trial"]
 
 
 def test_a_restore_object_whose_state_cannot_be_saved_or_put_back_is_one_line_and_the_rest_restored(shell):

@@ -18,6 +18,7 @@ import pathlib
 import sys
 from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
+from ..options import option
 from ..render import count
 from ..runtime import TorchState, torch_state
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_version, merge,
@@ -154,7 +155,7 @@ def current_settings(environ: MutableMapping[str, str], names: Sequence[str] = E
                 return name, parse(text)
             except AllocConfError as error:
                 raise AllocConfError(f"{name} already holds something unreadable ({error}); "
-                                     f"use --reset to start over") from None
+                                     f"use {option('reset', True)} to start over") from None
     return "", ()
 
 
@@ -274,7 +275,7 @@ def _refused_setting(source: str, held: Settings, version, rocm: bool, verb: str
     except AllocConfError as error:
         torch = f"the installed torch {format_version(version)}" if version else "torch"
         return (f"{source} {verb} what {torch} refuses ({error}): change it with KEY=VALUE, "
-                f"remove it with --unset KEY or --reset")
+                f"remove it with {option('unset', 'KEY', plain=True)} or {option('reset', True)}")
     return None
 
 
@@ -321,11 +322,13 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         raise TypeError(f"alloc_conf() takes check as a string, e.g. 'max_split_size_mb:128'; "
                         f"got {type(check).__name__}")
     if save and forget:
-        raise AllocConfError("--save and --forget contradict each other: --save replaces the "
-                             "saved setting, --forget deletes it; give one")
+        raise AllocConfError(f"{option('save', True)} and {option('forget', True)} contradict each "
+                             f"other: {option('save')} replaces the saved setting, {option('forget')} "
+                             f"deletes it; give one")
     if check is not None and (settings or unset or reset or preset is not None or save or forget):
-        raise AllocConfError("--check only validates its string and changes nothing: give it "
-                             "without settings, --unset, --reset, --preset, --save or --forget")
+        raise AllocConfError(f"{option('check')} only validates its string and changes nothing: give "
+                             f"it without settings, {option('unset')}, {option('reset')}, "
+                             f"{option('preset')}, {option('save')} or {option('forget')}")
     state = state or torch_state(modules)
     version_text = installed_torch_version(modules)
     version = version_of(version_text)
@@ -419,7 +422,8 @@ def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, 
                 raise AllocConfError(
                     "backend cannot change now: torch is already imported and chose its "
                     "allocator then; restart the runtime and set it before `import torch`, "
-                    "or add --save to apply it when the extension loads after a restart")
+                    f"or add {option('save', True)} to apply it when the extension loads after a "
+                    f"restart")
             deferred.append((name, key.runtime_reason))
         elif state.cuda_initialized and not key.runtime:
             deferred.append((name, key.runtime_reason))
@@ -529,7 +533,8 @@ def _save_or_forget(text: str, save: bool, forget: bool, environ
             saved = text
     except OSError as error:  # a read-only home, a file where the folder should be
         where = f": {error.filename}" if error.filename else ""
-        raise AllocConfError(f"--{'save' if save else 'forget'}: cannot {'write' if save else 'delete'} "
+        raise AllocConfError(f"{option('save' if save else 'forget', True)}: cannot "
+                             f"{'write' if save else 'delete'} "
                              f"{path} ({error.strerror or error}{where}); nothing was changed "
                              f"(COLAB_GPU_CONFIG_DIR names another folder)") from None
     return saved, forgotten, path

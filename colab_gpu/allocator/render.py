@@ -4,6 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Tuple
 
+from ..options import option
 from ..render import fold, torch_summary
 from ..render.html import STYLE, rows_table, unbroken_units
 from .parse import format_version, to_torch
@@ -41,7 +42,7 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
         lines = [f"{name}: {why}" for name, why in result.deferred]
         lines.append("kept out of this process's environment" + (
             "" if result.saved else
-            "; add --save to apply them when the extension loads after a restart"))
+            f"; add {option('save', True)} to apply them when the extension loads after a restart"))
         sections.append(("could not change now", lines))
     if result.warnings:
         sections.append(("warnings", list(result.warnings)))

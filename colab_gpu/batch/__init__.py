@@ -12,6 +12,7 @@ import re
 import sys
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
+from ..options import option
 from ..render import count
 from ..runtime import cuda_torch
 from .oom import is_out_of_memory
@@ -48,26 +49,32 @@ def _cuda_devices() -> Optional[int]:
     return len(torch_indices(visible, snapshot.gpus))
 
 
+def other_devices() -> str:
+    """The devices that work on any machine, as the caller spells the option."""
+    return f"{option('device', 'auto', plain=True)} or {option('device', 'cpu', plain=True)}"
+
+
 def checked_device(device: Union[str, int, Any, None]) -> str:
     """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (an int or a torch.device is taken too), or
     SearchError: a CUDA device that is not there would be reported as the one searched on."""
     spec = f"cuda:{device}" if isinstance(device, int) and not isinstance(device, bool) \
         else "auto" if device is None else str(device)  # "" is refused, not taken for auto
     if not _DEVICE.fullmatch(spec):
-        raise SearchError(f"--device {spec!r}: use auto, cpu, cuda or cuda:N")
+        raise SearchError(f"{option('device', device)}: use auto, cpu, cuda or cuda:N")
     torch = sys.modules.get("torch")
     if spec.startswith("cuda") and not getattr(getattr(torch, "version", None), "hip", None):
         index, available = int(spec.partition(":")[2] or 0), _cuda_devices()
         if available and torch is not None and cuda_torch() is None \
                 and not getattr(getattr(torch, "version", None), "cuda", None):
             # NVML counted the machine's GPUs; the torch imported here can use none of them.
-            raise SearchError(f"--device {spec}: torch {getattr(torch, '__version__', '')} is a CPU-only "
-                              f"build, which cannot use this machine's GPUs; install a CUDA build, or "
-                              f"use --device auto or cpu")
+            raise SearchError(f"{option('device', device, plain=True)}: torch "
+                              f"{getattr(torch, '__version__', '')} is a CPU-only build, which cannot "
+                              f"use this machine's GPUs; install a CUDA build, or use {other_devices()}")
         if available is not None and index >= available:
             seen = (f"{count(available, 'CUDA device')} (cuda:0 to cuda:{available - 1})"
                     if available else "no CUDA device")
-            raise SearchError(f"--device {spec}: this machine has {seen}; use --device auto or cpu")
+            raise SearchError(f"{option('device', device, plain=True)}: this machine has {seen}; "
+                              f"use {other_devices()}")
     return spec
 
 
@@ -75,7 +82,7 @@ def check_options(*, variable: str = "batch_size", mode: str = "max", start: Opt
                   maximum: Optional[int] = None, steps: int = 3, headroom=None, multiple_of: int = 1,
                   device: str = "auto") -> None:
     """SearchError for an option ``search_batch`` would refuse, before anything is saved or run."""
-    whole_number("--steps", steps)
+    whole_number("steps", steps)
     checked_device(device)
     Search(lambda size: None, variable=variable, mode=mode, start=start, maximum=maximum,
            multiple_of=multiple_of, headroom=headroom)  # its constructor checks the rest
@@ -92,7 +99,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
     once everything is restored and the progress finished, with its traceback.
     """
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
-    whole_number("--steps", steps)
+    whole_number("steps", steps)
     device = checked_device(device)
     errors = []
     with CtrlC() as ctrl_c:
@@ -124,13 +131,14 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
         # With --steps 1 the first run is timed too: alone, or as half of a median of two.
         warm_up_timed = steps == 1 and any(trial.fits and trial.runs <= 2 for trial in search.trials)
         if mode == "throughput" and warm_up_timed:
-            search.notes.append(f"--steps 1: a step of {THROUGHPUT_TIMED / 2:g} s or more ran once or "
-                                f"twice, so its time includes the trial's warm-up (allocation, "
-                                f"optimizer state, autotuning), which weighs most on small sizes; "
-                                f"--steps 3 or more times warm runs only")
+            search.notes.append(f"{option('steps', 1)}: a step of {THROUGHPUT_TIMED / 2:g} s or more "
+                                f"ran once or twice, so its time includes the trial's warm-up "
+                                f"(allocation, optimizer state, autotuning), which weighs most on "
+                                f"small sizes; {option('steps', 3)} or more times warm runs only")
         if not search.headroom.is_zero and search.capacity is None and search.trials:
-            search.notes.append(f"--headroom {search.headroom.spec} was not applied: memory could not "
-                                f"be measured here, so only out-of-memory errors decided what fits")
+            search.notes.append(f"{option('headroom', search.headroom.spec, plain=True)} was not "
+                                f"applied: memory could not be measured here, so only out-of-memory "
+                                f"errors decided what fits")
         result = search.result()
     if progress is not None:
         progress.finish(result)

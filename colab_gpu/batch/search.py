@@ -24,6 +24,7 @@ import math
 import re
 from typing import Callable, List, Optional
 
+from ..options import option
 from ..render import size as format_size
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, OUT_OF_MEMORY, OVER_HEADROOM, RUNNING,
                      BatchResult, MemoryFit, Trial)
@@ -58,19 +59,20 @@ class Headroom:
 
     def __init__(self, spec="0"):
         self.spec = str(spec).strip()
+        given = option("headroom", spec)  # as the caller wrote it: headroom=512 is no string
         if self.spec.startswith("-"):
-            raise SearchError(f"--headroom {self.spec!r}: headroom cannot be negative; give bytes like "
-                              f"512MiB or a percentage of device memory like 10%")
+            raise SearchError(f"{given}: headroom cannot be negative; give bytes like 512MiB or a "
+                              f"percentage of device memory like 10%")
         match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(%|[kmg]i?b?|b)?", self.spec.lower())
         if not match:
-            raise SearchError(f"--headroom {self.spec!r}: give bytes like 512MiB or 2GB, or a "
-                              f"percentage of device memory like 10%")
+            raise SearchError(f"{given}: give bytes like 512MiB or 2GB, or a percentage of device "
+                              f"memory like 10%")
         value, unit = float(match.group(1)), match.group(2) or ""
         if unit in ("", "b") and value != int(value):
-            raise SearchError(f"--headroom {self.spec!r}: a number without a unit is bytes; for a "
+            raise SearchError(f"{given}: a number without a unit is bytes; for a "
                               f"share of device memory write a percentage like 10%")
         if unit == "%" and value >= 100:
-            raise SearchError(f"--headroom {self.spec!r}: a percentage must be below 100%")
+            raise SearchError(f"{given}: a percentage must be below 100%")
         self.fraction = value / 100 if unit == "%" else None
         self.bytes = None if unit == "%" else int(value * _UNITS[unit])
 
@@ -88,15 +90,20 @@ class Headroom:
 
 NO_HEADROOM = Headroom("0")
 KILL_HEADROOM = Headroom("10%")  # the default where going past memory kills the process
-KILL_NOTE = (f"--headroom {KILL_HEADROOM.spec} by default on the CPU: with no address-space limit set, "
-             f"Linux kills a kernel that goes past the machine's memory instead of raising an "
-             f"out-of-memory error the search survives; --headroom 0 uses all of it")
 
 
-def whole_number(option: str, value) -> int:
+def kill_note() -> str:
+    """Why the default KILL_HEADROOM applies, and how to go without it."""
+    return (f"{option('headroom', KILL_HEADROOM.spec, plain=True)} by default on the CPU: with no "
+            f"address-space limit set, Linux kills a kernel that goes past the machine's memory "
+            f"instead of raising an out-of-memory error the search survives; "
+            f"{option('headroom', 0)} uses all of it")
+
+
+def whole_number(name: str, value) -> int:
     """``value`` if it is a whole number >= 1, else SearchError naming the option."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SearchError(f"{option} {value!r}: give a whole number >= 1")
+        raise SearchError(f"{option(name, value)}: give a whole number >= 1")
     return value
 
 
@@ -154,7 +161,8 @@ class _Stop(Exception):
 def check_variable(variable: str) -> str:
     """``variable`` if it can name the batch size, else SearchError saying what is accepted."""
     if not isinstance(variable, str) or not variable.isidentifier() or keyword.iskeyword(variable):
-        raise SearchError(f"--var {variable!r}: give a Python variable name, like batch_size or bs")
+        raise SearchError(f"{option('variable', variable)}: give a Python variable name, like "
+                          f"batch_size or bs")
     return variable
 
 
@@ -166,11 +174,11 @@ class Search:
                  multiple_of: int = 1, headroom=None, tolerance: float = 0.05, device: str = "",
                  on_trial: Callable[["Search"], None] = lambda search: None):
         if mode not in MODES:
-            raise SearchError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
+            raise SearchError(f"{option('mode', mode)}: use one of {', '.join(MODES)}")
         check_variable(variable)
-        for option, value in (("--multiple-of", multiple_of), ("--start", start), ("--max", maximum)):
+        for name, value in (("multiple_of", multiple_of), ("start", start), ("max", maximum)):
             if value is not None:
-                whole_number(option, value)
+                whole_number(name, value)
         self.step = multiple_of
         first_size = max(DEFAULT_START, multiple_of)
         if start is None and maximum is not None:  # --max 1 alone asks for 1, not for 2
@@ -182,9 +190,9 @@ class Search:
                 first = f"the first size, {self.start}"
                 first += f" (a multiple of {multiple_of})" if multiple_of > 1 else ""
             else:  # the size the user typed, and what --multiple-of made of it
-                first = f"--start {start}"
+                first = option("start", start)
                 first += f" as a multiple of {multiple_of}, {self.start}" if self.start != start else ""
-            raise SearchError(f"--max {self.maximum} is below {first}")
+            raise SearchError(f"{option('max', self.maximum)} is below {first}")
         self._run, self.variable, self.mode, self.device = run, variable, mode, device
         self._headroom = (headroom if isinstance(headroom, Headroom) or headroom is None
                           else Headroom(headroom))
@@ -244,8 +252,8 @@ class Search:
             trial = self.trials[-1] = Trial(**{**trial.__dict__, "outcome": OVER_HEADROOM})
         nothing_fits = usable is not None and usable <= 0
         if nothing_fits:
-            self.stopped = (f"--headroom {self.headroom.spec} keeps all of the device's "
-                            f"{format_size(trial.capacity)} free: no size can fit")
+            self.stopped = (f"{option('headroom', self.headroom.spec, plain=True)} keeps all of "
+                            f"the device's {format_size(trial.capacity)} free: no size can fit")
         self.on_trial(self)
         if nothing_fits:
             raise _Stop
@@ -333,7 +341,7 @@ class Search:
             return None
         if self._close(lo, upper):
             self.stopped = (f"within {self.tolerance:.0%} of the largest size that fits"
-                            if upper <= self.maximum else f"reached --max {self.maximum}")
+                            if upper <= self.maximum else f"reached {option('max', self.maximum)}")
             return None
         if failed_last and hi is not None:
             first_failure = sum(t.outcome in (OUT_OF_MEMORY, OVER_HEADROOM) for t in self.trials) == 1
@@ -390,7 +398,7 @@ class Search:
             if size <= lo:  # a failure just above lo ended the search before: the fit did this
                 self._fit_stopped = ceiling != self.maximum
                 self.stopped = (f"the memory fit says {self.variable}={lo} is as large as fits"
-                                if self._fit_stopped else f"reached --max {self.maximum}")
+                                if self._fit_stopped else f"reached {option('max', self.maximum)}")
                 return
             trial = self.attempt(size)
             if not trial.fits:
@@ -421,7 +429,7 @@ class Search:
             variable=self.variable, mode=self.mode, device=self.device, trials=tuple(self.trials),
             answer=answer, largest_fitting=largest, fastest=fastest, capacity=self.capacity,
             usable=self.usable, fit=fit, stopped=self.stopped,
-            notes=tuple(self.notes) + ((KILL_NOTE,) if self._kill_headroom_binds(fit) else ()))
+            notes=tuple(self.notes) + ((kill_note(),) if self._kill_headroom_binds(fit) else ()))
 
     def _kill_headroom_binds(self, fit: Optional[MemoryFit]) -> bool:
         """The default KILL_HEADROOM is in effect and memory bounds the answer: a size ran over

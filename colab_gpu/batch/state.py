@@ -11,6 +11,7 @@ import random
 import sys
 from typing import Any, Dict, List, MutableMapping, Optional, Set
 
+from ..options import option
 from ..render import with_article
 from ..runtime import cuda_torch
 from .trial import describe
@@ -121,14 +122,14 @@ class _ObjectState:
             try:
                 self.saved = _to_cpu(obj.state_dict(), self.from_cpu)
             except Exception as error:  # the object's own failure, before anything ran
-                raise RestoreError(f"--restore {name}: its state_dict() raised {describe(error)}; "
-                                   f"nothing ran") from None
+                raise RestoreError(f"{option('restore')} {name}: its state_dict() raised "
+                                   f"{describe(error)}; nothing ran") from None
         elif self.random is not None:  # the user's own generator: its stream is put back
             self.saved = self.random[0]()
         else:
-            raise RestoreError(f"--restore {name}: {with_article(type(obj).__name__)} has no state_dict() / "
-                               f"load_state_dict(); give models, optimizers, schedulers, tensors or "
-                               f"random generators")
+            raise RestoreError(f"{option('restore')} {name}: {with_article(type(obj).__name__)} has no "
+                               f"state_dict() / load_state_dict(); give models, optimizers, schedulers, "
+                               f"tensors or random generators")
         parameters = getattr(obj, "parameters", None)
         self.grads = ([(p, _to_cpu(p.grad)) for p in parameters()] if callable(parameters) else [])
         if self.is_tensor and obj.is_leaf and obj.requires_grad:  # a weight trained by hand
@@ -250,8 +251,8 @@ class Snapshot:
             try:
                 state.restore()
             except Exception as error:
-                failed.append(f"--restore {state.name}: its state could not be put back after a trial "
-                              f"({describe(error)}), so the search stopped and it may keep what "
+                failed.append(f"{option('restore')} {state.name}: its state could not be put back after "
+                              f"a trial ({describe(error)}), so the search stopped and it may keep what "
                               f"that trial changed; if the cell replaces its layers, do that in a "
                               f"cell before %%find_batch")
         self.generators.restore()

@@ -1,0 +1,65 @@
+"""The plain Python API as a script author uses it: ``import colab_gpu`` and calls, no magics."""
+from __future__ import annotations
+
+import pytest
+
+import colab_gpu
+
+
+def _step(batch_size):
+    pass
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(headroom="12x"), "headroom='12x': give bytes like 512MiB"),
+    (dict(headroom=-1), "headroom=-1: headroom cannot be negative"),
+    (dict(headroom=0.5), "headroom=0.5: a number without a unit is bytes"),
+    (dict(start=2.5), "start=2.5: give a whole number >= 1"),
+    (dict(multiple_of=0), "multiple_of=0: give a whole number >= 1"),
+    (dict(steps=0), "steps=0: give a whole number >= 1"),
+    (dict(start=8, max=4), "max=4 is below start=8"),
+    (dict(mode="fast"), "mode='fast': use one of max, throughput"),
+    (dict(device="tpu"), "device='tpu': use auto, cpu, cuda or cuda:N"),
+    (dict(variable="1abc"), "variable='1abc': give a Python variable name"),
+    (dict(restore=3), "restore int#0: an int has no state_dict()"),
+])
+def test_find_batch_errors_name_the_keyword_the_caller_wrote(options, message):
+    """find_batch(fn, headroom='12x') said "--headroom '12x': ...", an option of the magic the
+    script author never typed."""
+    with pytest.raises(ValueError) as raised:
+        colab_gpu.find_batch(_step, progress=False, **options)
+    assert str(raised.value).startswith(message) and "--" not in str(raised.value)
+
+
+def test_alloc_conf_errors_name_the_keyword_the_caller_wrote(tmp_path):
+    environ = {"COLAB_GPU_CONFIG_DIR": str(tmp_path)}
+    with pytest.raises(colab_gpu.AllocConfError, match=r"^save=True and forget=True contradict"):
+        colab_gpu.alloc_conf(save=True, forget=True, environ=environ, modules={})
+    with pytest.raises(colab_gpu.AllocConfError, match=r"^check only validates its string .* without "
+                                                      r"settings, unset, reset, preset, save or forget$"):
+        colab_gpu.alloc_conf(check="expandable_segments:True", reset=True, environ=environ, modules={})
+    environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:10"  # torch refuses it
+    shown = colab_gpu.alloc_conf(environ=environ, modules={})
+    assert shown.warnings[0].endswith("remove it with unset='KEY' or reset=True")
+
+
+def test_clear_cache_error_names_the_keyword_the_caller_wrote(ipython):
+    with pytest.raises(ValueError, match=r"use history=True to clear the output history$"):
+        colab_gpu.clear_cache("Out", shell=ipython)
+
+
+def test_the_magics_keep_their_options_spelling(shell):
+    """The same checks through the magics still name --headroom, --save, --history."""
+    from IPython.core.error import UsageError
+
+    for magic, line, cell, message in [
+        ("find_batch", "--headroom 12x", "batch_size", "^--headroom '12x': give bytes"),
+        ("find_batch", "--start 8 --max 4", "batch_size", "^--max 4 is below --start 8$"),
+        ("alloc_conf", "--save --forget", None, "^--save and --forget contradict each other: --save"),
+        ("clear_cache", "Out", None, "use --history to clear the output history$"),
+    ]:
+        with pytest.raises(UsageError, match=message):
+            if cell is None:
+                shell.run_line_magic(magic, line)
+            else:
+                shell.run_cell_magic(magic, line, cell)
