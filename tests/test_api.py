@@ -63,3 +63,12 @@ def test_the_magics_keep_their_options_spelling(shell):
                 shell.run_line_magic(magic, line)
             else:
                 shell.run_cell_magic(magic, line, cell)
+
+
+@pytest.mark.parametrize("fn", [42, None, "train_step"])
+def test_find_batch_refuses_what_is_not_a_function_before_any_trial(fn):
+    """find_batch(train_step(64)) ran a search whose every trial failed, then raised "'NoneType'
+    object is not callable" from inside the search, a traceback through colab_gpu's frames."""
+    with pytest.raises(TypeError, match=r"^find_batch\(\) takes a function that runs one step at a "
+                                        r"batch size, fn\(batch_size\), not "):
+        colab_gpu.find_batch(fn, progress=False)

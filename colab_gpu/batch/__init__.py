@@ -173,6 +173,9 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     the best size so far. The answer (``result.answer``) is always a size that ran and
     fitted.
     """
+    if not callable(fn):  # find_batch(train_step(64)): fail here, not as the first trial's error
+        raise TypeError(f"find_batch() takes a function that runs one step at a batch size, "
+                        f"fn(batch_size), not {fn!r:.80}")
     if restore is None:
         restore = ()  # nothing to restore, as the default says
     elif not isinstance(restore, (dict, list, tuple)):
