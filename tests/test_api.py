@@ -72,3 +72,17 @@ def test_find_batch_refuses_what_is_not_a_function_before_any_trial(fn):
     with pytest.raises(TypeError, match=r"^find_batch\(\) takes a function that runs one step at a "
                                         r"batch size, fn\(batch_size\), not "):
         colab_gpu.find_batch(fn, progress=False)
+
+
+def test_find_batch_takes_numpy_and_torch_integers_as_sizes():
+    """max=np.int64(8) (a size computed with NumPy) was refused with "give a whole number >= 1"."""
+    import numpy as np
+    import torch
+
+    sizes = []
+    result = colab_gpu.find_batch(sizes.append, start=torch.tensor(4), max=np.int64(8),
+                                  multiple_of=np.int32(2), steps=np.int64(2), progress=False)
+    assert result.answer == 8 and type(result.answer) is int
+    assert sizes == [4, 4, 8, 8] and all(type(size) is int for size in sizes)
+    with pytest.raises(ValueError, match=r"^start=tensor\(4\.\): give a whole number >= 1$"):
+        colab_gpu.find_batch(sizes.append, start=torch.tensor(4.0), progress=False)

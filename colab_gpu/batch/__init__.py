@@ -99,7 +99,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
     once everything is restored and the progress finished, with its traceback.
     """
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
-    whole_number("steps", steps)
+    steps = whole_number("steps", steps)
     device = checked_device(device)
     errors = []
     with CtrlC() as ctrl_c:

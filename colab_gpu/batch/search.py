@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import keyword
 import math
+import operator
 import re
 from typing import Callable, List, Optional
 
@@ -101,10 +102,15 @@ def kill_note() -> str:
 
 
 def whole_number(name: str, value) -> int:
-    """``value`` if it is a whole number >= 1, else SearchError naming the option."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` as an int if it is a whole number >= 1, NumPy's and torch's integers too (a
+    size computed with them: ``max=np.int64(512)``), else SearchError naming the option."""
+    try:
+        number = 0 if isinstance(value, bool) else operator.index(value)
+    except TypeError:  # 2.5, "8": not a whole number
+        number = 0
+    if number < 1:
         raise SearchError(f"{option(name, value)}: give a whole number >= 1")
-    return value
+    return number
 
 
 def noise_floor(capacity: int) -> int:
@@ -176,9 +182,9 @@ class Search:
         if mode not in MODES:
             raise SearchError(f"{option('mode', mode)}: use one of {', '.join(MODES)}")
         check_variable(variable)
-        for name, value in (("multiple_of", multiple_of), ("start", start), ("max", maximum)):
-            if value is not None:
-                whole_number(name, value)
+        multiple_of = whole_number("multiple_of", multiple_of)
+        start, maximum = (None if value is None else whole_number(name, value)
+                          for name, value in (("start", start), ("max", maximum)))
         self.step = multiple_of
         first_size = max(DEFAULT_START, multiple_of)
         if start is None and maximum is not None:  # --max 1 alone asks for 1, not for 2
