@@ -567,8 +567,11 @@ def check_names(names: Iterable[str], shell: Any) -> List[str]:
                                   f"variables to delete, separated by spaces")
         if name not in namespace:
             builtin = " (it is a Python builtin)" if hasattr(builtins, name) else ""
-            raise ClearCacheError(f"no variable named {name!r}{builtin}: only existing variables "
-                                  f"can be deleted")
+            # Without IPython the names are __main__'s: a script's function's locals are not there.
+            why = (": only existing variables can be deleted" if shell is not None else
+                   " among the script's global variables (__main__), the only ones clear_cache() "
+                   "can delete; del a function's own variables inside it")
+            raise ClearCacheError(f"no variable named {name!r}{builtin}{why}")
         if issubclass(type(namespace[name]), types.ModuleType):  # `%clear_cache torch`: the cache
             raise ClearCacheError(f"{name!r} is a module: deleting its name frees no memory (it "
                                   f"stays imported); %clear_cache alone empties torch's CUDA cache")

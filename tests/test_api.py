@@ -86,3 +86,25 @@ def test_find_batch_takes_numpy_and_torch_integers_as_sizes():
     assert sizes == [4, 4, 8, 8] and all(type(size) is int for size in sizes)
     with pytest.raises(ValueError, match=r"^start=tensor\(4\.\): give a whole number >= 1$"):
         colab_gpu.find_batch(sizes.append, start=torch.tensor(4.0), progress=False)
+
+
+def test_clear_cache_in_a_script_says_a_functions_variable_is_not_among_those_it_deletes(tmp_path):
+    """In a script, clear_cache("model") called where model is a function's local variable said
+    "no variable named 'model'", which the author could see was there."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text("import colab_gpu\n"
+                      "def main():\n"
+                      "    model = [1.0] * 10\n"
+                      "    colab_gpu.clear_cache('model')\n"
+                      "main()\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert ran.stderr.strip().splitlines()[-1] == (
+        "colab_gpu.memory.ClearCacheError: no variable named 'model' among the script's global "
+        "variables (__main__), the only ones clear_cache() can delete; del a function's own "
+        "variables inside it")
