@@ -206,11 +206,18 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
 
     ``status("tesla-t4.xml")`` reads a recording too: a path is what people pass first.
     """
-    if isinstance(source, (str, bytes, os.PathLike)):
-        source, path = None, source
-    if source is not None and not callable(getattr(source, "snapshot", None)):
+    wrong = None
+    if source is not None and path is not None:  # path= was ignored without a word
+        wrong = "both"
+    else:
+        given = source if source is not None else path
+        if isinstance(given, (str, bytes, os.PathLike)):
+            source, path = None, given
+        elif given is not None and not callable(getattr(given, "snapshot", None)):
+            wrong = repr(given)  # status(path=3) failed in os.fspath, naming no argument
+    if wrong:
         raise TypeError(f"status() takes a recording's path (str, bytes or os.PathLike) or a DeviceSource "
-                        f"(colab_gpu.open_source()), not {source!r}")
+                        f"(colab_gpu.open_source()), not {wrong}")
     if source is None:
         source = open_source(path) if path is not None else default_source()
     view = torch_view(source.snapshot(), detect_runtime(shell))

@@ -1,9 +1,14 @@
 """The plain Python API as a script author uses it: ``import colab_gpu`` and calls, no magics."""
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
 import colab_gpu
+
+T4_XML = os.path.join(os.path.dirname(colab_gpu.__file__), "data", "tesla-t4.xml")
 
 
 def _step(batch_size):
@@ -108,3 +113,16 @@ def test_clear_cache_in_a_script_says_a_functions_variable_is_not_among_those_it
         "colab_gpu.memory.ClearCacheError: no variable named 'model' among the script's global "
         "variables (__main__), the only ones clear_cache() can delete; del a function's own "
         "variables inside it")
+
+
+def test_status_names_a_wrong_path_and_refuses_a_path_it_would_ignore():
+    """status(path=3) failed inside os.fspath ("expected str, bytes or os.PathLike object, not
+    int"); status(source, path=...) showed the source and dropped the path without a word."""
+    accepted = ("status() takes a recording's path (str, bytes or os.PathLike) or a DeviceSource "
+                "(colab_gpu.open_source()), not ")
+    with pytest.raises(TypeError, match=re.escape(accepted + "3") + "$"):
+        colab_gpu.status(path=3)
+    recording = colab_gpu.open_source(T4_XML)
+    with pytest.raises(TypeError, match=re.escape(accepted + "both") + "$"):
+        colab_gpu.status(recording, path=T4_XML)
+    assert [gpu.name for gpu in colab_gpu.status(path=T4_XML).snapshot.gpus] == ["Tesla T4"]
