@@ -4,10 +4,11 @@ Emulates a 15 GiB Tesla T4 with torch.cuda.set_per_process_memory_fraction, find
 largest batch for a real model built in code (a ResNet-style CNN, AdamW, AMP; no
 downloads), runs 50 training steps at the found size without OOM, and shows that memory is
 back at its baseline after the search. Also: a search started 4x above the answer (real CUDA
-out-of-memory errors, recovered from), and %%find_batch --mode throughput in a real IPython
-shell (the answer set, the cell's names and the CUDA generator put back), a trained
-optimizer's state restored without a second host copy of its GPU tensors, and the CUDA
-generator as torch.manual_seed left it where the cell is what starts CUDA.
+out-of-memory errors, recovered from), the same from a cell that catches its own (no size it
+caught one at is answered), and %%find_batch --mode throughput in a real IPython shell (the
+answer set, the cell's names and the CUDA generator put back), a trained optimizer's state
+restored without a second host copy of its GPU tensors, and the CUDA generator as
+torch.manual_seed left it where the cell is what starts CUDA.
     python gpu_checks/find_batch.py
 """
 from __future__ import annotations
@@ -96,6 +97,19 @@ def main() -> int:
           f"from start={4 * result.answer}: {len(from_above.trials)} trials, {ooms} out of memory, "
           f"answer {from_above.answer} (first search: {result.answer})")
     back_at(baseline, "after a search with out-of-memory errors")
+
+    def skips_on_oom(batch_size: int) -> None:  # the "skip this batch on OOM" loop
+        try:
+            step(batch_size)
+        except torch.cuda.OutOfMemoryError:
+            optimizer.zero_grad(set_to_none=True)
+
+    skipping = find_batch(skips_on_oom, start=4 * result.answer, restore=[model, optimizer, scaler],
+                          multiple_of=8, progress=False)
+    caught = [trial for trial in skipping.trials if (trial.error or "").endswith("caught inside the cell")]
+    check(bool(caught) and skipping.answer is not None and skipping.answer <= result.answer / 0.95,
+          f"a cell catching its own OOM: {len(caught)} trials out of memory, answer {skipping.answer} "
+          f"(first search: {result.answer})")
 
     # The cell magic in a real IPython shell, throughput mode: the answer is set, the cell's own
     # names and the CUDA generator are put back, and memory is back at its baseline.

@@ -879,6 +879,40 @@ def test_a_first_run_that_starts_cuda_is_measured_there_or_not_at_all(monkeypatc
         assert trial.peak_memory == (3 * GiB if measure else None)
 
 
+def test_a_cell_that_skips_its_batch_on_out_of_memory_is_not_answered_a_size_that_does_not_fit(monkeypatch, capsys):
+    """The common "skip this batch on OOM" loop: the step returns normally, but torch's
+    allocator counted the error (num_ooms). Before, every such size was taken to fit and the
+    memory fit's jump (54 here) was the answer."""
+    import torch
+
+    ooms, last = [0], [0]
+    _two_t4s_with_a_context_on_cuda_1(monkeypatch, [])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda index: last[0] * 256 * MiB)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda index: {"num_ooms": ooms[0]})
+
+    def allocate(size):  # the CUDA allocator: above 40 the memory is fragmented away
+        last[0] = size
+        if size > 40:
+            ooms[0] += 1
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def step(batch_size):
+        for batch in range(2):
+            try:
+                allocate(batch_size)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                continue
+
+    result = find_batch(step, device="auto", max=64)
+    assert result.answer is not None and result.answer <= 40, result.trials
+    caught = [trial for trial in result.trials if trial.size > 40]
+    assert caught and all(trial.outcome == OUT_OF_MEMORY for trial in caught), result.trials
+    assert caught[0].error == "2 CUDA out-of-memory errors caught inside the cell"
+    printed = " ".join(capsys.readouterr().out.split())  # the progress lines, unfolded
+    assert f"batch_size= {caught[0].size} out of memory (2 CUDA out-of-memory errors caught inside the cell)" in printed, printed
+
+
 def test_failed_trial_frames_are_dropped():
     """The failed trial's tensors are freed once the search goes on (no frames kept alive)."""
     import torch

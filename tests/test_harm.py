@@ -440,6 +440,7 @@ CUDA_GUARDS = {
     "colab_gpu/batch/trial.py:_cuda_index": "returns None unless runtime.cuda_torch() gives torch (CUDA initialized)",
     "colab_gpu/batch/trial.py:run_trial": "synchronize only for the index _cuda_index gave (CUDA initialized)",
     "colab_gpu/batch/trial.py:release_memory": "only for the index _cuda_index gave (CUDA initialized)",
+    "colab_gpu/batch/trial.py:_cuda_ooms": "returns 0 for no index; run_trial passes the one _cuda_index gave",
     "colab_gpu/batch/trial.py:reset": "a CudaGauge exists only for the index _cuda_index gave",
     "colab_gpu/batch/trial.py:peak": "a CudaGauge exists only for the index _cuda_index gave",
     "colab_gpu/batch/trial.py:capacity": "a CudaGauge exists only for the index _cuda_index gave",

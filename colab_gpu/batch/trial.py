@@ -19,6 +19,7 @@ import time
 from typing import Callable, Optional, Tuple
 
 from ..memory import cuda_devices_in_use, empty_cuda_cache, working_device
+from ..render import count
 from ..runtime import cuda_torch
 from .oom import ErrorKind, classify, error_chain
 from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial
@@ -165,6 +166,15 @@ def device_label(device: str) -> str:
     return "cpu" if device == "auto" else device
 
 
+def _cuda_ooms(index: Optional[int]) -> int:
+    """The out-of-memory errors torch's caching allocator has raised on a started CUDA device,
+    caught or not (0 before CUDA starts: its counts start there). The cudaMallocAsync backend
+    does not count them."""
+    if index is None:
+        return 0
+    return sys.modules["torch"].cuda.memory_stats(index).get("num_ooms", 0)
+
+
 def release_memory(device: str) -> None:
     """Collect the garbage, give cached blocks and cuBLAS's workspaces back, reset the peak
     (CUDA only if started): memory returns to where it was before the trial."""
@@ -248,7 +258,8 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     up to ``min_timed`` seconds; the error comes back only when the user must see it.
 
     An out-of-memory error or Ctrl-C is dropped here, outside the ``except`` block, with
-    its frames, so that the failed trial's tensors can be freed.
+    its frames, so that the failed trial's tensors can be freed. A run that returns after the
+    allocator counted an out-of-memory error (a cell that skips the batch on OOM) did not fit.
     """
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
     # Resolved once per trial, not in each timed run (for auto it asks every GPU for a context).
@@ -256,7 +267,8 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     gauge = open_gauge(device, index, measure)
     if gauge is not None:
         gauge.reset()
-    timings, runs, error = [], 0, None
+    timings, runs, error, ooms = [], 0, None, _cuda_ooms(index)
+    caught = 0  # out-of-memory errors the cell caught itself
     try:
         while not _enough(runs, steps, timings, min_timed):
             runs += 1
@@ -277,18 +289,23 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
                 gauge = open_gauge(device, index, measure)
                 if gauge is not None:  # measure=False: none
                     gauge.reset()
-    except BaseException as caught:  # Ctrl-C is a trial outcome too
-        error = caught
-    if error is None:
+            caught = _cuda_ooms(index) - ooms
+            if caught > 0:
+                break
+    except BaseException as raised:  # Ctrl-C is a trial outcome too
+        error = raised
+    if error is None and caught <= 0:
         return Trial(size, FITS, peak_memory=gauge.peak() if gauge else None,
                      capacity=gauge.capacity() if gauge else None,
                      capacity_kills=bool(gauge and gauge.capacity_kills),
                      seconds_per_step=statistics.median(timings), runs=runs), None
     interrupted = isinstance(error, KeyboardInterrupt)
-    kind = None if interrupted else classify(error)
+    kind = None if interrupted else classify(error) or ErrorKind.OUT_OF_MEMORY  # None: caught
+    said = describe(error) if error is not None else \
+        f"{count(caught, 'CUDA out-of-memory error')} caught inside the cell"  # by it, or by cuDNN's fallback
     trial = Trial(size, INTERRUPTED if interrupted else _OUTCOMES[kind], runs=runs,
                   capacity=gauge.capacity() if gauge and kind is ErrorKind.OUT_OF_MEMORY else None,
-                  capacity_kills=bool(gauge and gauge.capacity_kills), error=describe(error))
+                  capacity_kills=bool(gauge and gauge.capacity_kills), error=said)
     if interrupted or kind is ErrorKind.OUT_OF_MEMORY:
         _forget_frames(error)
         error = None
