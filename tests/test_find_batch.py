@@ -438,6 +438,17 @@ def test_headroom_spelling():
             Headroom(bad)
 
 
+@pytest.mark.parametrize("spec, advice", [("10", "write 10% for a share of device memory, or a unit like 10MiB"),
+                                          (20, "write 20% for a share"), ("512", "write a unit like 512MiB")])
+def test_a_headroom_number_without_a_unit_below_a_mebibyte_is_refused_not_taken_as_bytes(spec, advice):
+    """--headroom 10 was taken as 10 bytes, which keeps nothing free: the user meant 10% (or
+    10 GiB). Bytes without a unit still work where they can mean something; 0 is none."""
+    with pytest.raises(SearchError, match=f"is less than one allocation; {advice}"):
+        Headroom(spec)
+    assert Headroom("2097152").usable(8 * 1024 ** 2) == 6 * 1024 ** 2
+    assert Headroom("10b").usable(100) == 90 and Headroom("0").is_zero
+
+
 # --- the memory fit on milabench's real curves ---------------------------------------------
 def search_every_real_curve(start_of=lambda largest: None, capacities_gib=CAPACITIES_GIB):
     """Search every fit problem; each answer must have run and fitted.

@@ -44,6 +44,7 @@ SECOND = 8  # the second size, far enough from the first for memory to grow meas
 BELOW = 4  # from above: the size measured under the first success (near enough for a local fit)
 THROUGHPUT_GAIN = 1.05  # a doubling must pay at least 5 % samples/s to go on
 THROUGHPUT_PATIENCE = 2  # doublings in a row that do not pay before stopping: one slow trial is noise
+SMALLEST_BARE_HEADROOM = 1024 ** 2  # a unit-less headroom below 1 MiB is a unit left out
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
 
@@ -72,6 +73,10 @@ class Headroom:
         if unit in ("", "b") and value != int(value):
             raise SearchError(f"{given}: a number without a unit is bytes; for a "
                               f"share of device memory write a percentage like 10%")
+        if unit == "" and 0 < value < SMALLEST_BARE_HEADROOM:  # 10 meant 10% or 10GiB, never 10 bytes
+            share = f"{int(value)}% for a share of device memory, or " if value < 100 else ""
+            raise SearchError(f"{given}: a number without a unit is bytes, and {int(value)} bytes "
+                              f"is less than one allocation; write {share}a unit like {int(value)}MiB")
         if unit == "%" and value >= 100:
             raise SearchError(f"{given}: a percentage must be below 100%")
         self.fraction = value / 100 if unit == "%" else None
