@@ -97,6 +97,9 @@ def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch) -> None:
     attributes = tensor.__dict__  # a subclass's or the user's own attributes
     if attributes:
         stack.extend(attributes.values())
+    grad_fn = tensor.grad_fn  # `loss` keeps every activation its graph saved for backward()
+    if grad_fn is not None:
+        stack.append(grad_fn)
 
 
 _CONTAINERS = (list, tuple, set, frozenset, collections.deque)
@@ -173,7 +176,29 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
                     pass
 
 
-_SKIP, _TENSOR, _MODULE, _OTHER = range(4)
+def _node_children(node: Any, saved: Tuple[str, ...]) -> Iterable[Any]:
+    """What an autograd graph node keeps alive: the nodes before it, the tensors it saved for
+    backward(), a leaf's AccumulateGrad its leaf, and a custom Function's ``ctx.anything``.
+
+    Saved tensors are read raw (``_raw_saved_self``): ``_saved_self`` would run a
+    saved_tensors_hooks unpack hook, which may copy to the GPU or recompute a checkpointed
+    forward. A torch whose raw reads cannot tell a hook is there gets none of them read.
+    """
+    for next_node, _ in node.next_functions:
+        yield next_node
+    for name in saved:
+        value = getattr(node, name, None)
+        for raw in value if isinstance(value, (list, tuple)) else (value,):
+            if name == "variable":
+                yield raw
+            elif hasattr(raw, "unpack_hook"):
+                yield raw.data  # what was packed (a hook's own object), None once backward() ran
+    attributes = getattr(node, "__dict__", None)
+    if isinstance(attributes, dict):
+        yield from attributes.values()
+
+
+_SKIP, _TENSOR, _MODULE, _OTHER, _NODE = range(5)
 
 
 def _classify(kind: type, torch) -> int:
@@ -181,14 +206,27 @@ def _classify(kind: type, torch) -> int:
         return _SKIP
     if issubclass(kind, torch.Tensor):
         return _TENSOR
+    if hasattr(kind, "next_functions"):  # an autograd graph node (SumBackward0, a Function's ctx)
+        return _NODE
     return _MODULE if issubclass(kind, torch.nn.Module) else _OTHER
+
+
+def _saved_attributes(kind: type) -> Tuple[str, ...]:
+    """A node type's attributes that hold what it saved (``_raw_saved_self``,
+    ``_raw_saved_result``, a custom Function's ``_raw_saved_tensors``), and AccumulateGrad's
+    ``variable``."""
+    return tuple(name for name in dir(kind) if name.startswith("_raw_saved_") or name == "variable")
 
 
 def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _Reach:
     """Every tensor storage ``root`` reaches, each counted once, cycles and all."""
     reach = _Reach()
     kinds: Dict[type, int] = {}  # each type classified once: Tensor's metaclass makes issubclass slow
+    saved: Dict[type, Tuple[str, ...]] = {}
     seen: Set[int] = set(skip)
+    # A graph node and a saved tensor are new Python objects at each read: kept until the walk
+    # ends, so that another one cannot take a freed one's id and be skipped as already seen.
+    made: List[Any] = []
     stack = [root]
     for visit in range(max_objects):  # every object counts, ints and strings too
         if not stack:
@@ -208,7 +246,14 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _
             reach.modules += 1
         try:
             if verdict == _TENSOR:
+                made.append(obj)
                 _record_tensor(obj, reach, stack, torch)
+            elif verdict == _NODE:
+                made.append(obj)
+                names = saved.get(kind)
+                if names is None:
+                    names = saved[kind] = _saved_attributes(kind)
+                stack.extend(itertools.islice(_node_children(obj, names), max_objects - visit))
             else:
                 # no more than can still be visited (one more: a leftover marks the walk truncated)
                 stack.extend(itertools.islice(_children(obj, kind), max_objects - visit))
@@ -380,10 +425,11 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     """What is eating my memory? The user's variables ranked by the tensor bytes they reach.
 
     Counts tensors, modules' parameters, buffers and gradients, optimizers' state, any
-    container of these, functions' closures and defaults, partials' arguments and paused
-    generators' local variables; storage shared by views or by several variables is counted
-    once per variable and once in the total. Also reads, through NVML, the GPU memory held
-    outside torch. Never initializes CUDA and never keeps a reference to a tensor.
+    container of these, functions' closures and defaults, partials' arguments, paused
+    generators' local variables and what a tensor's autograd graph saved for backward();
+    storage shared by views or by several variables is counted once per variable and once in
+    the total. Also reads, through NVML, the GPU memory held outside torch. Never initializes
+    CUDA and never keeps a reference to a tensor.
     """
     return _holders(shell if shell is not None else current_shell(), _snapshot(source), max_objects)
 

@@ -262,6 +262,30 @@ def test_a_paused_generator_is_named_as_a_holder(shell, capsys):
         run(shell, "del gen, batches")
 
 
+def test_a_loss_is_named_with_the_activations_its_graph_saved(shell):
+    """`loss` (kept without .item()) holds every activation its graph saved for backward();
+    the ranking said 4 B, the loss's own storage, and pointed at nothing."""
+    import colab_gpu
+
+    run(shell, f"import torch\nweights = torch.ones({SIZE}, requires_grad=True)\n"
+               f"loss = weights.relu().sum()")  # relu saves its output: SIZE floats
+    try:
+        loss = {h.name: h for h in colab_gpu.memory_holders(shell=shell).holders}["loss"]
+        assert loss.unique == 4 * SIZE + 4, "relu's saved output and the loss itself"
+        assert loss.nbytes == 2 * 4 * SIZE + 4, "and the leaf, which weights holds too"
+        run(shell, "loss.backward()")  # frees what the graph saved
+        loss = {h.name: h for h in colab_gpu.memory_holders(shell=shell).holders}["loss"]
+        assert loss.unique == 4
+        # An unpack hook may copy to the GPU or recompute a checkpointed forward: never run it.
+        run(shell, "unpacked = []\nwith torch.autograd.graph.saved_tensors_hooks(\n"
+                   "        lambda t: t, lambda t: unpacked.append(t) or t):\n"
+                   "    hooked = weights.relu().sum()")
+        hooked = {h.name: h for h in colab_gpu.memory_holders(shell=shell).holders}["hooked"]
+        assert hooked.unique == 4 * SIZE + 4 and shell.user_ns["unpacked"] == []
+    finally:
+        run(shell, "del weights, loss, hooked, unpacked")
+
+
 def test_python_api_returns_the_report(shell):
     import colab_gpu
 
