@@ -461,19 +461,27 @@ class Reading:
 
 
 def cpu_tensor_bytes(torch) -> int:
-    """Bytes of every live CPU tensor Python can see, each storage counted once."""
+    """Bytes of every live CPU tensor Python can see, each storage counted once, and of those
+    their autograd graphs saved for backward(): a saved activation often has no Python object
+    left (relu's, softmax's output once the next layer has run)."""
     objects = gc.get_objects()
     # Tensor's metaclass makes issubclass slow: test each type once, then filter by type.
     tensor_kinds = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor)}
     storages: Dict[int, int] = {}
+    graphs = []
     for obj in objects:
         if type(obj) in tensor_kinds:
             try:  # a tensor subclass's __torch_function__ may raise on any attribute
+                if obj.grad_fn is not None:
+                    graphs.append(obj.grad_fn)
                 if obj.layout == torch.strided and obj.device.type == "cpu":
                     storage = obj.untyped_storage()
                     storages[storage.data_ptr()] = storage.nbytes()
             except Exception:
                 continue
+    del objects
+    saved = _walk(graphs, torch, set()).storages
+    storages.update((address, nbytes) for (device, address), nbytes in saved.items() if device == "cpu")
     storages.pop(0, None)
     return sum(storages.values())
 

@@ -286,6 +286,20 @@ def test_a_loss_is_named_with_the_activations_its_graph_saved(shell):
         run(shell, "del weights, loss, hooked, unpacked")
 
 
+def test_freed_counts_the_activations_a_deleted_loss_kept(shell):
+    """relu's saved output has no Python object once `.sum()` ran: `%clear_cache loss` freed
+    its 61 MiB and the report said 4 B."""
+    import colab_gpu
+
+    run(shell, f"import torch\nweights = torch.ones({SIZE}, requires_grad=True)\n"
+               f"loss = weights.relu().sum()")
+    try:
+        report = colab_gpu.clear_cache("loss", shell=shell)
+        assert report.freed("cpu") == 4 * SIZE + 4
+    finally:
+        run(shell, "del weights")
+
+
 def test_python_api_returns_the_report(shell):
     import colab_gpu
 
