@@ -1387,3 +1387,20 @@ def test_ctrl_c_anywhere_in_a_stop_never_hangs_and_a_second_stop_ends_the_monito
             assert capsys.readouterr().out.startswith("Live monitor stopped: ")
     assert live.running() is None and not sampler.running
     wait_until(lambda: not live_threads(), timeout=5)
+
+
+@pytest.mark.parametrize("name, note", [
+    ("20gb-noheader_plato.csv", "no header: columns read from their units as timestamp, utilization.gpu"),
+    ("8gpu-80gb-idle_gpu-glasses.csv", "its index column repeats within one time step, so GPUs are numbered in row order"),
+])
+def test_a_replay_of_a_log_that_does_not_describe_itself_says_how_it_was_read(name, note):
+    """The card's source line says how a headerless log's columns were guessed, or that a log's
+    index column was not GPU indices; the live views showed the same numbers without it."""
+    sampler = Sampler(ReplaySource(DATA / "nvidia-smi-csv" / name, follow=True), interval=0.005).start()
+    try:
+        lines = []
+        watch(sampler, lines.append, max_lines=1, width=80)
+        assert note in " ".join(" ".join(lines).split())  # the terminal folds it at 80 columns
+        assert note in render_panel(sampler)
+    finally:
+        sampler.stop()

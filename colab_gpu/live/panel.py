@@ -10,7 +10,7 @@ import time
 from html import escape
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..devices.replay import LABEL_PREFIX
+from ..devices.replay import LABEL_PREFIX, ReplaySource, replay_label
 from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
 from ..render.html import STYLE, fraction_bar, unbroken_units
 from .sampler import Sample
@@ -58,6 +58,16 @@ def numbering_note(sampler) -> Optional[str]:
     """The card's reason for "cuda:?" (a box of different GPUs numbered fastest first), said once."""
     view = sampler.torch_view
     return FASTEST_FIRST_NOTE if view is not None and not view.cuda_numbering_known else None
+
+
+def recording_note(sampler) -> Optional[str]:
+    """How a recording that does not describe itself was read, as the card's source line says
+    it ("no header: columns read from their units ...", "holds 1 of the machine's 4 GPUs ..."):
+    the live views showed its numbers without the caveat."""
+    view, source = sampler.torch_view, getattr(sampler, "source", None)
+    if view is None or not isinstance(source, ReplaySource) or view.snapshot.source == replay_label(source.path):
+        return None
+    return f"Source: {view.snapshot.source}"
 
 
 def state_words(sampler, now: float) -> str:
@@ -190,9 +200,9 @@ def render_panel(sampler, now: float = None) -> str:
         parts.append(_gpu_row(index, sampler.gpu_names[index], labels.get(index), latest.get(index),
                               PALETTE[index % len(PALETTE)]))
     parts.append("</table>")
-    note = numbering_note(sampler)
-    if note:
-        parts.append(f"<div class='cgpu-muted'>{escape(note)}</div>")
+    for note in (numbering_note(sampler), recording_note(sampler)):
+        if note:
+            parts.append(f"<div class='cgpu-muted'>{escape(note)}</div>")
     # Ten samples at least: at --interval 600 a 300 s window held one point, no line at all.
     seconds = max(CHART_SECONDS, 10 * sampler.interval)
     parts.append(chart_svg(samples, "busy %", _utilization, seconds=seconds))

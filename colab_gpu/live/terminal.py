@@ -5,8 +5,8 @@ import shutil
 import time
 from typing import Callable, Dict, Optional
 
-from ..render import NA, celsius, number, size
-from .panel import numbering_note, torch_labels
+from ..render import NA, celsius, fold, number, size
+from .panel import numbering_note, recording_note, torch_labels
 from .sampler import Sample, Sampler
 
 
@@ -52,8 +52,9 @@ def watch(sampler: Sampler, write: Callable[[str], None], max_lines: int = 0,
     ``width``: the terminal's columns, read from it when not given."""
     replay, labels, note = sampler.recorded, torch_labels(sampler), numbering_note(sampler)
     width = shutil.get_terminal_size().columns if width is None else width
-    if note:
-        write(note)
+    for line in (note, recording_note(sampler)):
+        if line:
+            write(fold(line, len("Source: ")))
     seen = max(0, sampler.count - 1)  # start with the latest sample at once
     written = 0
     while True:
