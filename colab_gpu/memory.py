@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 
 from .devices import DeviceSource, Snapshot
 from .gpu_status import MemoryBreakdown, breakdown, torch_memory, torch_view
-from .options import option
+from .options import command, option
 from .render import count
 from .runtime import cuda_torch, current_shell, detect_runtime
 
@@ -628,7 +628,8 @@ def check_names(names: Iterable[str], shell: Any) -> List[str]:
             raise ClearCacheError(f"no variable named {name!r}{builtin}{why}")
         if issubclass(type(namespace[name]), types.ModuleType):  # `%clear_cache torch`: the cache
             raise ClearCacheError(f"{name!r} is a module: deleting its name frees no memory (it "
-                                  f"stays imported); %clear_cache alone empties torch's CUDA cache")
+                                  f"stays imported); {command('%clear_cache', 'colab_gpu.clear_cache()')} alone "
+                                  f"empties torch's CUDA cache")
     return names
 
 

@@ -2,8 +2,9 @@
 
 One check serves both entry points, so one message reaches both: a ``%%find_batch`` user
 reads ``--headroom '12x'``, a script author who wrote ``find_batch(fn, headroom='12x')``
-reads ``headroom='12x'``, not an option they never typed. The magics run inside
-:func:`as_magic`; everything else is the Python API.
+reads ``headroom='12x'``, not an option they never typed; a hint naming a command reads
+``colab_gpu.alloc_conf(forget=True)`` for them, not ``%alloc_conf --forget``. The magics run
+inside :func:`as_magic`; everything else is the Python API.
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ _UNSET = object()
 
 
 @contextlib.contextmanager
-def as_magic() -> Iterator[None]:
-    """Messages made inside spell options as a magic's flags."""
-    token = _IN_MAGIC.set(True)
+def as_magic(magic: bool = True) -> Iterator[None]:
+    """Messages made inside spell options as a magic's flags; ``magic=False`` as the Python
+    API's, for the user's own code a magic runs (a ``find_batch()`` call in a ``%%find_batch`` cell)."""
+    token = _IN_MAGIC.set(magic)
     try:
         yield
     finally:
@@ -36,3 +38,9 @@ def option(name: str, value: Any = _UNSET, plain: bool = False) -> str:
     if value is _UNSET or value is True:
         return flag
     return f"{flag} {value if plain else repr(value)}"
+
+
+def command(magic: str, python: str) -> str:
+    """A hint's command as its caller runs it: ``magic`` (``%alloc_conf --keys``) in a magic,
+    ``python`` (``colab_gpu.allocator.KEYS``) elsewhere, where no magic was used."""
+    return magic if _IN_MAGIC.get() else python

@@ -320,7 +320,7 @@ def test_a_variable_torch_does_not_read_is_named_and_never_said_rewritten_by_a_s
     env.update(PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True", PYTORCH_ALLOC_CONF="max_split_size_mb:512")
     shown = alloc_conf(environ=env, modules=_torch(version))
     assert shown.warnings == (f"PYTORCH_ALLOC_CONF holds 'max_split_size_mb:512', which is not in effect: "
-                              f"{says}; any change with %alloc_conf replaces it with "
+                              f"{says}; any change with colab_gpu.alloc_conf() replaces it with "
                               f"PYTORCH_CUDA_ALLOC_CONF's setting",)
     assert env["PYTORCH_ALLOC_CONF"] == "max_split_size_mb:512"
     changed = alloc_conf(["garbage_collection_threshold=0.5"], environ=env, modules=_torch(version))

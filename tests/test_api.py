@@ -126,3 +126,77 @@ def test_status_names_a_wrong_path_and_refuses_a_path_it_would_ignore():
     with pytest.raises(TypeError, match=re.escape(accepted + "both") + "$"):
         colab_gpu.status(recording, path=T4_XML)
     assert [gpu.name for gpu in colab_gpu.status(path=T4_XML).snapshot.gpus] == ["Tesla T4"]
+
+
+def _message(call):
+    """What ``call`` says: the error it raises, or the text of the report it returns."""
+    try:
+        said = call()
+    except Exception as error:
+        return str(error)
+    return " ".join(str(said).split())  # the text report folds at 80 columns
+
+
+def _torch_module(version):
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.__version__, torch.version = version, types.SimpleNamespace(cuda="12.1", hip=None)
+    return {"torch": torch}
+
+
+def _saved_then(config, **call):
+    colab_gpu.alloc_conf(["max_split_size_mb=128"], save=True, environ=config, modules={})
+    return colab_gpu.alloc_conf(environ=config, modules={}, **call)
+
+
+def _module_named(ipython, monkeypatch):
+    monkeypatch.setitem(ipython.user_ns, "a_module", re)
+    return colab_gpu.clear_cache("a_module", shell=ipython)
+
+
+def _layer_replaced():
+    import torch
+
+    head = torch.nn.Sequential(torch.nn.Linear(4, 2))
+
+    def step(batch_size):
+        head[0] = torch.nn.Linear(4, 3)
+    return colab_gpu.find_batch(step, restore={"head": head}, max=8, progress=False)
+
+
+@pytest.mark.parametrize("call, python, magic", [
+    (lambda config, **_: colab_gpu.alloc_conf(["max_split=1"], environ=config, modules={}),
+     "colab_gpu.allocator.KEYS lists every key", "%alloc_conf --keys lists every key"),
+    (lambda config, **_: colab_gpu.alloc_conf(environ=dict(config, PYTORCH_ALLOC_CONF="max_split_size_mb:512"),
+                                              modules=_torch_module("2.9.1")).warnings[0],
+     "any change with colab_gpu.alloc_conf() writes them to every variable",
+     "any change with %alloc_conf writes them to every variable"),
+    (lambda config, **_: colab_gpu.alloc_conf(environ=dict(config, PYTORCH_ALLOC_CONF="max_split_size_mb:512",
+                                                           PYTORCH_CUDA_ALLOC_CONF="max_split_size_mb:128"),
+                                              modules=_torch_module("2.13.0")).warnings[0],
+     "any change with colab_gpu.alloc_conf() replaces it", "any change with %alloc_conf replaces it"),
+    (lambda config, **_: _saved_then(config),
+     "applied by colab_gpu.allocator.apply_saved() before CUDA starts; colab_gpu.alloc_conf(forget=True) "
+     "removes it", "applied by %load_ext colab_gpu before CUDA starts; %alloc_conf --forget removes it"),
+    (lambda config, **_: _saved_then(config, forget=True),
+     "colab_gpu.allocator.apply_saved() no longer applies it", "%load_ext colab_gpu no longer applies it"),
+    (lambda ipython, monkeypatch, **_: _module_named(ipython, monkeypatch),
+     "colab_gpu.clear_cache() alone empties torch's CUDA cache", "%clear_cache alone empties torch's CUDA cache"),
+    (lambda **_: _layer_replaced(),
+     "do that before calling colab_gpu.find_batch()", "do that in a cell before %%find_batch"),
+    (lambda **_: colab_gpu.live_url(),
+     "start it with colab_gpu.live.start()", "start it with %gpu_status --live"),
+])
+def test_hints_name_the_command_as_the_caller_runs_it(call, python, magic, ipython, monkeypatch, tmp_path):
+    """A script author calling the plain API was sent to magics they never used ("%alloc_conf
+    --keys lists every key"); the magics' own messages keep naming the magic."""
+    from colab_gpu.options import as_magic
+
+    config = {"COLAB_GPU_CONFIG_DIR": str(tmp_path / "python")}
+    said = _message(lambda: call(config=config, ipython=ipython, monkeypatch=monkeypatch))
+    assert python in said and "%" not in said
+    config = {"COLAB_GPU_CONFIG_DIR": str(tmp_path / "magic")}
+    with as_magic():  # as every magic runs the API
+        said = _message(lambda: call(config=config, ipython=ipython, monkeypatch=monkeypatch))
+    assert magic in said

@@ -18,7 +18,7 @@ import pathlib
 import sys
 from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
-from ..options import option
+from ..options import command, option
 from ..render import count
 from ..runtime import TorchState, torch_state
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_version, merge,
@@ -238,7 +238,7 @@ def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Opti
     torch = f"torch {format_version(version)}" if version is not None else "torch"
     order = [name for name in env_before if name != "PYTORCH_ALLOC_CONF" or known >= GENERIC_ENV_SINCE]
     read = next((name for name in order if env_before[name] is not None), None)
-    found = []
+    found, change = [], command("%alloc_conf", "colab_gpu.alloc_conf()")
     for name, value in env_before.items():
         if value is None or name == read or (read is not None and value == env_before[read]):
             continue
@@ -254,7 +254,7 @@ def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Opti
                          f"{name}'s settings were not in effect: {why}; they are now in every "
                          f"variable" if written else
                          f"{name}'s settings, shown here, are not in effect: {why}; any change with "
-                         f"%alloc_conf writes them to every variable")
+                         f"{change} writes them to every variable")
         elif cleared:
             found.append(f"{name} held {value!r}, which was not in effect: {why}; it is now unset, "
                          f"as {read} is")
@@ -263,7 +263,7 @@ def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Opti
                          f"the same string as {read}")
         else:
             found.append(f"{name} holds {value!r}, which is not in effect: {why}; any change "
-                         f"with %alloc_conf replaces it with {read}'s setting")
+                         f"with {change} replaces it with {read}'s setting")
     return tuple(found)
 
 

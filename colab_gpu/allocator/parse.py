@@ -13,6 +13,7 @@ import re
 import sys
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from ..options import command
 from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
                      OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ROCM_ENV_NAMES, ZERO_DIVISIONS, Key,
                      Version)
@@ -181,7 +182,8 @@ def unknown_key_message(name: str) -> str:
     close = difflib.get_close_matches(name.lower(), list(BY_NAME) + list(ALIASES), n=1,
                                       cutoff=0.6)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown allocator key {name!r} ({hint}%alloc_conf --keys lists every key)"
+    every = command("%alloc_conf --keys", "colab_gpu.allocator.KEYS")
+    return f"unknown allocator key {name!r} ({hint}{every} lists every key)"
 
 
 def check_key_name(name: str) -> Key:

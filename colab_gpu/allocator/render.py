@@ -4,7 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Tuple
 
-from ..options import option
+from ..options import command, option
 from ..render import fold, torch_summary
 from ..render.html import STYLE, rows_table, unbroken_units
 from .parse import format_version, to_torch
@@ -46,13 +46,14 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
         sections.append(("could not change now", lines))
     if result.warnings:
         sections.append(("warnings", list(result.warnings)))
+    load = command("%load_ext colab_gpu", "colab_gpu.allocator.apply_saved()")
     if result.saved:
         sections.append(("saved for after a restart", [
-            f"{result.saved!r} in {result.saved_path}: applied by %load_ext colab_gpu before "
-            f"CUDA starts; %alloc_conf --forget removes it"]))
+            f"{result.saved!r} in {result.saved_path}: applied by {load} before CUDA starts; "
+            f"{command('%alloc_conf --forget', 'colab_gpu.alloc_conf(forget=True)')} removes it"]))
     if result.forgotten is not None:
         sections.append(("saved setting", [
-            f"deleted {result.forgotten!r} from {result.saved_path}: %load_ext colab_gpu no "
+            f"deleted {result.forgotten!r} from {result.saved_path}: {load} no "
             f"longer applies it" if result.forgotten else
             f"there was none to delete ({result.saved_path})"]))
     return sections

@@ -11,7 +11,7 @@ import random
 import sys
 from typing import Any, Dict, List, MutableMapping, Optional, Set
 
-from ..options import option
+from ..options import command, option
 from ..render import with_article
 from ..runtime import cuda_torch
 from .trial import describe
@@ -253,8 +253,8 @@ class Snapshot:
             except Exception as error:
                 failed.append(f"{option('restore')} {state.name}: its state could not be put back after "
                               f"a trial ({describe(error)}), so the search stopped and it may keep what "
-                              f"that trial changed; if the cell replaces its layers, do that in a "
-                              f"cell before %%find_batch")
+                              f"that trial changed; if the cell replaces its layers, do that "
+                              + command("in a cell before %%find_batch", "before calling colab_gpu.find_batch()"))
         self.generators.restore()
         if failed:
             raise RestoreError("; ".join(failed))

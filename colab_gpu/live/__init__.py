@@ -11,6 +11,7 @@ import os
 import threading
 from typing import Any, Optional, Tuple
 
+from ..options import command
 from .panel import numbering_note, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
 from .sampler import Sampler, SourceError
@@ -87,7 +88,8 @@ def page_server():
     with _lock:
         sampler = running()
         if sampler is None:
-            raise SourceError("the live monitor is not running: start it with %gpu_status --live")
+            raise SourceError("the live monitor is not running: start it with "
+                              + command("%gpu_status --live", "colab_gpu.live.start()"))
         if _server is None or _server.sampler is not sampler:
             if _server is not None:
                 _server.stop()
