@@ -521,7 +521,7 @@ class GPUMagics(Magics):
         def step(size: int) -> None:
             __tracebackhide__ = True
             namespace[args.var] = size
-            with later_runs.around_run():
+            with later_runs.around_run(), as_magic(False):  # the user's code is Python: its calls speak it
                 exec(code, namespace)
 
         notebook = in_notebook() and self.output != "text"

@@ -1577,3 +1577,16 @@ def test_throughput_with_one_step_of_two_runs_says_the_time_includes_the_warm_up
     assert [t.runs for t in one.trials] == [2, 2] and any("warm-up" in note for note in one.notes)
     two = find_batch(lambda size: time.sleep(0.11), mode="throughput", max=4, steps=2, progress=False)
     assert [t.runs for t in two.trials] == [2, 2] and not two.notes
+
+
+def test_the_cells_own_calls_of_the_python_api_name_its_keywords_not_the_magics_options(shell):
+    """The cell ran inside the magic's spelling: a colab_gpu.alloc_conf(save=True, forget=True)
+    written in a %%find_batch cell was refused with "--save and --forget contradict", options
+    nobody typed. The search's own report still names --max."""
+    shell.run_cell("import colab_gpu\nbatch_size = 2; said = []")
+    result = shell.run_cell_magic("find_batch", "--max 4 -o",
+                                  "try:\n    colab_gpu.alloc_conf(save=True, forget=True)\n"
+                                  "except colab_gpu.AllocConfError as error:\n    said.append(str(error))")
+    said = shell.user_ns["said"]
+    assert said and all(line.startswith("save=True and forget=True contradict each other") for line in said)
+    assert result.stopped == "reached --max 4"
