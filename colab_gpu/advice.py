@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB, gpu_models
 from .devices.nvml import DRIVER_PRESENT_PROBLEMS, NO_PYNVML
+from .options import command
 from .render import count
 from .runtime import COLAB, KAGGLE, names_a_device_twice
 
@@ -62,7 +63,7 @@ def colab_no_gpu(status):
     if status.snapshot.problem == NO_PYNVML:
         return ("This is a Colab GPU runtime (COLAB_GPU=1) whose nvidia-ml-py package is gone "
                 "(Colab's GPU image ships it; was it uninstalled?): pip install nvidia-ml-py, "
-                "then run %gpu_status again.")
+                f"then run {command('%gpu_status', 'colab_gpu.status()')} again.")
     return ("This is a Colab GPU runtime (COLAB_GPU=1), yet its GPU cannot be read (said "
             "above): Runtime > Restart session will not bring it back; Runtime > "
             "Disconnect and delete runtime, then Connect, gives a fresh machine (variables and "
@@ -80,7 +81,8 @@ def no_gpu_found(status):
         return None
     # Not why: the status already says it on its "No GPU read:" line.
     return ("No NVIDIA GPU found: torch will run on the CPU; "
-            "%gpu_status --live --demo shows the monitor on a recorded GPU trace.")
+            + command("%gpu_status --live --demo shows", "colab_gpu.live.start(demo=True) runs")
+            + " the monitor on a recorded GPU trace.")
 
 
 def tpu_runtime(status):
@@ -240,17 +242,20 @@ def fragmentation(status):
             already = _expandable_segments_set()
             if already:  # a restart to set it again would change nothing
                 return (f"{fragmented}, with expandable_segments already on ({already}): "
-                        f"%clear_cache gives back the cached memory no tensor uses.")
-            return (f"{fragmented}: after a runtime restart run %alloc_conf "
-                    f"expandable_segments=True before CUDA starts.")
+                        f"{command('%clear_cache', 'colab_gpu.clear_cache()')} gives back the "
+                        f"cached memory no tensor uses.")
+            return (f"{fragmented}: after a runtime restart run "
+                    + command("%alloc_conf expandable_segments=True",
+                              "colab_gpu.alloc_conf('expandable_segments=True')") + " before CUDA starts.")
 
 
 def had_oom(status):
     failed = [f"cuda:{memory.torch_index} ran out of memory {count(memory.num_ooms, 'time')}"
               for memory in status.torch_memory if memory.num_ooms]
     if failed:  # every device: on several GPUs each may have its own batch or model part
-        return (f"{', '.join(failed)}: %clear_cache frees what the failed cell still holds; "
-                f"%%find_batch finds a batch size that fits.")
+        return (f"{', '.join(failed)}: {command('%clear_cache', 'colab_gpu.clear_cache()')} frees what "
+                f"the failed cell still holds; {command('%%find_batch', 'colab_gpu.find_batch()')} finds "
+                f"a batch size that fits.")
 
 
 def _largest_holder(gpu) -> str:
@@ -293,7 +298,8 @@ def memory_nearly_full(status):
         elif live and memory is not None and not memory.reserved:
             why = f"it holds nothing on cuda:{memory.torch_index}"  # another user's job on a shared box
         else:
-            return (f"{name} is {fraction:.0%} full: %clear_cache --vars shows which "
+            return (f"{name} is {fraction:.0%} full: "
+                    f"{command('%clear_cache --vars', 'colab_gpu.memory_holders()')} shows which "
                     f"variables hold the memory.")
         # A MIG GPU's process list spans all its instances: no holder is named for one instance.
         holder = "" if gpu.mig_instances else _largest_holder(gpu)
@@ -335,10 +341,11 @@ def mig_mode(status):
 def cuda_not_started(status):
     torch = status.runtime.torch
     if status.gpus and not torch.cuda_initialized:
+        change = f"CUDA is not started yet: {command('%alloc_conf', 'colab_gpu.alloc_conf()')} can still " \
+                 f"change every allocator setting"
         if torch.imported:  # backend is read by `import torch`: %alloc_conf refuses to change it now
-            return ("CUDA is not started yet: %alloc_conf can still change every allocator setting "
-                    "but backend, which torch fixed when it was imported.")
-        return ("CUDA is not started yet: %alloc_conf can still change every allocator setting.")
+            return f"{change} but backend, which torch fixed when it was imported."
+        return f"{change}."
 
 
 RULES: Tuple[Rule, ...] = (

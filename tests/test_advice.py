@@ -1,9 +1,12 @@
 """Each advice rule: it fires where it should and stays quiet where it should not."""
 import dataclasses
+import re
 
+import pytest
 
 from colab_gpu.advice import RULES, advise
 from colab_gpu.devices import GPU, GPUProcess, GiB, MiB, Snapshot
+from colab_gpu.devices.nvml import NO_PYNVML
 from colab_gpu.runtime import Runtime, TorchState
 from colab_gpu.gpu_status import MemoryBreakdown, Status, TorchMemory
 
@@ -27,7 +30,11 @@ def make_status(gpus=(), platform="jupyter", torch=CUDA_TORCH, tpu=None, visible
 
 
 def fired(status):
-    return {advice.rule: advice.message for advice in advise(status)}
+    """The advice as %gpu_status shows it (inside the magic, which names the magics)."""
+    from colab_gpu.options import as_magic
+
+    with as_magic():
+        return {advice.rule: advice.message for advice in advise(status)}
 
 
 def test_every_rule_has_a_test_below():
@@ -301,3 +308,30 @@ def test_a_recording_gets_no_advice_about_this_machine():
     assert "turing_fp16" in recorded
     assert not {"cpu_torch_on_gpu_machine", "cuda_not_started", "visible_devices_hide_all"} & set(recorded)
     assert "colab_no_gpu" not in fired(make_status(platform="colab", recorded=True))
+
+
+FULL_T4 = dataclasses.replace(T4, memory_used=14900 * MiB, memory_free=72 * MiB)
+
+
+@pytest.mark.parametrize("rule, status, python, magic", [
+    ("colab_no_gpu", dict(platform="colab", hint="gpu", problem=NO_PYNVML),
+     "then run colab_gpu.status() again.", "then run %gpu_status again."),
+    ("no_gpu_found", dict(problem="the NVML library (libnvidia-ml.so) was not found"),
+     "colab_gpu.live.start(demo=True) runs the monitor", "%gpu_status --live --demo shows the monitor"),
+    ("fragmentation", dict(gpus=[T4], memory=[memory(allocated=2 * GiB, reserved=6 * GiB)]),
+     "run colab_gpu.alloc_conf('expandable_segments=True') before", "run %alloc_conf expandable_segments=True before"),
+    ("had_oom", dict(gpus=[T4], memory=[memory(num_ooms=2)]),
+     "colab_gpu.clear_cache() frees what the failed cell still holds; colab_gpu.find_batch() finds",
+     "%clear_cache frees what the failed cell still holds; %%find_batch finds"),
+    ("memory_nearly_full", dict(gpus=[FULL_T4]), "colab_gpu.memory_holders() shows", "%clear_cache --vars shows"),
+    ("cuda_not_started", dict(gpus=[T4], torch=NO_TORCH), "colab_gpu.alloc_conf() can still change",
+     "%alloc_conf can still change"),
+])
+def test_advice_names_the_command_as_the_caller_runs_it(rule, status, python, magic, monkeypatch):
+    """print(colab_gpu.status()) in a script advised "%clear_cache --vars", a magic the author
+    never used; %gpu_status still names the magics."""
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):  # expandable_segments not on yet
+        monkeypatch.delenv(name, raising=False)
+    said = {advice.rule: advice.message for advice in advise(make_status(**status))}[rule]
+    assert python in said and not re.search(r"%[a-z]", said)
+    assert magic in fired(make_status(**status))[rule]
