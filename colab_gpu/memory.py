@@ -612,8 +612,10 @@ def check_names(names: Iterable[str], shell: Any) -> List[str]:
     names = list(dict.fromkeys(names))
     for name in names:
         if _is_ipython_name(name, namespace.get(name, _MISSING), shell, hidden):
-            raise ClearCacheError(f"{name!r} is IPython's own name, not a variable of yours; "
-                                  f"use {option('history', True)} to clear the output history")
+            holds_outputs = name in ("Out", "_oh") or _OUTPUT_NAME.match(name)  # not In, exit
+            raise ClearCacheError(f"{name!r} is IPython's own name, not a variable of yours"
+                                  + (f"; use {option('history', True)} to clear the output history"
+                                     if holds_outputs else ""))
         if _is_dunder(name):
             raise ClearCacheError(f"{name!r} is Python's own name, not a variable of yours")
         if not name.isidentifier():

@@ -216,8 +216,11 @@ def test_bad_names_are_refused_before_anything_changes(shell):
         shell.run_line_magic("clear_cache", "kept missing")
     with pytest.raises(UsageError, match=r"no variable named 'print' \(it is a Python builtin\)"):
         shell.run_line_magic("clear_cache", "print")
-    with pytest.raises(UsageError, match="IPython's own name"):
+    with pytest.raises(UsageError, match="IPython's own name, not a variable of yours; use --history"):
         shell.run_line_magic("clear_cache", "Out")
+    for name in ("In", "get_ipython", "exit"):  # no output history: --history would not help
+        with pytest.raises(UsageError, match=f"^'{name}' is IPython's own name, not a variable of yours$"):
+            shell.run_line_magic("clear_cache", name)
     with pytest.raises(UsageError, match="'__name__' is Python's own name"):
         shell.run_line_magic("clear_cache", "__name__")
     run(shell, "import torch")
