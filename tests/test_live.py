@@ -1404,3 +1404,4 @@ def test_a_replay_of_a_log_that_does_not_describe_itself_says_how_it_was_read(na
         assert note in render_panel(sampler)
     finally:
         sampler.stop()
+    assert note in " ".join(str(live.record_of(sampler)).split())  # --stop's summary too

@@ -12,7 +12,7 @@ import threading
 from typing import Any, Optional, Tuple
 
 from ..options import command
-from .panel import numbering_note, torch_labels
+from .panel import numbering_note, recording_note, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
 from .sampler import Sampler, SourceError
 
@@ -107,7 +107,8 @@ def record_of(sampler: Sampler) -> RunRecord:
                      gpu_names=dict(sampler.gpu_names), started_at=sampler.started_at,
                      stopped_at=sampler.stopped_at, error=sampler.error, count=sampler.count,
                      display_error=sampler.listener_error, torch_labels=torch_labels(sampler),
-                     numbering_note=numbering_note(sampler), totals=sampler.totals())
+                     numbering_note=numbering_note(sampler), recording_note=recording_note(sampler),
+                     totals=sampler.totals())
 
 
 def history(frame: Optional[bool] = None):

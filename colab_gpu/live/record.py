@@ -74,6 +74,7 @@ class RunRecord:
     display_error: Optional[str] = None  # why a display (the widget) stopped following the run
     torch_labels: Dict[int, str] = dataclasses.field(default_factory=dict)  # panel.torch_labels
     numbering_note: Optional[str] = None  # why a label says "cuda:?" (panel.numbering_note)
+    recording_note: Optional[str] = None  # how a log that does not describe itself was read
     # GPU index -> its RunTotals over every sample taken, also those the buffer dropped;
     # without them (a record built from samples alone) the summary reads the samples kept.
     totals: Dict[int, RunTotals] = dataclasses.field(default_factory=dict)
@@ -111,8 +112,9 @@ class RunRecord:
         return f"<RunRecord {self.label}: {count(self.count, 'sample')} over {self.duration:.1f} s>"
 
     def facts(self) -> List[str]:
-        """A line per GPU, then the numbering note: what the summary says under the headline."""
-        return [s.line() for s in self.summaries()] + ([self.numbering_note] if self.numbering_note else [])
+        """A line per GPU, then the notes: what the summary says under the headline."""
+        return [s.line() for s in self.summaries()] + [note for note in (self.numbering_note,
+                                                                          self.recording_note) if note]
 
     def __str__(self) -> str:
         """The summary ``%gpu_status --stop`` prints, so ``print(...)`` shows it in a script;
