@@ -1404,4 +1404,9 @@ def test_a_replay_of_a_log_that_does_not_describe_itself_says_how_it_was_read(na
         assert note in render_panel(sampler)
     finally:
         sampler.stop()
-    assert note in " ".join(str(live.record_of(sampler)).split())  # --stop's summary too
+    summary = str(live.record_of(sampler))
+    assert note in " ".join(summary.split())  # --stop's summary too
+    # A note is a sentence: it flows to 80 columns, not folded at its commas as a list of facts
+    # ("... from their\n  units as timestamp,\n  utilization.gpu, ...").
+    source = summary[summary.index("Source: "):].splitlines()
+    assert all(60 < len(line) <= 80 for line in source[:-1]), source

@@ -31,11 +31,11 @@ _GLUE = "\x00"  # stands for a space that must not break, while fold() runs
 def fold_items(line: str, indent: int, width: int = WIDTH) -> str:
     """``line``, a list of facts ("a, b; c"), folded like :func:`fold` but after a comma or a
     semicolon: "388 MiB reserved by the driver" is not split across two lines, unless that
-    fact alone is too wide."""
+    fact alone is too wide (a sentence), which then flows like any text."""
     text = line.lstrip(" ")
-    glued = line[:len(line) - len(text)] + re.sub(r"(?<![,;]) ", _GLUE, text)
-    folded = fold(glued, indent, width).replace(_GLUE, " ")
-    return "\n".join(fold(part, indent, width) for part in folded.split("\n"))
+    facts = re.split(r"(?<=[,;]) ", text)
+    glued = " ".join(fact if len(fact) > width - indent else fact.replace(" ", _GLUE) for fact in facts)
+    return fold(line[:len(line) - len(text)] + glued, indent, width).replace(_GLUE, " ")
 
 
 def labelled_row(label: str, value: str, label_width: int) -> str:
