@@ -286,7 +286,8 @@ class GPUMagics(Magics):
                    "entries that hold tensors or modules.")
     @argument("--vars", action="store_true",
               help="Only show who holds memory (your variables ranked by the tensor bytes "
-                   "they reach, and memory outside torch); free nothing.")
+                   "they reach, what outputs and the last error hold beyond them, and memory "
+                   "outside torch); free nothing.")
     @argument("--quiet", action="store_true", help="Print one line instead of the report.")
     @line_magic
     @_friendly_errors

@@ -284,6 +284,18 @@ class Holder:
     truncated: bool = False  # the walk stopped after MAX_OBJECTS objects: a lower bound
 
 
+@dataclasses.dataclass(frozen=True)
+class Elsewhere:
+    """IPython's reference that keeps tensor memory alive no variable of the user's reaches:
+    an output (``Out[3]``, ``_``) or the last error (its traceback's frames, a ``%debug``)."""
+
+    name: str
+    nbytes: int  # distinct storage bytes it reaches and no variable does
+    by_device: Tuple[Tuple[str, int], ...]
+    tensors: int  # every tensor it reaches, a variable's too
+    truncated: bool = False
+
+
 class _Shown:
     """One line (``summary()``, ``repr``), the text report and the HTML card, from
     colab_gpu.render.memory's ``<_renderers>_line``, ``_text`` and ``_html``."""
@@ -319,6 +331,11 @@ class Holders(_Shown):
 
     holders: Tuple[Holder, ...] = ()
     total_by_device: Tuple[Tuple[str, int], ...] = ()  # every storage counted once
+    # Tensor memory no variable holds, per device: all of it, each storage once; what the
+    # outputs and the last error hold of it; the rest, which none of them reaches.
+    not_yours: Tuple[Tuple[str, int], ...] = ()
+    elsewhere: Tuple[Elsewhere, ...] = ()
+    unreached: Tuple[Tuple[str, int], ...] = ()
     outside_torch: Tuple[MemoryBreakdown, ...] = ()  # per GPU: other processes, context, others
     torch_labels: Dict[int, str] = dataclasses.field(default_factory=dict)  # NVML index -> "cuda:N"
     torch_imported: bool = True
@@ -367,6 +384,13 @@ def _by_device(storages: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int]
 def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int] = frozenset(),
                  max_objects: int = MAX_OBJECTS) -> Tuple[Tuple[Holder, ...], Tuple[Tuple[str, int], ...]]:
     """Rank ``(name, value)`` pairs by the tensor bytes each reaches; also the union per device."""
+    holders, union = _rank(variables, torch, skip, max_objects)
+    return holders, _by_device(union)
+
+
+def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
+          max_objects: int) -> Tuple[Tuple[Holder, ...], Dict[Tuple[str, int], int]]:
+    """rank_holders() with the union of the storages reached, by (device, address)."""
     reaches = [(name, value, _walk(value, torch, skip, max_objects)) for name, value in variables]
     owners: Dict[Tuple[str, int], int] = {}
     union: Dict[Tuple[str, int], int] = {}
@@ -383,7 +407,64 @@ def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int] = f
         for name, value, reach in reaches if reach.storages or reach.tensors
     ]
     holders.sort(key=lambda holder: (-holder.nbytes, holder.name))
-    return tuple(holders), _by_device(union)
+    return tuple(holders), union
+
+
+def _other_roots(shell: Any, namespace: Mapping[str, Any],
+                 hidden: Mapping[str, Any]) -> Iterable[Tuple[str, Any]]:
+    """What IPython keeps that is no variable of the user's: each output (``Out[3]``; ``_``,
+    ``__``, ``_N`` only where the history has no such entry) and the last error, as one root."""
+    seen: Set[int] = set()
+    for number, value in list((_output_history(shell, namespace) or {}).items()):
+        seen.add(id(value))
+        yield f"Out[{number}]", value
+    for name, value in list(namespace.items()):
+        if (id(value) not in seen and _OUTPUT_NAME.match(name)
+                and _is_ipython_name(name, value, shell, hidden)):
+            seen.add(id(value))
+            yield name, value
+    error = []
+    for owner, attribute, _ in _exception_references(shell):
+        value = getattr(owner, attribute, None)
+        if isinstance(value, bdb.Bdb):  # a %debug: the locals of the frames it showed
+            frames = [frame for frame, _ in getattr(value, "stack", ())]
+            value = [vars(value).get("curframe_locals")] + [
+                frame.f_locals for frame in frames if frame.f_locals is not frame.f_globals]
+        error.append(value)
+    yield "the last error", error
+
+
+def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], int],
+               max_objects: int) -> Tuple[Tuple[Elsewhere, ...], Dict[Tuple[str, int], int]]:
+    """The outputs and the last error, by the storages they reach that no variable does (the
+    ones ``union`` lacks), and those storages; ``union`` gains them. One walk per root."""
+    not_yours: Dict[Tuple[str, int], int] = {}
+    found = []
+    for name, root in _other_roots(shell, *_namespaces(shell)):
+        reach = _walk(root, torch, skip, max_objects)
+        del root
+        own = {key: n for key, n in reach.storages.items() if key not in union}
+        not_yours.update(own)
+        if own:
+            found.append(Elsewhere(name, sum(own.values()), _by_device(own), reach.tensors,
+                                   reach.truncated))
+    union.update(not_yours)
+    found.sort(key=lambda place: -place.nbytes)
+    return tuple(found), not_yours
+
+
+def _unreached(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int], ...]:
+    """Per device, the bytes of the memory reading (live CPU tensors, torch's allocated) that
+    no variable, output or error reaches: a library's cache, a thread, a reference cycle.
+    A GPU's reading counts each storage as its allocator rounds it, up to 512 B blocks: the
+    storages reached are rounded so too. Less than 1 MiB is not worth a line."""
+    reached: Dict[str, int] = {}
+    for (device, _), nbytes in union.items():
+        blocks = nbytes if device == "cpu" else -(-nbytes // 512) * 512
+        reached[device] = reached.get(device, 0) + blocks
+    rest = ((reading.device, reading.allocated - reached.get(reading.device, 0))
+            for reading in readings if reading.allocated is not None)
+    return tuple((device, n) for device, n in rest if n >= 1024 ** 2)
 
 
 def _namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -428,22 +509,32 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     container of these, functions' closures and defaults, partials' arguments, paused
     generators' local variables and what a tensor's autograd graph saved for backward();
     storage shared by views or by several variables is counted once per variable and once in
-    the total. Also reads, through NVML, the GPU memory held outside torch. Never initializes
+    the total. Then what no variable holds: what each output and the last error (its
+    traceback, a ``%debug``) keep, and the rest of the memory reading, which none of these
+    reaches. Also reads, through NVML, the GPU memory held outside torch. Never initializes
     CUDA and never keeps a reference to a tensor.
     """
     return _holders(shell if shell is not None else current_shell(), _snapshot(source), max_objects)
 
 
-def _holders(shell: Any, snapshot, max_objects: int = MAX_OBJECTS) -> Holders:
-    """memory_holders() with the GPUs already read (``snapshot``, None when unreadable)."""
+def _holders(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
+             readings: Optional[Tuple[Reading, ...]] = None) -> Holders:
+    """memory_holders() with the GPUs already read (``snapshot``, None when unreadable) and,
+    where given, the memory (``readings``, taken after the snapshot)."""
     torch = _torch()
     problem = snapshot.problem if snapshot is not None else None
     if torch is None:
         return Holders(torch_imported=False, problem=problem, **_outside_torch(snapshot, None))
     namespace, hidden = _namespaces(shell)
     skip = {id(namespace), id(hidden), id(shell)}
-    holders, total = rank_holders(_user_variables(shell), torch, skip, max_objects)
-    return Holders(holders=holders, total_by_device=total, problem=problem,
+    holders, union = _rank(_user_variables(shell), torch, skip, max_objects)
+    total = _by_device(union)
+    elsewhere, not_yours = _elsewhere(shell, torch, skip, union, max_objects)
+    unreached = _unreached(read_memory(torch, snapshot) if readings is None else readings, union)
+    not_yours = collections.Counter(dict(_by_device(not_yours)))
+    not_yours.update(dict(unreached))
+    return Holders(holders=holders, total_by_device=total, not_yours=tuple(sorted(not_yours.items())),
+                   elsewhere=elsewhere, unreached=unreached, problem=problem,
                    **_outside_torch(snapshot, torch))
 
 
@@ -531,26 +622,33 @@ def drop_exception(shell: Any) -> List[str]:
     ``%debug`` and ``pdb.pm()`` know there is nothing to debug (with None they fail on it).
     """
     dropped = []
-    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
-        if hasattr(sys, name):  # last_exc exists on Python 3.12+ only
-            delattr(sys, name)
-            dropped.append(f"sys.{name}")
+    for owner, attribute, name in _exception_references(shell):
+        if owner is sys:
+            delattr(sys, attribute)
+        else:
+            setattr(owner, attribute, None)
+        dropped.append(name)
+    return dropped
+
+
+def _exception_references(shell: Any) -> List[Tuple[Any, str, str]]:
+    """(owner, attribute, name) of each reference IPython and ``sys`` keep to the last exception."""
+    found = [(sys, name, f"sys.{name}") for name in ("last_type", "last_value", "last_traceback", "last_exc")
+             if hasattr(sys, name)]  # last_exc exists on Python 3.12+ only
     if shell is None:
-        return dropped
+        return found
     result = getattr(shell, "last_execution_result", None)
     if result is not None and (getattr(result, "error_in_exec", None) is not None
                                or getattr(result, "error_before_exec", None) is not None):
-        shell.last_execution_result = None
-        dropped.append("shell.last_execution_result")
+        found.append((shell, "last_execution_result", "shell.last_execution_result"))
     for holder in ("InteractiveTB", "SyntaxTB"):
         tools = getattr(shell, holder, None)
         for attribute, value in list(getattr(tools, "__dict__", {}).items()):
             # the debugger of a past %debug still holds its frames; IPython makes a new one
             if (isinstance(value, (types.TracebackType, BaseException))
                     or isinstance(value, bdb.Bdb) and getattr(value, "botframe", None) is not None):
-                setattr(tools, attribute, None)
-                dropped.append(f"shell.{holder}.{attribute}")
-    return dropped
+                found.append((tools, attribute, f"shell.{holder}.{attribute}"))
+    return found
 
 
 def _output_history(shell: Any, namespace: Mapping[str, Any]) -> Optional[Dict[int, Any]]:
@@ -787,7 +885,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     if cuda:
         step("CUDA cache", lambda: _cuda_done(empty_cuda_cache(torch)))
     return ClearReport(before=readings, steps=tuple(steps),
-                       holders=_holders(shell, snapshot), deleted=tuple(names),
+                       holders=_holders(shell, snapshot, readings=steps[-1].after), deleted=tuple(names),
                        cuda_initialized=cuda)
 
 

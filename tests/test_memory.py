@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import itertools
 import os
 import sys
 import types
@@ -251,6 +252,106 @@ def test_vars_only_ranks_and_frees_nothing(shell, capsys):
     assert any(line.split()[0] == "small_one" for line in lines[2:])
     run(shell, "del big_one, small_one")
     shell.run_line_magic("clear_cache", "--quiet")
+
+
+def rows(text: str, heading: str) -> dict:
+    """The rows of one section of a text report: label -> its value, folded lines joined."""
+    section = text.split(heading, 1)[1].splitlines()[1:]
+    found, label = {}, None
+    for line in itertools.takewhile(lambda line: line.startswith("  "), section):
+        if line[2] != " ":
+            label, value = line[2:18].strip(), line[19:]
+            found[label] = value
+        else:
+            found[label] += " " + line.strip()
+    return found
+
+
+def test_vars_names_the_output_and_the_error_that_hold_what_no_variable_does(shell, capsys):
+    """An output and a failed cell's traceback held 92 MiB and --vars said "No variable of
+    yours holds a tensor", pointing nowhere."""
+    from colab_gpu.render import size
+
+    run(shell, f"import torch\ntorch.ones({SIZE // 2})")
+    number = shell.execution_count - 1
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    try:
+        capsys.readouterr()
+        shell.run_line_magic("clear_cache", "--vars")
+        text = capsys.readouterr().out
+        assert "Held by none of your variables: cpu " in text
+        found = rows(text, "Held by none of your variables")
+        assert found[f"Out[{number}]"] == f"cpu {size(2 * SIZE)} in 1 tensor - %clear_cache clears it"
+        assert found["the last error"] == (f"cpu {size(4 * SIZE)} in 1 tensor - its traceback's "
+                                           f"frames; %clear_cache drops it")
+        assert alive(shell), "--vars must free nothing, and keep no tensor"
+        html = __import__("colab_gpu").memory_holders(shell=shell)._repr_html_()
+        assert f"Out[{number}]</td><td>cpu {size(2 * SIZE)}".replace(" MiB", "&nbsp;MiB") in html
+        assert "the last error</td>" in html
+        shell.run_line_magic("clear_cache", "--vars --quiet")
+        line = capsys.readouterr().out
+        assert f"(the last error {size(4 * SIZE)}, Out[{number}] {size(2 * SIZE)}" in line
+    finally:
+        shell.run_line_magic("clear_cache", "--quiet")
+    assert not alive(shell)
+
+
+@pytest.mark.parametrize("holder", ["sys.last_value", "sys.last_traceback", "sys.last_exc",
+                                    "shell.last_execution_result", "shell.InteractiveTB.tb",
+                                    "shell.InteractiveTB.pdb"])
+def test_each_reference_to_the_last_error_alone_is_named(shell, capsys, monkeypatch, holder):
+    import io
+
+    from colab_gpu.render import size
+
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    if holder.endswith("pdb"):  # a %debug session, then its debugger alone
+        monkeypatch.setattr(sys, "stdin", io.StringIO("p activations.shape\nq\n"))
+        assert run(shell, "%debug").error_in_exec is None
+    owner_name, attribute = holder.rsplit(".", 1)
+    owner = {"sys": sys, "shell": shell, "shell.InteractiveTB": shell.InteractiveTB}[owner_name]
+    kept = getattr(owner, attribute, None) if attribute != "last_exc" else sys.last_value
+    drop_exception(shell)
+    setattr(owner, attribute, kept)  # put back this one reference alone
+    del kept
+    gc.collect()
+    capsys.readouterr()
+    try:
+        shell.run_line_magic("clear_cache", "--vars")
+        found = rows(capsys.readouterr().out, "Held by none of your variables")
+        assert found["the last error"].startswith(f"cpu {size(4 * SIZE)} in 1 tensor")
+    finally:
+        shell.run_line_magic("clear_cache", "--quiet")
+    assert not alive(shell)
+
+
+@pytest.mark.parametrize("keeper", ["a library's cache", "a thread"])
+def test_memory_no_variable_output_or_error_reaches_is_said_to_be_the_rest(shell, capsys, keeper):
+    """What a module-level cache or a running thread keeps is in no namespace: the report
+    summed it nowhere; it now gives the rest, what the reading holds beyond every root."""
+    import colab_gpu
+    from colab_gpu.render import size
+
+    shell.run_line_magic("clear_cache", "--quiet")
+    before = dict(colab_gpu.memory_holders(shell=shell).unreached).get("cpu", 0)
+    run(shell, "import torch, sys, types, threading\nstop = threading.Event()")
+    cell = (f"sys.modules['hunt_cache'] = types.SimpleNamespace(cache=[torch.ones({SIZE})])"
+            if keeper == "a library's cache" else
+            f"def work(started=threading.Event()):\n    kept = torch.ones({SIZE})\n    started.set()\n"
+            f"    stop.wait()\nworker = threading.Thread(target=work)\nworker.start()\n"
+            f"work.__defaults__[0].wait()\ndel work, worker")
+    run(shell, cell)
+    try:
+        capsys.readouterr()
+        shell.run_line_magic("clear_cache", "")
+        found = rows(capsys.readouterr().out, "Held by none of your variables")
+        assert found["the rest"] == (f"cpu {size(before + 4 * SIZE)} that no variable, output or "
+                                     f"error reaches; held by a library's cache, a thread or a "
+                                     f"reference cycle")
+    finally:
+        shell.user_ns["stop"].set()
+        sys.modules.pop("hunt_cache", None)
+        run(shell, "del stop")
 
 
 def test_a_paused_generator_is_named_as_a_holder(shell, capsys):

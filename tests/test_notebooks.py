@@ -185,7 +185,9 @@ def test_03_clear_cache_frees_what_the_failed_cell_and_the_history_held(executed
     assert [output.ename for output in failed.outputs if output.output_type == "error"] == ["RuntimeError"]
 
     holders = shown(code_cell(notebook, "%clear_cache --vars"))
-    assert "weights" in holders and largest_size(holders) < 128 * 2 ** 20  # the traceback holds it
+    variables, elsewhere = holders.split("Held by none of your variables")
+    assert "weights" in variables and largest_size(variables) < 128 * 2 ** 20
+    assert re.search(r"^  the last error +\S+ 128 MiB in 1 tensor", elsewhere, re.M), holders
 
     report = shown(code_cell(notebook, "%clear_cache", exact=True))
     first_line = report.splitlines()[0]

@@ -96,6 +96,36 @@ def _holder_rows(holders) -> List[Tuple[str, str]]:
     return rows
 
 
+def _devices(by_device) -> str:
+    return ", ".join(f"{device} {size(n)}" for device, n in by_device)
+
+
+def _elsewhere_rows(holders) -> List[Tuple[str, str]]:
+    """The outputs and the last error by what they hold that no variable does, then the rest."""
+    rows = []
+    for place in holders.elsewhere[:TOP]:
+        bound = " (at least)" if place.truncated else ""
+        hint = (" - %clear_cache clears it" if place.name.startswith("Out[") else
+                " - its traceback's frames; %clear_cache drops it" if place.name == "the last error"
+                else "")
+        rows.append((place.name, f"{_devices(place.by_device)}{bound} in "
+                                 f"{count(place.tensors, 'tensor')}{hint}"))
+    rest = holders.elsewhere[TOP:]
+    if rest:
+        rows.append((f"{len(rest)} more", f"each {size(rest[0].nbytes)} or less"))
+    if holders.unreached:
+        unwalked = any(h.truncated for h in holders.holders + holders.elsewhere)
+        held = ("a library's cache, a thread, a reference cycle or a variable too large to walk "
+                "fully" if unwalked else "a library's cache, a thread or a reference cycle")
+        rows.append(("the rest", f"{_devices(holders.unreached)} that no variable, output or "
+                                 f"error reaches; held by {held}"))
+    return rows
+
+
+def _elsewhere_title(holders) -> str:
+    return f"Held by none of your variables: {_devices(holders.not_yours)}"
+
+
 def _holders_note(holders) -> Optional[str]:
     if not holders.torch_imported:
         return "torch is not imported: no tensor is held."
@@ -111,11 +141,20 @@ def _gpu_note(holders) -> Optional[str]:
 def holders_line(holders) -> str:
     note = _holders_note(holders)
     if note:
-        return note
+        return (f"No variable of yours holds a tensor; held elsewhere: {_elsewhere_line(holders)}"
+                if holders.not_yours else note)
     top = ", ".join(f"{h.name} {size(h.nbytes)}" for h in holders.holders[:3])
+    elsewhere = f"; held by no variable: {_elsewhere_line(holders)}" if holders.not_yours else ""
     if len(holders.holders) == 1:
-        return f"1 variable holds tensors: {top}"
-    return f"{len(holders.holders)} variables hold tensors; the most: {top}"
+        return f"1 variable holds tensors: {top}{elsewhere}"
+    return f"{len(holders.holders)} variables hold tensors; the most: {top}{elsewhere}"
+
+
+def _elsewhere_line(holders) -> str:
+    """"cpu 11.4 MiB (Out[1] 7.63 MiB, the last error 3.81 MiB)": the two biggest, the rest."""
+    places = [f"{place.name} {size(place.nbytes)}" for place in holders.elsewhere[:2]]
+    places += [f"the rest {size(sum(n for _, n in holders.unreached))}"] if holders.unreached else []
+    return f"{_devices(holders.not_yours)} ({', '.join(places)})"
 
 
 def _text_rows(rows, label_width: int = 16) -> List[str]:
@@ -126,6 +165,9 @@ def holders_text(holders) -> str:
     lines = ["Who holds memory (your variables, by the tensor bytes they reach):"]
     note = _holders_note(holders)
     lines += [f"  {note}"] if note else _text_rows(_holder_rows(holders))
+    if holders.not_yours:
+        lines.append(_elsewhere_title(holders))
+        lines += _text_rows(_elsewhere_rows(holders))
     if holders.outside_torch:
         lines.append("Outside torch:")
         lines += _text_rows(_outside_rows(holders))
@@ -163,6 +205,8 @@ def _holders_body(holders) -> str:
     note = _holders_note(holders)
     parts = ["<h4>Who holds memory</h4>",
              f"<p>{escape(note)}</p>" if note else _html_rows(_holder_rows(holders))]
+    if holders.not_yours:
+        parts += [f"<h4>{escape(_elsewhere_title(holders))}</h4>", _html_rows(_elsewhere_rows(holders))]
     if holders.outside_torch:
         parts += ["<h4>Outside torch</h4>", _html_rows(_outside_rows(holders))]
     if _gpu_note(holders):
