@@ -288,6 +288,7 @@ def test_vars_names_the_output_and_the_error_that_hold_what_no_variable_does(she
         html = __import__("colab_gpu").memory_holders(shell=shell)._repr_html_()
         assert f"Out[{number}]</td><td>cpu {size(2 * SIZE)}".replace(" MiB", "&nbsp;MiB") in html
         assert "the last error</td>" in html
+        assert "colab_gpu.clear_cache() clears it" in html  # a script reads the call, not the magic
         shell.run_line_magic("clear_cache", "--vars --quiet")
         line = capsys.readouterr().out
         assert f"(the last error {size(4 * SIZE)}, Out[{number}] {size(2 * SIZE)}" in line

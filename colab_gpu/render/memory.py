@@ -4,6 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Optional, Tuple
 
+from ..options import command
 from . import NA, NOT_TOLD_APART, count, fold, fold_items, labelled_row, size
 from .html import STYLE, rows_table, unbroken_units
 
@@ -105,8 +106,9 @@ def _elsewhere_rows(holders) -> List[Tuple[str, str]]:
     rows = []
     for place in holders.elsewhere[:TOP]:
         bound = " (at least)" if place.truncated else ""
-        hint = (" - %clear_cache clears it" if place.name.startswith("Out[") else
-                " - its traceback's frames; %clear_cache drops it" if place.name == "the last error"
+        clear = command("%clear_cache", "colab_gpu.clear_cache()")
+        hint = (f" - {clear} clears it" if place.name.startswith("Out[") else
+                f" - its traceback's frames; {clear} drops it" if place.name == "the last error"
                 else "")
         rows.append((place.name, f"{_devices(place.by_device)}{bound} in "
                                  f"{count(place.tensors, 'tensor')}{hint}"))
