@@ -62,18 +62,23 @@ def test_failed_cell_tensor_is_alive_until_clear_cache(shell, capsys):
     assert user_bindings(shell) == before
 
 
-@pytest.mark.parametrize("holder", ["sys.last_value", "sys.last_traceback", "sys.last_exc",
-                                    "shell.last_execution_result", "shell.InteractiveTB.tb"])
-def test_each_exception_reference_alone_keeps_the_frames_and_is_dropped(shell, holder):
-    assert run(shell, FAILING_CELL).error_in_exec is not None
+def keep_only(shell, holder: str) -> None:
+    """Drop every reference to the last error, then put back ``holder`` ("sys.last_value") alone."""
     owner_name, attribute = holder.rsplit(".", 1)
     owner = {"sys": sys, "shell": shell, "shell.InteractiveTB": shell.InteractiveTB}[owner_name]
     # sys.last_exc is set by Python 3.12+ (and IPython there); on older Pythons set it as they do.
     kept = getattr(owner, attribute, None) if attribute != "last_exc" else sys.last_value
     drop_exception(shell)
-    setattr(owner, attribute, kept)  # put back this one reference alone
+    setattr(owner, attribute, kept)
     del kept
     gc.collect()
+
+
+@pytest.mark.parametrize("holder", ["sys.last_value", "sys.last_traceback", "sys.last_exc",
+                                    "shell.last_execution_result", "shell.InteractiveTB.tb"])
+def test_each_exception_reference_alone_keeps_the_frames_and_is_dropped(shell, holder):
+    assert run(shell, FAILING_CELL).error_in_exec is not None
+    keep_only(shell, holder)
     assert alive(shell), f"{holder} alone should keep the failed frame alive"
     shell.run_line_magic("clear_cache", "--quiet")
     assert not alive(shell)
@@ -309,13 +314,7 @@ def test_each_reference_to_the_last_error_alone_is_named(shell, capsys, monkeypa
     if holder.endswith("pdb"):  # a %debug session, then its debugger alone
         monkeypatch.setattr(sys, "stdin", io.StringIO("p activations.shape\nq\n"))
         assert run(shell, "%debug").error_in_exec is None
-    owner_name, attribute = holder.rsplit(".", 1)
-    owner = {"sys": sys, "shell": shell, "shell.InteractiveTB": shell.InteractiveTB}[owner_name]
-    kept = getattr(owner, attribute, None) if attribute != "last_exc" else sys.last_value
-    drop_exception(shell)
-    setattr(owner, attribute, kept)  # put back this one reference alone
-    del kept
-    gc.collect()
+    keep_only(shell, holder)
     capsys.readouterr()
     try:
         shell.run_line_magic("clear_cache", "--vars")
