@@ -29,6 +29,9 @@ class Trial:
     seconds_per_step: Optional[float] = None
     runs: int = 0  # runs started, the failed one included
     error: Optional[str] = None  # "RuntimeError: ..." of a failed trial, first line
+    # Out-of-memory errors the CUDA allocator counted while the trial ran and which never reached
+    # the search: cuDNN's fallback to a smaller workspace, or a cell that skips its batch on OOM.
+    caught_ooms: int = 0
 
     @property
     def fits(self) -> bool:

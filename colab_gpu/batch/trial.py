@@ -19,7 +19,6 @@ import time
 from typing import Callable, Optional, Tuple
 
 from ..memory import cuda_devices_in_use, empty_cuda_cache, working_device
-from ..render import count
 from ..runtime import cuda_torch
 from .oom import ErrorKind, classify, error_chain
 from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial
@@ -258,8 +257,9 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     up to ``min_timed`` seconds; the error comes back only when the user must see it.
 
     An out-of-memory error or Ctrl-C is dropped here, outside the ``except`` block, with
-    its frames, so that the failed trial's tensors can be freed. A run that returns after the
-    allocator counted an out-of-memory error (a cell that skips the batch on OOM) did not fit.
+    its frames, so that the failed trial's tensors can be freed. Out-of-memory errors the CUDA
+    allocator counted but the step caught are recorded, not taken for a failure: cuDNN catches
+    its own when it falls back to an algorithm with a smaller workspace, and the size runs.
     """
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
     # Resolved once per trial, not in each timed run (for auto it asks every GPU for a context).
@@ -268,7 +268,6 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     if gauge is not None:
         gauge.reset()
     timings, runs, error, ooms = [], 0, None, _cuda_ooms(index)
-    caught = 0  # out-of-memory errors the cell caught itself
     try:
         while not _enough(runs, steps, timings, min_timed):
             runs += 1
@@ -289,23 +288,19 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
                 gauge = open_gauge(device, index, measure)
                 if gauge is not None:  # measure=False: none
                     gauge.reset()
-            caught = _cuda_ooms(index) - ooms
-            if caught > 0:
-                break
-    except BaseException as raised:  # Ctrl-C is a trial outcome too
-        error = raised
-    if error is None and caught <= 0:
+    except BaseException as caught:  # Ctrl-C is a trial outcome too
+        error = caught
+    if error is None:
         return Trial(size, FITS, peak_memory=gauge.peak() if gauge else None,
                      capacity=gauge.capacity() if gauge else None,
                      capacity_kills=bool(gauge and gauge.capacity_kills),
-                     seconds_per_step=statistics.median(timings), runs=runs), None
+                     seconds_per_step=statistics.median(timings), runs=runs,
+                     caught_ooms=_cuda_ooms(index) - ooms), None
     interrupted = isinstance(error, KeyboardInterrupt)
-    kind = None if interrupted else classify(error) or ErrorKind.OUT_OF_MEMORY  # None: caught
-    said = describe(error) if error is not None else \
-        f"{count(caught, 'CUDA out-of-memory error')} caught inside the cell"  # by it, or by cuDNN's fallback
+    kind = None if interrupted else classify(error)
     trial = Trial(size, INTERRUPTED if interrupted else _OUTCOMES[kind], runs=runs,
                   capacity=gauge.capacity() if gauge and kind is ErrorKind.OUT_OF_MEMORY else None,
-                  capacity_kills=bool(gauge and gauge.capacity_kills), error=said)
+                  capacity_kills=bool(gauge and gauge.capacity_kills), error=describe(error))
     if interrupted or kind is ErrorKind.OUT_OF_MEMORY:
         _forget_frames(error)
         error = None
