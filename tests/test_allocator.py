@@ -668,6 +668,25 @@ def test_a_refused_setting_already_in_the_environment_is_shown_and_named(env, he
     assert fixed.warnings == ()
 
 
+def test_a_variable_set_by_hand_in_key_value_form_is_not_shown_as_in_effect(magic_env, capsys):
+    """torch's parser splits only at , : [ ] and refuses 'expandable_segments=True' when CUDA
+    starts; the show said the setting was in effect. The fix it names is torch's form."""
+    magic_env.run_line_magic("env", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb=128,expandable_segments=True")
+    magic_env.run_line_magic("config", "GPUMagics.output = 'text'")
+    try:
+        magic_env.run_line_magic("alloc_conf", "")
+        out = " ".join(capsys.readouterr().out.split())
+        assert ("PYTORCH_CUDA_ALLOC_CONF holds 'max_split_size_mb=128,expandable_segments=True' in "
+                "the key=value form, which torch refuses (it reads only key:value,key:value): "
+                "%alloc_conf max_split_size_mb:128,expandable_segments:True rewrites it") in out
+        magic_env.run_line_magic("alloc_conf", "max_split_size_mb:128,expandable_segments:True")
+        magic_env.run_line_magic("alloc_conf", "")
+    finally:
+        magic_env.run_line_magic("config", "GPUMagics.output = 'auto'")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128,expandable_segments:True"
+    assert "key=value form" not in capsys.readouterr().out
+
+
 def test_a_key_repeated_in_the_environment_is_replaced_by_setting_it(env):
     env["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128,expandable_segments:True,max_split_size_mb:256"
     assert "max_split_size_mb is given twice" in alloc_conf(environ=env, modules={}).warnings[0]

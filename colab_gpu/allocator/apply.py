@@ -279,6 +279,17 @@ def _refused_setting(source: str, held: Settings, version, rocm: bool, verb: str
     return None
 
 
+def _key_value_form(source: str, text: Optional[str], settings: Settings) -> Optional[str]:
+    """A variable set by hand in the ``key=value`` form: ours reads it, torch's parser does not
+    (it splits only at ``, : [ ]`` and fails when CUDA starts), so the report must not show it
+    as in effect; None when the variable is in torch's form."""
+    if not source or text is None or "=" not in text:
+        return None
+    fix = command(f"%alloc_conf {to_torch(settings)}", f"colab_gpu.alloc_conf({to_torch(settings)!r})")
+    return (f"{source} holds {text!r} in the key=value form, which torch refuses (it reads only "
+            f"key:value,key:value): {fix} rewrites it in torch's form")
+
+
 def _strings(argument: str, given: Any, example: str) -> Tuple[str, ...]:
     """``given``, one string or several, as a tuple of strings; a TypeError naming ``argument``
     for anything else: a dict's values would be dropped, and bytes read as numbers."""
@@ -365,8 +376,10 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     base = () if reset else current
     if not (changes or unset or reset or save or forget):
         saved, path = saved_setting(environ)
-        refused = _refused_setting(source, base, version, rocm, "holds")
-        warnings = ((refused,) + _warnings((), version) if refused else
+        refused = tuple(problem for problem in (
+            _key_value_form(source, env_before.get(source), base),
+            _refused_setting(source, base, version, rocm, "holds")) if problem)
+        warnings = (refused + _warnings((), version) if refused else
                     _warnings(base, version)) + _ignored_variables(version, env_before, False)
         return AllocConfResult(action="show", settings=base, env_after=env_before,
                                warnings=warnings, in_effect=_in_effect(state, modules),
