@@ -179,6 +179,42 @@ def test_torch_refusing_restores_env_and_torchs_settings(torch_env):
         assert (saved.read_text() if saved.exists() else None) == kept
 
 
+# A fresh process: torch reads the variable once, at its first settings call, and this one has
+# already made it.
+FIRST_READ = r"""
+import json, os, sys
+from IPython.testing.globalipapp import start_ipython
+shell = start_ipython()
+shell.run_line_magic("load_ext", "colab_gpu")
+import torch
+shell.run_line_magic("env", "PYTORCH_CUDA_ALLOC_CONF=" + sys.argv[1])
+try:
+    shell.run_line_magic("alloc_conf", sys.argv[2] + " --json")
+    error = None
+except Exception as caught:
+    error = f"{type(caught).__name__}: {caught}"
+print(json.dumps([error, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                  torch._C._accelerator_getAllocatorSettings()]))
+"""
+
+
+@pytest.mark.parametrize("held, line, env, in_torch", [
+    ("expandable_segments:true", "--reset", None, "expandable_segments:False"),
+    ("expandable_segments:true", "expandable_segments=True", "expandable_segments:True",
+     "expandable_segments:True"),
+    ("expandable_segments=True", "max_split_size_mb=128", "expandable_segments:True,max_split_size_mb:128",
+     "expandable_segments:True,max_split_size_mb:128"),
+])
+def test_the_fix_for_a_refused_variable_works_after_import_torch(tmp_path, held, line, env, in_torch):
+    """Set with %env before torch's first read, a value torch refuses made the fix the report
+    names (--reset, KEY=VALUE) raise torch's own error out of the magic, changing nothing."""
+    done = subprocess.run([sys.executable, "-c", FIRST_READ, held, line], text=True, capture_output=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT),
+                                                COLAB_GPU_CONFIG_DIR=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [None, env, in_torch]
+
+
 def test_an_unset_key_goes_back_to_its_default_in_torch_too(shell, torch_env):
     """torch's parser resets only max_split_size_mb, roundup_power2_divisions and
     garbage_collection_threshold per string: a key merely left out keeps its value."""

@@ -487,7 +487,10 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
     dropped = [(name, default) for name, default in dropped if name not in skip]
     runtime_text = to_torch(tuple((n, v) for n, v in settings if n not in skip)
                             + tuple((n, v) for n, v in dropped if v is not None))
-    previous = setter.get() if setter is not None and setter.get is not None else None
+    try:
+        previous = setter.get() if setter is not None and setter.get is not None else None
+    except Exception:  # torch's first read of a variable it refuses: it holds no settings yet,
+        previous = None  # and reads the variable written below instead, at the setter call
     via = []
     try:
         for name in env_before:
