@@ -324,7 +324,7 @@ class GPUMagics(Magics):
                    "in torch's own form (max_split_size_mb:128,expandable_segments:True); "
                    "they merge with what is already set.")
     @argument("--unset", action="append", default=[], metavar="KEY",
-              help="Remove KEY from the configuration (repeatable).")
+              help="Remove KEY from the configuration (repeatable, or KEY,KEY as torch separates keys).")
     @argument("--reset", action="store_true", help="Start from an empty configuration.")
     @argument("--check", action=_Once, metavar="STRING",
               help="Validate STRING against the installed torch without applying anything.")

@@ -687,6 +687,19 @@ def test_a_variable_set_by_hand_in_key_value_form_is_not_shown_as_in_effect(magi
     assert "key=value form" not in capsys.readouterr().out
 
 
+def test_unset_takes_keys_separated_by_commas(magic_env):
+    """torch separates keys with commas; the list was taken for one unknown key, with a
+    suggestion naming only one of them."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = \
+        "max_split_size_mb:128,expandable_segments:True,garbage_collection_threshold:0.6"
+    magic_env.run_line_magic("alloc_conf", "--unset max_split_size_mb,expandable_segments --json")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == os.environ["PYTORCH_ALLOC_CONF"] == \
+        "garbage_collection_threshold:0.6"
+    with pytest.raises(UsageError, match=r"^unknown allocator key 'nosuch' \("):
+        magic_env.run_line_magic("alloc_conf", "--unset nosuch,garbage_collection_threshold")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.6"
+
+
 def test_a_key_repeated_in_the_environment_is_replaced_by_setting_it(env):
     env["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128,expandable_segments:True,max_split_size_mb:256"
     assert "max_split_size_mb is given twice" in alloc_conf(environ=env, modules={}).warnings[0]

@@ -329,6 +329,8 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     settings = _strings("settings", settings, "'max_split_size_mb=128' or ['max_split_size_mb=128', "
                         "'expandable_segments=True']")
     unset = _strings("unset", unset, "'max_split_size_mb' or ['max_split_size_mb', 'expandable_segments']")
+    # torch's own separator: "max_split_size_mb,expandable_segments" names two keys, not one unknown
+    unset = tuple(name.strip() for names in unset for name in names.split(",") if name.strip())
     if check is not None and not isinstance(check, str):
         raise TypeError(f"alloc_conf() takes check as a string, e.g. 'max_split_size_mb:128'; "
                         f"got {type(check).__name__}")
