@@ -187,7 +187,10 @@ def _node_children(node: Any, saved: Tuple[str, ...]) -> Iterable[Any]:
     for next_node, _ in node.next_functions:
         yield next_node
     for name in saved:
-        value = getattr(node, name, None)
+        try:  # a custom Function's saved tensors raise once backward() has freed them
+            value = getattr(node, name, None)
+        except Exception:  # its ctx attributes, below, are still alive
+            continue
         for raw in value if isinstance(value, (list, tuple)) else (value,):
             if name == "variable":
                 yield raw

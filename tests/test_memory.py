@@ -390,6 +390,32 @@ def test_a_loss_is_named_with_the_activations_its_graph_saved(shell):
         run(shell, "del weights, loss, hooked, unpacked")
 
 
+def test_a_loss_after_backward_is_named_with_what_a_custom_functions_ctx_keeps(shell):
+    """After backward() a custom Function's saved tensors raise on reading, and the walk gave
+    up on its node there: a tensor kept as a ctx attribute (``ctx.mask = ...``), alive until
+    `loss` goes, was left out of what `loss` holds."""
+    import colab_gpu
+
+    run(shell, f"import torch\n"
+               f"class Masked(torch.autograd.Function):\n"
+               f"    @staticmethod\n"
+               f"    def forward(ctx, x):\n"
+               f"        ctx.mask = torch.ones({SIZE})\n"
+               f"        ctx.save_for_backward(x)\n"
+               f"        return x * 2\n"
+               f"    @staticmethod\n"
+               f"    def backward(ctx, grad):\n"
+               f"        return grad * 2\n"
+               f"weights = torch.ones(4, requires_grad=True)\n"
+               f"loss = Masked.apply(weights).sum()\n"
+               f"loss.backward()")
+    try:
+        loss = {h.name: h for h in colab_gpu.memory_holders(shell=shell).holders}["loss"]
+        assert loss.unique == 4 * SIZE + 4, "the ctx's mask and the loss itself"
+    finally:
+        run(shell, "del weights, loss, Masked")
+
+
 def test_freed_counts_the_activations_a_deleted_loss_kept(shell):
     """relu's saved output has no Python object once `.sum()` ran: `%clear_cache loss` freed
     its 61 MiB and the report said 4 B."""
