@@ -607,6 +607,9 @@ def test_magic_refuses_options_that_contradict_each_other(magic_env, capsys, lin
                                     "nothing was changed (COLAB_GPU_CONFIG_DIR names another folder)"),
     ("--forget", "--forget: cannot delete {dir}/alloc_conf.txt (Not a directory: {dir}/alloc_conf.txt); "
                  "nothing was changed (COLAB_GPU_CONFIG_DIR names another folder)"),
+    # Saving an empty result deletes the file: the error names --save, the option typed.
+    ("--reset --save", "--save: cannot delete {dir}/alloc_conf.txt (Not a directory: {dir}/alloc_conf.txt); "
+                       "nothing was changed (COLAB_GPU_CONFIG_DIR names another folder)"),
 ])
 def test_a_config_folder_that_cannot_be_written_is_one_line_and_applies_nothing(magic_env, tmp_path, line,
                                                                                 message):

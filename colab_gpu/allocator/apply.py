@@ -538,7 +538,7 @@ def _save_or_forget(text: str, save: bool, forget: bool, environ
     Saving an empty result (``--reset --save``) is forgetting: %load_ext then applies nothing,
     and the report says which saved setting that replaced instead of saying nothing."""
     saved, path = saved_setting(environ)
-    forgotten = None
+    forgotten, given = None, "save" if save else "forget"  # the option the error names
     if save and not text:
         save, forget = False, True
     try:
@@ -551,7 +551,7 @@ def _save_or_forget(text: str, save: bool, forget: bool, environ
             saved = text
     except OSError as error:  # a read-only home, a file where the folder should be
         where = f": {error.filename}" if error.filename else ""
-        raise AllocConfError(f"{option('save' if save else 'forget', True)}: cannot "
+        raise AllocConfError(f"{option(given, True)}: cannot "
                              f"{'write' if save else 'delete'} "
                              f"{path} ({error.strerror or error}{where}); nothing was changed "
                              f"(COLAB_GPU_CONFIG_DIR names another folder)") from None
