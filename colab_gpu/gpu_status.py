@@ -210,10 +210,12 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
     if source is not None and path is not None:  # path= was ignored without a word
         wrong = "both"
     else:
-        given = source if source is not None else path
+        given = source if source is not None else path  # either one, told apart by its type
         if isinstance(given, (str, bytes, os.PathLike)):
             source, path = None, given
-        elif given is not None and not callable(getattr(given, "snapshot", None)):
+        elif given is None or callable(getattr(given, "snapshot", None)):
+            source, path = given, None  # status(path=open_source(...)) failed in os.fspath
+        else:
             wrong = repr(given)  # status(path=3) failed in os.fspath, naming no argument
     if wrong:
         raise TypeError(f"status() takes a recording's path (str, bytes or os.PathLike) or a DeviceSource "

@@ -126,6 +126,8 @@ def test_status_names_a_wrong_path_and_refuses_a_path_it_would_ignore():
     with pytest.raises(TypeError, match=re.escape(accepted + "both") + "$"):
         colab_gpu.status(recording, path=T4_XML)
     assert [gpu.name for gpu in colab_gpu.status(path=T4_XML).snapshot.gpus] == ["Tesla T4"]
+    # A source given as path= is a source, as a path given first is a path (it failed in os.fspath).
+    assert [gpu.name for gpu in colab_gpu.status(path=recording).snapshot.gpus] == ["Tesla T4"]
 
 
 def _message(call):
