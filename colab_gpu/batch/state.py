@@ -182,7 +182,8 @@ class _ObjectState:
             parameter.requires_grad_(requires_grad)
         if self.empty_stages:
             self.obj._per_optimizer_states.clear()
-        for group, saved in zip(self._param_groups(), self.groups):  # a tensor rate is filled in place
+        # Clones, not the saved tensors: a scheduler fills a tensor rate in place (fill_).
+        for group, saved in zip(self._param_groups(), self.groups):
             group.update(_map_tensors(saved, lambda tensor: tensor.clone()))
         # A layer the cell replaced with one of the same shapes loads the saved weights, but the
         # model would keep the last trial's layer, which the optimizer does not train.
