@@ -456,14 +456,21 @@ def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], i
     return tuple(found), not_yours
 
 
+UNSPLIT_REMAINDER = 1024 ** 2  # CUDA's caching allocator splits a large block only for more left over
+
+
 def _unreached(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int], ...]:
     """Per device, the bytes of the memory reading (live CPU tensors, torch's allocated) that
     no variable, output or error reaches: a library's cache, a thread, a reference cycle.
-    A GPU's reading counts each storage as its allocator rounds it, up to 512 B blocks: the
-    storages reached are rounded so too. Less than 1 MiB is not worth a line."""
+    A GPU's reading counts each storage as the block its allocator gave it: rounded up to
+    512 B, and a block of the large pool (over 1 MiB) is not split for a remainder of 1 MiB or
+    less, which it then counts as allocated too. The storages reached are counted at the most
+    their blocks can hold, so that what is left is memory no rounding explains: a lower bound.
+    Less than 1 MiB is not worth a line."""
     reached: Dict[str, int] = {}
     for (device, _), nbytes in union.items():
-        blocks = nbytes if device == "cpu" else -(-nbytes // 512) * 512
+        blocks = nbytes if device == "cpu" else \
+            -(-nbytes // 512) * 512 + (UNSPLIT_REMAINDER if nbytes > UNSPLIT_REMAINDER else 0)
         reached[device] = reached.get(device, 0) + blocks
     rest = ((reading.device, reading.allocated - reached.get(reading.device, 0))
             for reading in readings if reading.allocated is not None)
