@@ -438,8 +438,9 @@ def test_headroom_spelling():
             Headroom(bad)
 
 
-@pytest.mark.parametrize("spec, advice", [("10", "write 10% for a share of device memory, or a unit like 10MiB"),
-                                          (20, "write 20% for a share"), ("512", "write a unit like 512MiB")])
+@pytest.mark.parametrize("spec, advice", [
+    ("10", r"write 10% for a share of device memory, or a unit like 512MiB or 2GiB \(10b keeps 10 bytes\)"),
+    (20, "write 20% for a share"), ("1000000", r"write a unit like 512MiB or 2GiB \(1000000b keeps")])
 def test_a_headroom_number_without_a_unit_below_a_mebibyte_is_refused_not_taken_as_bytes(spec, advice):
     """--headroom 10 was taken as 10 bytes, which keeps nothing free: the user meant 10% (or
     10 GiB). Bytes without a unit still work where they can mean something; 0 is none."""

@@ -76,7 +76,8 @@ class Headroom:
         if unit == "" and 0 < value < SMALLEST_BARE_HEADROOM:  # 10 meant 10% or 10GiB, never 10 bytes
             share = f"{int(value)}% for a share of device memory, or " if value < 100 else ""
             raise SearchError(f"{given}: a number without a unit is bytes, and {int(value)} bytes "
-                              f"is less than one allocation; write {share}a unit like {int(value)}MiB")
+                              f"is less than one allocation; write {share}a unit like 512MiB or 2GiB "
+                              f"({int(value)}b keeps {int(value)} bytes)")
         if unit == "%" and value >= 100:
             raise SearchError(f"{given}: a percentage must be below 100%")
         self.fraction = value / 100 if unit == "%" else None
