@@ -915,6 +915,38 @@ def test_the_live_page_says_its_address_where_the_iframe_cannot_be_drawn(live_co
     run_live(live_config, "--stop")
 
 
+
+def in_a_thread(make):
+    """What ``make()`` returns when called from a fresh thread, as the sampler's and the page's
+    threads draw: no context variable of the caller (as_magic) is set there."""
+    made = []
+    thread = threading.Thread(target=lambda: made.append(make()))
+    thread.start()
+    thread.join()
+    return made[0]
+
+
+def test_a_script_that_started_the_monitor_is_told_the_python_call_that_stops_it(live_config, monkeypatch):
+    """colab_gpu.live.start() from Python: the widget's text and the cell lines said
+    "%gpu_status --stop" to a caller that never used the magics; the magic's texts stay."""
+    from colab_gpu.live.cells import CellPeaks
+    from colab_gpu.live.widget import live_widget
+
+    sampler, _ = live.start(demo=True, interval=0.02)
+    text = " ".join(in_a_thread(lambda: repr(live_widget(sampler))).split())
+    assert text == ("Live GPU monitor (replay of v100s-pcie-32gb_miris.csv); colab_gpu.live.stop() "
+                    "leaves its summary and chart")
+    peaks = CellPeaks(live.running)
+    live.stop()
+    peaks.before()
+    assert in_a_thread(peaks.after) == ("cell GPU memory: CUDA not started by this process and the "
+                                        "live monitor has stopped; colab_gpu.live.stop() says why")
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objects, **kwargs: shown.extend(objects))
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    assert in_a_thread(lambda: repr(shown[0])).endswith("; %gpu_status --stop leaves its summary and chart")
+    run_live(live_config, "--stop")
+
 def live_port(url: str) -> int:
     return int(url.rstrip("/").rsplit(":", 1)[1])
 

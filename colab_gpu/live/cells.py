@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ..options import command
 from ..render import count, size
 from ..runtime import cuda_torch
 from .panel import source_title, torch_labels
@@ -31,6 +32,10 @@ class CellPeaks:
         self._told_stopped = False  # the user was told the monitor stopped
         self._told_unreported = False  # ... that the source reports no memory used
         self._tally: Optional["_CellTally"] = None  # the samples of the cell running now
+        # Said as its caller runs it, decided now: the lines are made in IPython's cell hooks,
+        # outside the magic that turned them on (where as_magic() says nothing any more).
+        self._stop_hint = command("%gpu_status --stop shows why and ends these lines",
+                                  "colab_gpu.live.stop() says why")
 
     def before(self) -> None:
         self._stop_tally()
@@ -83,7 +88,7 @@ class CellPeaks:
                 return None
             self._told_stopped = True
             return ("cell GPU memory: CUDA not started by this process and the live monitor has "
-                    "stopped; %gpu_status --stop shows why and ends these lines")
+                    f"stopped; {self._stop_hint}")
         self._told_stopped = False
         # Read once, whole: the sampler thread may be adding the sample taken as the cell ended.
         taken, memory = tally.tallied if tally is not None else (0, {})

@@ -38,8 +38,8 @@ class LiveSession:
             # A line per sample holds the prompt until Ctrl-C, which stops the monitor: no
             # later cell would ever run to get its --cells line. Sample in the background.
             print(fold_items(f"colab_gpu: the live monitor samples in the background ({sampler.label}, "
-                             f"every {sampler.interval:g} s): a line after each cell; %gpu_status "
-                             f"--stop ends it", 2))
+                             f"every {sampler.interval:g} s): a line after each cell; "
+                             f"{sampler.stop_command} ends it", 2))
         elif kind == "terminal":
             from .terminal import watch
 

@@ -44,7 +44,7 @@ def display_text(sampler, url: Optional[str] = None) -> str:
     notebook saved without its widget state on GitHub, a terminal IPython), never the object's
     own repr. ``url``: the live page's address, for a display that is that page."""
     where = f" at {url}, for a browser on this machine" if url else ""
-    return f"Live GPU monitor ({sampler.label}){where}; %gpu_status --stop leaves its summary and chart"
+    return f"Live GPU monitor ({sampler.label}){where}; {sampler.stop_command} leaves its summary and chart"
 
 
 def torch_labels(sampler) -> Dict[int, str]:
