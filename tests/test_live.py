@@ -241,17 +241,21 @@ def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
     assert live.stop() is None  # nothing left to stop
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(interval="1"), "the interval is a number of seconds"),
-    (dict(interval=None), "the interval is a number of seconds"),
-    (dict(history=2.5), "the history length is a whole number of samples"),
-    (dict(history="10"), "the history length is a whole number of samples"),
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(interval="1"), TypeError, "interval is a number of seconds, e.g. 1 or 0.5; not '1'"),
+    (dict(interval=None), TypeError, "interval is a number of seconds, e.g. 1 or 0.5; not None"),
+    (dict(interval=0), ValueError, "interval must be a positive number of seconds up to 3600"),
+    (dict(history=2.5), TypeError, "history is a whole number of samples, e.g. 3600; not 2.5"),
+    (dict(history="10"), TypeError, "history is a whole number of samples, e.g. 3600; not '10'"),
+    (dict(history=0), ValueError, "history must be at least 1 sample, not 0"),
 ])
-def test_start_with_an_option_of_the_wrong_type_says_which(kwargs, message):
+def test_start_with_a_wrong_option_names_the_keyword(kwargs, error, message):
     """live.start(interval="1") raised "'<' not supported between instances of 'int' and 'str'",
-    history=2.5 "an integer is required": neither said which argument was wrong."""
-    with pytest.raises(TypeError, match=message):
+    history=2.5 "an integer is required": neither said which argument was wrong; then
+    history=0 said "the history length", a name the caller never wrote."""
+    with pytest.raises(error) as raised:
         live.start(demo=True, **kwargs)
+    assert str(raised.value).startswith(message)
     assert live.running() is None
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional, Tuple
 from ..options import command
 from .panel import numbering_note, recording_note, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
-from .sampler import Sampler, SourceError
+from .sampler import Sampler, SourceError, check_history, check_interval
 
 # How long the live page is still served after a stop: an open page polls at least once a
 # second, so it shows when and why the run stopped instead of "sampling" and a lost server.
@@ -45,6 +45,8 @@ def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
     global _sampler
     if demo and path is not None:  # replaying the bundled trace would drop the user's file silently
         raise ValueError("demo=True replays the bundled trace and path= your recording: give one")
+    # Named as the caller wrote them: the sampler's own check says "the interval".
+    interval, history = check_interval(interval, "interval"), check_history(history, "history")
     with _lock:
         current = running()
         if current is not None:

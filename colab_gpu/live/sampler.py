@@ -40,6 +40,15 @@ def check_interval(seconds: float, name: str = "the interval") -> float:
     return float(seconds)
 
 
+def check_history(samples: int, name: str = "the history length") -> int:
+    """``samples``, the buffer's length, or a ValueError (TypeError: not a whole number)."""
+    if isinstance(samples, bool) or not isinstance(samples, numbers.Integral):
+        raise TypeError(f"{name} is a whole number of samples, e.g. 3600; not {samples!r}")
+    if samples < 1:
+        raise ValueError(f"{name} must be at least 1 sample, not {samples!r}")
+    return samples
+
+
 class GPUReading(NamedTuple):
     """One GPU at one moment: the fields the live monitor draws (None where not reported)."""
 
@@ -134,10 +143,7 @@ class Sampler:
 
     def __init__(self, source: DeviceSource, interval: float = 1.0, history: int = 3600,
                  close_source: bool = False):
-        if isinstance(history, bool) or not isinstance(history, numbers.Integral):
-            raise TypeError(f"the history length is a whole number of samples, e.g. 3600; not {history!r}")
-        if history < 1:
-            raise ValueError(f"the history length must be at least 1 sample, not {history!r}")
+        check_history(history)
         self.source = source
         self.interval = check_interval(interval)
         self.close_source = close_source  # a source this sampler opened itself (a replay)
