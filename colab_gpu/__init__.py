@@ -32,10 +32,16 @@ _LAZY = {
     "is_out_of_memory": "colab_gpu.batch",
 }
 
+# Subpackages a hint tells a script to use (colab_gpu.live.start(demo=True) on the status card,
+# colab_gpu.allocator.KEYS): reachable after a plain `import colab_gpu`, imported on first use.
+_SUBPACKAGES = ("allocator", "live")
+
 __all__ = sorted(_LAZY) + ["load_ipython_extension", "unload_ipython_extension"]
 
 
 def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")  # which also sets it here
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'colab_gpu' has no attribute {name!r}")

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 import colab_gpu
+
+from conftest import ROOT
 
 T4_XML = os.path.join(os.path.dirname(colab_gpu.__file__), "data", "tesla-t4.xml")
 
@@ -202,3 +206,17 @@ def test_hints_name_the_command_as_the_caller_runs_it(call, python, magic, ipyth
     with as_magic():  # as every magic runs the API
         said = _message(lambda: call(config=config, ipython=ipython, monkeypatch=monkeypatch))
     assert magic in said
+
+
+def test_a_script_can_make_the_live_call_the_status_card_advises():
+    """Without a GPU the card says "colab_gpu.live.start(demo=True) runs the monitor on a recorded
+    GPU trace"; in a script that had only run `import colab_gpu`, that call raised
+    "AttributeError: module 'colab_gpu' has no attribute 'live'" (so did colab_gpu.allocator.KEYS)."""
+    script = ("import colab_gpu\n"
+              "sampler, started = colab_gpu.live.start(demo=True, interval=0.01)\n"
+              "sampler.wait(2, timeout=10)\n"
+              "print(repr(colab_gpu.live.stop()).startswith('<RunRecord replay of'), started)\n"
+              "print(len(colab_gpu.allocator.KEYS) > 0)\n")
+    done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.stderr == "" and done.stdout == "True True\nTrue\n"
