@@ -248,13 +248,16 @@ def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
     (dict(history=2.5), TypeError, "history is a whole number of samples, e.g. 3600; not 2.5"),
     (dict(history="10"), TypeError, "history is a whole number of samples, e.g. 3600; not '10'"),
     (dict(history=0), ValueError, "history must be at least 1 sample, not 0"),
+    (dict(path=3), TypeError, "path is a recording's file name (str, bytes or os.PathLike), not 3"),
+    (dict(path=""), ValueError, "path='': give the recording's file name; accepted: an `nvidia-smi -q -x`"),
 ])
 def test_start_with_a_wrong_option_names_the_keyword(kwargs, error, message):
     """live.start(interval="1") raised "'<' not supported between instances of 'int' and 'str'",
     history=2.5 "an integer is required": neither said which argument was wrong; then
-    history=0 said "the history length", a name the caller never wrote."""
+    history=0 said "the history length", a name the caller never wrote; path=3 "expected str,
+    bytes or os.PathLike object, not int", path="" "replay of : cannot replay : no such file"."""
     with pytest.raises(error) as raised:
-        live.start(demo=True, **kwargs)
+        live.start(**{"demo": "path" not in kwargs, **kwargs})
     assert str(raised.value).startswith(message)
     assert live.running() is None
 

@@ -45,6 +45,12 @@ def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
     global _sampler
     if demo and path is not None:  # replaying the bundled trace would drop the user's file silently
         raise ValueError("demo=True replays the bundled trace and path= your recording: give one")
+    if path is not None and not isinstance(path, (str, bytes, os.PathLike)):  # os.fspath named no argument
+        raise TypeError(f"path is a recording's file name (str, bytes or os.PathLike), not {path!r}")
+    if path is not None and not os.fspath(path).strip():  # it read "cannot replay : no such file"
+        from ..devices.replay import ACCEPTED
+
+        raise ValueError(f"path={path!r}: give the recording's file name; {ACCEPTED}")
     # Named as the caller wrote them: the sampler's own check says "the interval".
     interval, history = check_interval(interval, "interval"), check_history(history, "history")
     with _lock:
