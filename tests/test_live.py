@@ -233,11 +233,15 @@ def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
     sampler, started = live.start(demo=True, interval=0.005)
     again, started_again = live.start(interval=5)
     assert started and not started_again and again is sampler
+    # A notebook cell ending in live.start() showed "(<colab_gpu.live.sampler.Sampler object at 0x7f...>, True)".
+    assert re.fullmatch(r"<Sampler replay of v100s-pcie-32gb_miris\.csv: sampling every 0\.005 s, \d+ samples?>",
+                        repr(sampler))
     assert sampler.label == "replay of v100s-pcie-32gb_miris.csv"
     sampler.wait(5, timeout=10)
     record = live.stop()
     samples = live.history(frame=False)
     assert samples == sampler.samples() and len(samples) == record.count >= 6
+    assert repr(sampler) == f"<Sampler replay of v100s-pcie-32gb_miris.csv: stopped, {record.count} samples>"
     assert live.stop() is None  # nothing left to stop
 
 

@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
 from ..options import command
+from ..render import count
 
 THREAD_NAME = "colab_gpu-sampler"
 # An hour: slower sampling cannot follow a notebook's cells, and far longer waits overflow
@@ -183,6 +184,11 @@ class Sampler:
     @property
     def label(self) -> str:
         return self.source.label
+
+    def __repr__(self) -> str:
+        """What ``colab_gpu.live.start()`` shows as a cell's result: the run, not an address."""
+        state = f"sampling every {self.interval:g} s" if self.running else "stopped"
+        return f"<Sampler {self.label}: {state}, {count(self._count, 'sample')}>"
 
     @property
     def running(self) -> bool:
