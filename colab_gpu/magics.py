@@ -131,9 +131,24 @@ def _parse(magic: Callable, line: str):
     return args
 
 
+def _run_cell(code, namespace: dict) -> None:
+    """The user's cell, run by %%find_batch: its errors are its own (see _raised_in_cell)."""
+    __tracebackhide__ = True
+    exec(code, namespace)
+
+
+def _raised_in_cell(error: BaseException) -> bool:
+    """Whether ``error`` came out of the user's cell (its own ``import``, its own NVML call)."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_frame.f_code is not _run_cell.__code__:
+        frame = frame.tb_next
+    return frame is not None
+
+
 def _friendly_errors(method: Callable) -> Callable:
     """Turn a missing package or an NVML failure into one line instead of a traceback; the
-    messages inside spell options as the magic's."""
+    messages inside spell options as the magic's. The user's cell's own errors are raised
+    as they are: its traceback, not "pip install torch" for a misspelt ``from torch import``."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -144,11 +159,13 @@ def _friendly_errors(method: Callable) -> Callable:
         except UsageError:
             raise
         except ImportError as error:
+            if _raised_in_cell(error):
+                raise
             package = (error.name or "").partition(".")[0]  # matplotlib.figure: pip install matplotlib
             print(f"colab_gpu: {package or 'a module'} could not be imported ({error}); "
                   + (f"pip install {package}" if package else "install it with pip"), file=sys.stderr)
         except Exception as error:
-            if not type(error).__name__.startswith("NVMLError"):
+            if not type(error).__name__.startswith("NVMLError") or _raised_in_cell(error):
                 raise
             from .devices.nvml import describe_nvml_error
 
@@ -523,7 +540,7 @@ class GPUMagics(Magics):
             __tracebackhide__ = True
             namespace[args.var] = size
             with later_runs.around_run(), as_magic(False):  # the user's code is Python: its calls speak it
-                exec(code, namespace)
+                _run_cell(code, namespace)
 
         notebook = in_notebook() and self.output != "text"
         progress = NotebookProgress(keep_report=not args.return_result) if notebook else TerminalProgress()

@@ -168,3 +168,20 @@ def test_the_api_as_a_cells_last_expression_shows_its_report_once():
     # Assigned, nothing is returned: the progress display stays the report.
     (kept,) = bundles(notebook.cells[2])
     assert kept["text/plain"].startswith("batch_size = 8 (largest fitting") and "<img" in kept["text/html"]
+
+
+def test_an_import_error_of_the_cell_is_its_own_error_not_a_missing_package():
+    import nbformat
+
+    cells = [SETUP, "%%find_batch --max 16\nx = torch.randn(batch_size, 64)\nfrom torch import no_such_name",
+             "print('ran on')"]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    notebook.cells[1].metadata["tags"] = ["raises-exception"]
+    failed = kernel_execute(notebook, timeout=60).cells[1]
+    # The cell fails with its own error and line, as any cell would: Run All stops there, and
+    # nothing tells the user to pip install the torch they already have.
+    error, = [output for output in failed.outputs if output.output_type == "error"]
+    traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))
+    assert error.ename == "ImportError" and "from torch import no_such_name" in traceback
+    assert "pip install" not in stream(failed, "stderr")
+    assert bundles(failed)[0]["text/plain"].startswith("no batch_size found: batch_size=2 raised ImportError")
