@@ -185,3 +185,32 @@ def test_an_import_error_of_the_cell_is_its_own_error_not_a_missing_package():
     assert error.ename == "ImportError" and "from torch import no_such_name" in traceback
     assert "pip install" not in stream(failed, "stderr")
     assert bundles(failed)[0]["text/plain"].startswith("no batch_size found: batch_size=2 raised ImportError")
+
+
+CTRL_C_WHILE_THE_CHART_IS_DRAWN = """import os, signal, sys
+class Ctrl_C_on_importing_matplotlib:  # the chart's first drawing imports it: a second or so
+    pressed = False
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" and not self.pressed:
+            self.pressed = True
+            os.kill(os.getpid(), signal.SIGINT)  # what ipykernel's interrupt sends
+        return None
+assert "matplotlib" not in sys.modules
+ctrl_c = Ctrl_C_on_importing_matplotlib()
+sys.meta_path.insert(0, ctrl_c)
+batch_size = 7
+"""
+
+
+def test_ctrl_c_while_the_final_report_is_drawn_keeps_the_answer_and_the_report():
+    notebook = run_cells([SETUP, CTRL_C_WHILE_THE_CHART_IS_DRAWN,
+                          "%%find_batch --max 16\nx = torch.randn(batch_size, 64)",
+                          "print('batch_size', batch_size, ctrl_c.pressed)"], timeout=60)
+    # The search had ended: the Ctrl-C is no error, the table is not left "searching ...
+    # still running", and the answer found is assigned, not the variable's old 7.
+    searched = notebook.cells[2]
+    assert not [output for output in searched.outputs if output.output_type == "error"]
+    (report,) = bundles(searched)
+    assert report["text/plain"].startswith("batch_size = 16 (largest fitting"), report["text/plain"]
+    assert "data:image/png;base64," in report["text/html"]
+    assert stream(notebook.cells[3]).strip() == "batch_size 16 True"

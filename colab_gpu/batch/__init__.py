@@ -153,8 +153,11 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
         caught = next((t.caught_ooms for t in result.trials if t.fits and t.size == result.answer), 0)
         if caught:
             result = dataclasses.replace(result, notes=result.notes + (caught_note(variable, result.answer, caught),))
-    if progress is not None:
-        progress.finish(result)
+        # Ctrl-C still held: the search has ended, and the final report (the chart, matplotlib's
+        # first import: a second) is how it stops; raised there, it left the table "still
+        # running" over a KeyboardInterrupt and the answer unassigned.
+        if progress is not None:
+            progress.finish(result)
     if errors and result.trials[-1].outcome != DEVICE_BROKEN:
         raise errors[-1]
     return result
