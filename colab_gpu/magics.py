@@ -653,13 +653,25 @@ class _LaterRuns:
         streams, publisher = (sys.stdout, sys.stderr), self.shell.display_pub
         sys.stdout, sys.stderr = out, err = io.StringIO(), io.StringIO()
         self.shell.display_pub = self.publisher
+        figures = _pyplot_figures()
         try:
             yield
         finally:
             sys.stdout, sys.stderr = streams
             self.shell.display_pub = publisher
-            self.with_output += bool(out.getvalue() or err.getvalue() or self.publisher.outputs)
+            # A figure pyplot opened is shown when the cell ends (the inline backend), not
+            # published now: closed, or every later run added its own under the report.
+            opened = _pyplot_figures() - figures
+            for number in opened:
+                sys.modules["matplotlib.pyplot"].close(number)
+            self.with_output += bool(out.getvalue() or err.getvalue() or self.publisher.outputs or opened)
             self.publisher.outputs.clear()
+
+
+def _pyplot_figures() -> Set[int]:
+    """The numbers of the figures pyplot holds open; none before the user imported it."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    return set(pyplot.get_fignums()) if pyplot is not None else set()
 
 
 def _loaded(shell) -> "GPUMagics | None":

@@ -214,3 +214,14 @@ def test_ctrl_c_while_the_final_report_is_drawn_keeps_the_answer_and_the_report(
     assert report["text/plain"].startswith("batch_size = 16 (largest fitting"), report["text/plain"]
     assert "data:image/png;base64," in report["text/html"]
     assert stream(notebook.cells[3]).strip() == "batch_size 16 True"
+
+
+def test_a_cell_that_plots_shows_the_figure_of_its_first_run_only():
+    notebook = run_cells([SETUP + "%matplotlib inline\nimport matplotlib.pyplot as plt",
+                          "%%find_batch --max 16\nx = torch.randn(batch_size, 64)\n"
+                          "plt.figure(); plt.plot(x[:, 0])"], timeout=60)
+    searched = notebook.cells[1]
+    figures = [bundle for bundle in bundles(searched) if "image/png" in bundle and "text/html" not in bundle]
+    # Six runs each opened a figure: one is the cell's output, as a print's would be, not six.
+    assert len(figures) == 1, [bundle.get("text/plain") for bundle in bundles(searched)]
+    assert "5 later runs had output too, hidden" in stream(searched, "stderr")
