@@ -60,8 +60,7 @@ def _step_rows(report) -> List[Tuple[str, str]]:
 
 
 def _holder_line(holder) -> str:
-    devices = ", ".join(f"{device} {size(n)}" for device, n in holder.by_device)
-    devices = f" ({devices})" if devices else ""  # meta tensors: on no device
+    devices = f" ({_devices(holder.by_device)})" if holder.by_device else ""  # meta tensors: on no device
     shared = ("" if holder.unique == holder.nbytes else "; all shared with other variables"
               if not holder.unique else f"; {size(holder.unique)} held by it alone")
     bound = " (at least: too large to walk fully)" if holder.truncated else ""
@@ -87,13 +86,9 @@ def _outside_line(part, torch_label: Optional[str]) -> Tuple[str, str]:
 
 def _holder_rows(holders) -> List[Tuple[str, str]]:
     rows = [(holder.name, _holder_line(holder)) for holder in holders.holders[:TOP]]
-    rest = holders.holders[TOP:]
-    if rest:  # not their sum: storage they share would count once per variable
-        rows.append((f"{len(rest)} more", f"each {size(rest[0].nbytes)} or less"))
+    rows += _more(holders.holders[TOP:])
     if holders.total_by_device:
-        rows.append(("all variables", ", ".join(f"{device} {size(n)}"
-                                                for device, n in holders.total_by_device)
-                     + " (each storage counted once)"))
+        rows.append(("all variables", f"{_devices(holders.total_by_device)} (each storage counted once)"))
     return rows
 
 
@@ -101,20 +96,23 @@ def _devices(by_device) -> str:
     return ", ".join(f"{device} {size(n)}" for device, n in by_device)
 
 
+def _more(rest) -> List[Tuple[str, str]]:
+    """The row for those past the TOP shown: not their sum, as storage they share would count
+    once for each."""
+    return [(f"{len(rest)} more", f"each {size(rest[0].nbytes)} or less")] if rest else []
+
+
 def _elsewhere_rows(holders) -> List[Tuple[str, str]]:
     """The outputs and the last error by what they hold that no variable does, then the rest."""
-    rows = []
+    rows, clear = [], command("%clear_cache", "colab_gpu.clear_cache()")
     for place in holders.elsewhere[:TOP]:
         bound = " (at least)" if place.truncated else ""
-        clear = command("%clear_cache", "colab_gpu.clear_cache()")
         hint = (f" - {clear} clears it" if place.name.startswith("Out[") else
                 f" - its traceback's frames; {clear} drops it" if place.name == "the last error"
                 else "")
         rows.append((place.name, f"{_devices(place.by_device)}{bound} in "
                                  f"{count(place.tensors, 'tensor')}{hint}"))
-    rest = holders.elsewhere[TOP:]
-    if rest:
-        rows.append((f"{len(rest)} more", f"each {size(rest[0].nbytes)} or less"))
+    rows += _more(holders.elsewhere[TOP:])
     if holders.unreached:
         unwalked = any(h.truncated for h in holders.holders + holders.elsewhere)
         held = ("a library's cache, a thread, a reference cycle or a variable too large to walk "
