@@ -7,7 +7,6 @@ import time.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import sys
@@ -79,15 +78,6 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
     return spec
 
 
-def caught_note(variable: str, answer: int, caught: int) -> str:
-    """The answer ran, but out-of-memory errors were caught inside it: harmless from cuDNN,
-    a size that does not fit from a cell that skips its batch on them. Only the user knows."""
-    return (f"{variable}={answer} ran with {count(caught, 'out-of-memory error')} caught inside it "
-            f"(torch's CUDA allocator counted them): cuDNN's fallback to a smaller workspace does "
-            f"that, and {answer} fits; a cell that skips its batch on out-of-memory does too, and "
-            f"then {answer} does not fit: let that error out of the cell and search again")
-
-
 def check_options(*, variable: str = "batch_size", mode: str = "max", start: Optional[int] = None,
                   maximum: Optional[int] = None, steps: int = 3, headroom=None, multiple_of: int = 1,
                   device: str = "auto") -> None:
@@ -150,9 +140,6 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
                                 f"applied: memory could not be measured here, so only out-of-memory "
                                 f"errors decided what fits")
         result = search.result()
-        caught = next((t.caught_ooms for t in result.trials if t.fits and t.size == result.answer), 0)
-        if caught:
-            result = dataclasses.replace(result, notes=result.notes + (caught_note(variable, result.answer, caught),))
         # Ctrl-C still held: the search has ended, and the final report (the chart, matplotlib's
         # first import: a second) is how it stops; raised there, it left the table "still
         # running" over a KeyboardInterrupt and the answer unassigned.

@@ -26,7 +26,7 @@ import re
 from typing import Callable, List, Optional
 
 from ..options import option
-from ..render import size as format_size
+from ..render import count, size as format_size
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, OUT_OF_MEMORY, OVER_HEADROOM, RUNNING,
                      BatchResult, MemoryFit, Trial)
 
@@ -105,6 +105,15 @@ def kill_note() -> str:
             f"address-space limit set, Linux kills a kernel that goes past the machine's memory "
             f"instead of raising an out-of-memory error the search survives; "
             f"{option('headroom', 0)} uses all of it")
+
+
+def caught_note(variable: str, answer: int, caught: int) -> str:
+    """The answer ran, but out-of-memory errors were caught inside it: harmless from cuDNN,
+    a size that does not fit from a cell that skips its batch on them. Only the user knows."""
+    return (f"{variable}={answer} ran with {count(caught, 'out-of-memory error')} caught inside it "
+            f"(torch's CUDA allocator counted them): cuDNN's fallback to a smaller workspace does "
+            f"that, and {answer} fits; a cell that skips its batch on out-of-memory does too, and "
+            f"then {answer} does not fit: let that error out of the cell and search again")
 
 
 def whole_number(name: str, value) -> int:
@@ -441,7 +450,9 @@ class Search:
             variable=self.variable, mode=self.mode, device=self.device, trials=tuple(self.trials),
             answer=answer, largest_fitting=largest, fastest=fastest, capacity=self.capacity,
             usable=self.usable, fit=fit, stopped=self.stopped,
-            notes=tuple(self.notes) + ((kill_note(),) if self._kill_headroom_binds(fit) else ()))
+            notes=tuple(self.notes) + ((kill_note(),) if self._kill_headroom_binds(fit) else ())
+            + tuple(caught_note(self.variable, answer, trial.caught_ooms) for trial in successes
+                    if trial.size == answer and trial.caught_ooms))
 
     def _kill_headroom_binds(self, fit: Optional[MemoryFit]) -> bool:
         """The default KILL_HEADROOM is in effect and memory bounds the answer: a size ran over
