@@ -11,6 +11,7 @@ import warnings
 import pynvml
 import pytest
 
+import colab_gpu
 import colab_gpu.devices
 import colab_gpu.devices.nvml as nvml_module
 from colab_gpu.devices.nvml import NO_PYNVML, NvmlSource, decode_clock_event_reasons, describe_nvml_error
@@ -109,6 +110,46 @@ def test_missing_pynvml_without_a_driver_says_there_is_no_driver(monkeypatch):
     monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: False, raising=False)
     problem = NvmlSource().snapshot().problem
     assert "pip install" not in problem and "no NVIDIA driver is installed here" in problem
+
+
+@pytest.fixture
+def driver_probe():
+    """nvidia_driver_present() asked anew: it keeps its answer for the process."""
+    nvml_module.nvidia_driver_present.cache_clear()
+    yield nvml_module.nvidia_driver_present
+    nvml_module.nvidia_driver_present.cache_clear()
+
+
+def test_a_mac_has_no_nvidia_driver(monkeypatch, driver_probe):
+    """On a Mac without pynvml the card said "pip install nvidia-ml-py", which reads no GPU
+    there either, and the advice kept quiet about there being none."""
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert driver_probe() is False
+    status = colab_gpu.status(NvmlSource())
+    assert "pip install" not in status.snapshot.problem
+    assert "no NVIDIA driver is installed here" in status.snapshot.problem
+    assert "no_gpu_found" in [advice.rule for advice in status.advice]
+
+
+@pytest.mark.parametrize("folder", [None, ("WINDIR", "System32"), ("ProgramFiles", "NVIDIA Corporation/NVSMI")],
+                         ids=["no-driver", "dch-driver", "nvsmi"])
+def test_a_windows_driver_is_told_by_its_nvml_dll(monkeypatch, tmp_path, driver_probe, folder):
+    """Where pynvml loads nvml.dll from: a Windows laptop without an NVIDIA driver was told to
+    pip install nvidia-ml-py; one with the driver but no pynvml still is."""
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setenv("WINDIR", str(tmp_path / "Windows"))
+    monkeypatch.setenv("ProgramFiles", str(tmp_path / "Program Files"))
+    if folder is not None:
+        variable, under = folder
+        dll = tmp_path / ("Windows" if variable == "WINDIR" else "Program Files") / under / "nvml.dll"
+        dll.parent.mkdir(parents=True)
+        dll.write_bytes(b"")
+    assert driver_probe() is (folder is not None)
+    problem = NvmlSource().snapshot().problem
+    assert (problem == NO_PYNVML) is (folder is not None)
+    assert ("no NVIDIA driver is installed here" in problem) is (folder is None)
 
 
 class _DeprecatedPynvmlFinder(importlib.abc.MetaPathFinder):

@@ -63,12 +63,19 @@ def _driver_loaded() -> bool:
     return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")
 
 
+def _windows_nvml_paths() -> Tuple[str, ...]:
+    """Where pynvml loads nvml.dll from on Windows: System32 (DCH drivers), then NVSMI."""
+    return (os.path.join(os.getenv("WINDIR", "C:/Windows"), "System32", "nvml.dll"),
+            os.path.join(os.getenv("ProgramFiles", "C:/Program Files"), "NVIDIA Corporation", "NVSMI", "nvml.dll"))
+
+
 @functools.lru_cache(maxsize=None)
 def nvidia_driver_present() -> bool:
-    """Whether this machine has an NVIDIA driver: loaded (see _driver_loaded) or NVML's library
-    on the loader's path. Elsewhere it cannot be told cheaply: True."""
-    if not sys.platform.startswith("linux"):
-        return True
+    """Whether this machine has an NVIDIA driver, where pynvml would find it: on Windows its
+    nvml.dll; elsewhere loaded (see _driver_loaded) or NVML's library on the loader's path,
+    which macOS never has (NVML is made for Linux and Windows only)."""
+    if sys.platform.startswith("win"):
+        return any(os.path.exists(path) for path in _windows_nvml_paths())
     import ctypes.util
 
     return _driver_loaded() or ctypes.util.find_library("nvidia-ml") is not None
