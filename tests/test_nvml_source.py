@@ -247,6 +247,38 @@ def test_fixed_fields_are_read_once_while_nvml_is_up():
     assert nvml.calls.count("nvmlDeviceGetUUID") == 2 * after_first.count("nvmlDeviceGetUUID")
 
 
+def test_a_field_the_gpu_lacks_is_asked_once():
+    """A T4 has no MIG mode and the 8-GPU log's driver no version: NVML's NotSupported is an
+    answer for good, kept like a value, so a live chart does not ask again every second."""
+    for path, lacking in ((T4, "nvmlDeviceGetMigMode"), (EIGHT_GPUS, "nvmlSystemGetDriverVersion")):
+        nvml = RecordedNvml.from_recording(path)
+        source = NvmlSource(nvml=nvml)
+        source.snapshot()
+        asked = nvml.calls.count(lacking)
+        source.snapshot()
+        assert nvml.calls.count(lacking) == asked >= 1, lacking
+
+
+def test_a_driver_that_failed_once_is_asked_again(shell, capsys, live):
+    """A driver busy at the first %gpu_status (a timeout, an unknown error) answers later: the
+    card kept "unknown GPU", no UUID, no compute capability (so no fp16 advice) and no driver
+    version for the rest of the process."""
+    nvml = live(RecordedNvml.from_recording(T4).fail("nvmlInit", pynvml.NVML_ERROR_TIMEOUT))
+    assert "No GPU read: the NVIDIA driver timed out" in run_status(shell, capsys)
+    nvml._failures.clear()
+    for function in ("nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetCudaComputeCapability",
+                     "nvmlSystemGetDriverVersion", "nvmlDeviceGetMaxClockInfo"):
+        nvml.fail(function, pynvml.NVML_ERROR_TIMEOUT)
+    first = run_status(shell, capsys)
+    assert "unknown GPU" in first and "fp16" not in first
+    nvml._failures.clear()
+    text = run_status(shell, capsys)
+    assert "unknown GPU" not in text and "Tesla T4" in text and "fp16" in text
+    assert "515.105.01" in text and "GPU-d37e67a5" in text
+    status = colab_gpu.status()
+    assert status.snapshot.driver_version == "515.105.01" and status.gpus[0].sm_clock_max == 1590
+
+
 def test_both_cards_show_cuda_visible_devices_of_this_machine_only(monkeypatch):
     """The HTML card (what a notebook shows) left it out; a recording's card showed this machine's."""
     from IPython.lib.pretty import pretty

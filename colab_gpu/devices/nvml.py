@@ -81,6 +81,11 @@ def nvidia_driver_present() -> bool:
     return _driver_loaded() or ctypes.util.find_library("nvidia-ml") is not None
 
 
+# NVML's answers that a device or driver lacks a field for good, unlike a busy or failing driver
+# (a timeout, an unknown error) that may answer the next call: only then is a fixed field's None kept.
+_LASTING_ERRORS = frozenset({"NVMLError_NotSupported", "NVMLError_FunctionNotFound"})
+
+
 def decode_clock_event_reasons(mask: int) -> Tuple[str, ...]:
     """Words for each bit set in an NVML clocks-event (throttle) reason mask."""
     return tuple(word for bit, word in CLOCK_EVENT_REASONS if mask & bit)
@@ -107,7 +112,8 @@ class NvmlSource:
     What cannot change while NVML is up (a device's handle, name, UUID, bus, compute
     capability, maximum clocks and PCIe link, MIG mode, the driver's versions) is read once: a live
     chart samples every second, and on an H200 the two maximum-clock reads alone took 2.7 of
-    a snapshot's 3.3 ms (0.10 ms without them).
+    a snapshot's 3.3 ms (0.10 ms without them). Once only where each read answered or said the
+    field is not supported: a driver that failed or timed out is asked again next time.
     """
 
     label = "NVML"
@@ -164,16 +170,19 @@ class NvmlSource:
             nvml = self._nvml
             try:
                 count = nvml.nvmlDeviceGetCount()
-                if self._versions is None:  # no one GPU's: even "GPU is lost" leaves them n/a
-                    self._versions = (self._field(lambda: _text(nvml.nvmlSystemGetDriverVersion()), device=False),
-                                      self._field(self._cuda_driver_version, device=False))
+                versions = self._versions
+                if versions is None:  # no one GPU's: even "GPU is lost" leaves them n/a
+                    failed: list = []
+                    versions = (self._field(lambda: _text(nvml.nvmlSystemGetDriverVersion()), False, failed),
+                                self._field(self._cuda_driver_version, False, failed))
+                    self._versions = None if failed else versions
             except Exception as error:
                 return Snapshot(source=self.label, problem=describe_nvml_error(error))
             return Snapshot(
                 source=self.label,
                 gpus=tuple(self._read_gpu(index, read_fields) for index in range(count)),
-                driver_version=self._versions[0],
-                cuda_driver_version=self._versions[1],
+                driver_version=versions[0],
+                cuda_driver_version=versions[1],
             )
 
     def close(self) -> None:
@@ -187,14 +196,17 @@ class NvmlSource:
                     pass
 
     @staticmethod
-    def _field(read: Callable[[], Any], device: bool = True) -> Any:
+    def _field(read: Callable[[], Any], device: bool = True, failed: Optional[list] = None) -> Any:
         """A field's value, or None where the device or driver does not support it; a device's
-        field that finds its GPU lost raises, for _read_gpu to mark the whole device."""
+        field that finds its GPU lost raises, for _read_gpu to mark the whole device. An error
+        that may pass (see _LASTING_ERRORS) is added to ``failed``."""
         try:
             return read()
         except Exception as error:
             if device and _is_lost(error):
                 raise
+            if failed is not None and type(error).__name__ not in _LASTING_ERRORS:
+                failed.append(error)
             return None
 
     def _cuda_driver_version(self) -> str:
@@ -212,9 +224,11 @@ class NvmlSource:
             return GPU(index=index, name=name, error=describe_nvml_error(error))
 
     def _device(self, index: int) -> Tuple[Any, str, Dict[str, Any]]:
-        """The handle, name and fields that stay fixed while NVML is up, read on first use."""
+        """The handle, name and fields that stay fixed while NVML is up, read on first use and
+        kept once every read has answered for good."""
         if index not in self._devices:
-            nvml, field = self._nvml, self._field
+            failed: list = []
+            nvml, field = self._nvml, functools.partial(self._field, failed=failed)
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             # A name NVML cannot give (a vGPU, a timeout) leaves the other fields readable.
             name = field(lambda: _text(nvml.nvmlDeviceGetName(handle))) or UNKNOWN_GPU
@@ -229,6 +243,8 @@ class NvmlSource:
                 # Changing the mode takes a GPU reset, which ends this handle anyway.
                 mig_enabled=field(lambda: nvml.nvmlDeviceGetMigMode(handle)[0] == nvml.NVML_DEVICE_MIG_ENABLE),
             )
+            if failed:  # "unknown GPU", no UUID ... only until the driver answers
+                return handle, name, fixed
             self._devices[index] = (handle, name, fixed)
         return self._devices[index]
 
