@@ -210,7 +210,7 @@ def cpu_torch_on_gpu_machine(status):
         return None
     torch = status.runtime.torch
     if torch.imported:
-        cpu_build = not torch.cuda_built
+        cpu_build = not torch.cuda_built and not torch.hip_version
     else:
         version = _torch_version(status)
         if version is None:

@@ -36,8 +36,9 @@ class TorchState:
 
     imported: bool
     version: Optional[str] = None
-    cuda_version: Optional[str] = None  # the CUDA torch was built with; None for a CPU build
+    cuda_version: Optional[str] = None  # the CUDA torch was built with; None for a CPU or ROCm build
     cuda_initialized: bool = False
+    hip_version: Optional[str] = None  # the ROCm (HIP) a ROCm build was built with: torch.cuda runs on it
 
     @property
     def cuda_built(self) -> bool:
@@ -117,9 +118,10 @@ def torch_state(modules: Mapping[str, object] = sys.modules) -> TorchState:
     if torch is None:
         return TorchState(imported=False)
     version = getattr(torch, "__version__", None)
-    cuda_version = getattr(getattr(torch, "version", None), "cuda", None)
+    build = getattr(torch, "version", None)
     return TorchState(imported=True, version=str(version) if version else None,
-                      cuda_version=cuda_version, cuda_initialized=cuda_torch(modules) is not None)
+                      cuda_version=getattr(build, "cuda", None), cuda_initialized=cuda_torch(modules) is not None,
+                      hip_version=getattr(build, "hip", None))
 
 
 def current_shell(modules: Mapping[str, object] = sys.modules) -> object:

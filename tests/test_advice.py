@@ -99,6 +99,8 @@ def test_cpu_torch_on_gpu_machine():
     assert "CPU-only" in fired(make_status([T4], torch=cpu_torch))["cpu_torch_on_gpu_machine"]
     assert "cpu_torch_on_gpu_machine" not in fired(make_status([T4]))
     assert "cpu_torch_on_gpu_machine" not in fired(make_status([], torch=cpu_torch))
+    rocm_torch = TorchState(imported=True, version="2.5.1+rocm6.2", hip_version="6.2.41133-dd7f95766")
+    assert "cpu_torch_on_gpu_machine" not in fired(make_status([T4], torch=rocm_torch))  # not a CPU-only build
 
 
 def test_cpu_torch_on_gpu_machine__from_installed_metadata_without_importing():

@@ -128,3 +128,20 @@ def test_no_shell_and_no_ipython_is_plain_python(clean_env):
     from colab_gpu.runtime import current_shell
 
     assert current_shell({}) is None
+
+
+def test_a_rocm_torch_is_not_called_a_cpu_only_build(monkeypatch):
+    """A ROCm build of torch (AMD GPUs, through torch.cuda) has no torch.version.cuda but a
+    torch.version.hip: the card said "torch 2.5.1+rocm6.2 (CPU-only build), CUDA initialized"."""
+    import torch
+
+    import colab_gpu
+    from conftest import DATA
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133-dd7f95766")
+    status = colab_gpu.status(DATA / "nvidia-smi-xml" / "tesla-t4.xml")
+    first_line = str(status).splitlines()[0]
+    assert "(ROCm 6.2.41133-dd7f95766)" in first_line and "CPU-only" not in first_line
+    assert "CPU-only" not in status._repr_html_()
+    assert status.runtime.torch.hip_version == "6.2.41133-dd7f95766"  # --json says it too

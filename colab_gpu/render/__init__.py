@@ -234,7 +234,8 @@ def torch_summary(torch) -> str:
     """"torch 2.11.0 (CUDA 12.8), CUDA not initialized", from a TorchState."""
     if not torch.imported:
         return "torch not imported yet"
-    build = f"CUDA {torch.cuda_version}" if torch.cuda_built else "CPU-only build"
+    build = (f"CUDA {torch.cuda_version}" if torch.cuda_built else f"ROCm {torch.hip_version}"
+             if torch.hip_version else "CPU-only build")
     state = "CUDA initialized" if torch.cuda_initialized else "CUDA not initialized"
     return f"torch {torch.version} ({build}), {state}"
 
