@@ -16,6 +16,7 @@ import numbers
 import re
 import shlex
 import sys
+import time
 from collections.abc import Iterator
 from typing import Callable, Dict, List, Set, Tuple
 
@@ -406,6 +407,11 @@ class GPUMagics(Magics):
         if args.demo and args.path:
             raise UsageError("--demo replays the bundled trace and --from FILE your recording: give one")
         interval = self.live_interval if args.interval is None else args.interval  # both checked
+        ended = live.stopped_by_itself()
+        if ended is not None:  # the new run replaces it: its summary now or never
+            print(f"colab_gpu: the last live run stopped by itself at "
+                  f"{time.strftime('%H:%M:%S', time.localtime(ended.stopped_at))}; its summary:")
+            self._show(ended)
         try:
             sampler, started = live.start(path=args.path, demo=args.demo, interval=interval,
                                           history=self.live_history)

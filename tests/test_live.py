@@ -1172,6 +1172,33 @@ def test_cells_says_once_that_the_monitor_stopped_by_itself(live_config, monkeyp
         source.close()
 
 
+def test_a_new_live_start_first_shows_the_summary_of_the_run_that_stopped_by_itself(
+        live_config, monkeypatch, capsys):
+    """After a lost GPU, the next --live replaced the run unseen: its summary was never shown
+    and --stop then summarised the new run only."""
+    import colab_gpu.devices
+
+    source = NvmlSource(nvml=RecordedNvml(V100, lose_gpu_after=3))
+    monkeypatch.setattr(colab_gpu.devices, "default_source", lambda: source)
+    try:
+        run_live(live_config, "--live --interval 0.01", live_display="widgets")
+        wait_until(lambda: live.running() is None)  # the GPU fell off the bus
+        lost = live._sampler
+        capsys.readouterr()
+        run_live(live_config, "--live --demo --interval 0.01")
+        out = unfolded(capsys.readouterr().out)
+        clock = time.strftime("%H:%M:%S", time.localtime(lost.stopped_at))
+        assert f"colab_gpu: the last live run stopped by itself at {clock}; its summary:" in out
+        assert "samples every 0.01 s over" in out and "NVML; it had stopped by itself: GPU 0: a GPU fell off the bus" in out
+        assert lost.closed and live.running() is not None
+        run_live(live_config, "--stop")
+        out = unfolded(capsys.readouterr().out)
+        assert "replay of v100s" in out and "fell off the bus" not in out
+    finally:
+        live.stop()
+        source.close()
+
+
 def test_cells_on_a_recording_without_memory_says_so_once_not_an_empty_line_per_cell(live_config, capsys):
     """nanoGPT's log has utilization, power and temperature but no memory: every cell ended
     with "cell GPU memory (REPLAY ..., 21 samples): " and nothing after the colon."""

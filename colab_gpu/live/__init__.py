@@ -35,7 +35,8 @@ def running() -> Optional[Sampler]:
 
 def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
           history: int = 3600) -> Tuple[Sampler, bool]:
-    """(the sampler, whether it was started now): a running sampler is reused as it is.
+    """(the sampler, whether it was started now): a running sampler is reused as it is; one
+    that stopped by itself is ended and replaced (``stop()`` before returns its record).
 
     Reads the live GPUs through NVML, or replays the recording at ``path`` (or the bundled
     demo trace) one time step per sample, looping. Raises :class:`SourceError` when the
@@ -57,6 +58,8 @@ def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
         current = running()
         if current is not None:
             return current, False
+        if _sampler is not None:  # stopped by itself: nothing may stay registered at exit
+            _sampler.stop()
         if demo or path is not None:
             from ..devices.replay import ReplaySource
 
@@ -86,6 +89,17 @@ def stop(reason: Optional[str] = None) -> Optional[RunRecord]:
             _server.stop_after(FINAL_STATE_SECONDS)
             _server = None
         return record
+
+
+def stopped_by_itself() -> Optional[RunRecord]:
+    """The record of the last run if it stopped by itself (a lost GPU) and no stop() has ended
+    it since, which this does now; else None. A new start() would replace that run unseen."""
+    with _lock:
+        sampler = _sampler
+        if sampler is None or sampler.running or sampler.closed:
+            return None
+        sampler.stop()
+        return record_of(sampler)
 
 
 def page_server():
