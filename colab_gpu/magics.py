@@ -244,7 +244,8 @@ class GPUMagics(Magics):
     @argument("--live", action="store_true",
               help="Follow utilization, memory, power and temperature of every GPU while other "
                    "cells run: widgets in Jupyter, a live page in Colab, a line per sample in a "
-                   "terminal. A second --live shows the running monitor again.")
+                   "terminal. A second --live shows the running monitor again; one with another "
+                   "--from or --demo is refused until --stop.")
     @argument("--stop", action="store_true",
               help="Stop the live monitor and show a summary of the whole run (and its chart in a notebook).")
     @argument("--interval", action=_Once, type=_number(float, "a number of seconds"), metavar="SECONDS",
@@ -415,6 +416,8 @@ class GPUMagics(Magics):
         try:
             sampler, started = live.start(path=args.path, demo=args.demo, interval=interval,
                                           history=self.live_history)
+        except live.AlreadyRunning as error:
+            raise UsageError(str(error)) from None
         except ValueError as error:  # the source cannot be read: no driver, a bad recording
             hint = "" if args.demo or args.path else "; %gpu_status --live --demo replays a recorded trace"
             if hint and _colab_without_gpu(self.shell):  # the card's own advice, in short

@@ -617,6 +617,35 @@ def test_start_refuses_a_path_and_the_demo_together():
     assert live.running() is None
 
 
+def test_a_start_from_another_source_while_one_runs_is_refused_not_answered_with_the_old_one(
+        live_config, capsys):
+    """start(path=other) and --live --from other.csv returned the running demo without a word:
+    the user read the demo's numbers as their recording's. The same source or none reuses it."""
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    demo = live.running()
+    with pytest.raises(live.AlreadyRunning) as raised:
+        live.start(path=str(NANOGPT))
+    assert str(raised.value) == (
+        "the live monitor is already running (replay of v100s-pcie-32gb_miris.csv, every 0.02 s), one per "
+        f"kernel: colab_gpu.live.stop() ends it before path={str(NANOGPT)!r} can start")
+    with pytest.raises(UsageError, match=r"^the live monitor is already running \(replay of v100s-pcie-32gb_miris.csv, "
+                       r"every 0.02 s\), one per kernel: %gpu_status --stop ends it before --from '.*nanogpt-pr643.csv' "
+                       r"can start$"):
+        run_live(live_config, f"--live --from {NANOGPT} --cells")
+    assert cell_hooks(live_config) == []  # nothing of the refused start was left behind
+    assert live.start(demo=True) == (demo, False) and live.start() == (demo, False)
+    assert live.start(path=live.DEMO_TRACE) == (demo, False)
+    live.stop()
+    run_live(live_config, f"--live --from {NANOGPT} --interval 0.02")
+    with pytest.raises(live.AlreadyRunning, match=r"ends it before demo=True can start$"):
+        live.start(demo=True)
+    with pytest.raises(UsageError, match=r"ends it before --demo can start$"):
+        run_live(live_config, "--live --demo")
+    capsys.readouterr()
+    run_live(live_config, f"--live --from {NANOGPT}")
+    assert "already running (replay of 8gpu-training_nanogpt-pr643.csv" in capsys.readouterr().out
+
+
 def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys):
     run_live(live_config, "--live --demo --interval 0.02", live_lines=3)
     lines = capsys.readouterr().out.splitlines()

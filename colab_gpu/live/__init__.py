@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Any, Optional, Tuple
 
-from ..options import command
+from ..options import command, option
 from .panel import numbering_note, recording_note, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
 from .sampler import Sampler, SourceError, check_history, check_interval
@@ -33,10 +33,27 @@ def running() -> Optional[Sampler]:
     return _sampler if _sampler is not None and _sampler.running else None
 
 
+class AlreadyRunning(ValueError):
+    """start() was asked for another source than the running monitor's."""
+
+
+def _replays(sampler: Sampler, path) -> bool:
+    """Whether ``sampler`` replays the recording at ``path``; None asks for no source: any."""
+    from ..devices.replay import ReplaySource
+
+    if path is None:
+        return True
+    if not isinstance(sampler.source, ReplaySource):
+        return False
+    same = [os.path.realpath(os.path.expanduser(os.fsdecode(p))) for p in (sampler.source.path, path)]
+    return same[0] == same[1]
+
+
 def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
           history: int = 3600) -> Tuple[Sampler, bool]:
-    """(the sampler, whether it was started now): a running sampler is reused as it is; one
-    that stopped by itself is ended and replaced (``stop()`` before returns its record).
+    """(the sampler, whether it was started now): a running sampler is reused as it is (given
+    another ``path`` or ``demo``, AlreadyRunning says so); one that stopped by itself is ended
+    and replaced (``stop()`` before returns its record).
 
     Reads the live GPUs through NVML, or replays the recording at ``path`` (or the bundled
     demo trace) one time step per sample, looping. Raises :class:`SourceError` when the
@@ -57,6 +74,12 @@ def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
     with _lock:
         current = running()
         if current is not None:
+            if not _replays(current, DEMO_TRACE if demo else path):  # reused, it dropped the user's source unsaid
+                asked = option("demo", True) if demo else option("path", os.fsdecode(path))
+                raise AlreadyRunning(
+                    f"the live monitor is already running ({current.label}, every {current.interval:g} s), one "
+                    f"per kernel: {command('%gpu_status --stop', 'colab_gpu.live.stop()')} ends it before "
+                    f"{asked} can start")
             return current, False
         if _sampler is not None:  # stopped by itself: nothing may stay registered at exit
             _sampler.stop()
