@@ -1275,6 +1275,28 @@ class FakeCuda:
         return self.reserved
 
 
+def test_a_scripts_live_stop_also_ends_the_cells_lines_and_their_peak_resets(live_config, monkeypatch, capsys):
+    """colab_gpu.live.stop() left the --cells hooks registered: every later cell still printed
+    a line and reset torch's peak counters, so the user's own max_memory_allocated() read
+    per cell, long after the monitor was stopped."""
+    cuda = FakeCuda()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    run_live(live_config, "--live --demo --cells --interval 0.02", live_display="widgets")
+    live_config.run_cell("x = 1")
+    assert "cell GPU memory (torch)" in capsys.readouterr().out
+    assert "Live monitor stopped" in str(live.stop())
+    assert cell_hooks(live_config) == []
+    cuda.peak = 5 * 2 ** 30  # the user's training step peaked at 5 GiB
+    for cell in ("y = 2", "z = 3"):
+        live_config.run_cell(cell)
+    assert "cell GPU memory" not in capsys.readouterr().out
+    assert cuda.peak == 5 * 2 ** 30  # still theirs to read
+    run_live(live_config, "--live --demo --cells --interval 0.02")  # turned on again: one pair of hooks
+    assert len(cell_hooks(live_config)) == 2
+    run_live(live_config, "--stop")
+    assert cell_hooks(live_config) == []
+
+
 def test_cells_uses_torchs_own_peak_counters_once_cuda_is_initialized(monkeypatch):
     from colab_gpu.live.cells import CellPeaks
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..options import command, option
 from .panel import numbering_note, recording_note, torch_labels
@@ -26,6 +26,14 @@ DEMO_TRACE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
 _lock = threading.Lock()
 _sampler: Optional[Sampler] = None  # the running sampler, or the last one (for history())
 _server: Any = None  # the live page's server, started on first request
+_cleanups: List[Callable[[], None]] = []  # what the next stop() also ends (on_stop)
+
+
+def on_stop(cleanup: Callable[[], None]) -> None:
+    """Call ``cleanup()`` once at the next stop(), whoever calls it: the magic's --cells hooks
+    went on after a script's ``colab_gpu.live.stop()``, a route that knows nothing of them."""
+    with _lock:
+        _cleanups.append(cleanup)
 
 
 def running() -> Optional[Sampler]:
@@ -111,7 +119,11 @@ def stop(reason: Optional[str] = None) -> Optional[RunRecord]:
         if _server is not None:
             _server.stop_after(FINAL_STATE_SECONDS)
             _server = None
-        return record
+        cleanups = _cleanups[:]
+        del _cleanups[:]
+    for cleanup in cleanups:
+        cleanup()
+    return record
 
 
 def stopped_by_itself() -> Optional[RunRecord]:

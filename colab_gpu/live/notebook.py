@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..render import fold, fold_items
-from . import live_url, page_server, running, stop
+from . import live_url, on_stop, page_server, running, stop
 from .panel import display_text
 from .record import RunRecord
 
@@ -77,15 +77,18 @@ class LiveSession:
         self.shell.events.register("pre_run_cell", pre)
         self.shell.events.register("post_run_cell", post)
         self._hooks = (pre, post)
+        on_stop(self._unhook)  # also when a script calls colab_gpu.live.stop()
 
-    def stop(self, reason: Optional[str] = None) -> Optional[RunRecord]:
-        """Remove the cell hooks, stop the sampler and the page; the run's record, if any.
-        ``reason``: what stopped it, for the live page ("%gpu_status --stop")."""
+    def _unhook(self) -> None:
         if self._hooks is not None:
             pre, post = self._hooks
             self.shell.events.unregister("pre_run_cell", pre)
             self.shell.events.unregister("post_run_cell", post)
             self._hooks = None
+
+    def stop(self, reason: Optional[str] = None) -> Optional[RunRecord]:
+        """Stop the sampler and the page, which removes the cell hooks; the run's record, if
+        any. ``reason``: what stopped it, for the live page ("%gpu_status --stop")."""
         return stop(reason)
 
 
