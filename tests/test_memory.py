@@ -443,7 +443,9 @@ def test_python_api_returns_the_report(shell):
     assert "sys.last_traceback" in report.steps[0].done
     assert not report.cuda_initialized and not torch.cuda.is_initialized()
     assert repr(report).startswith("<ClearReport clear_cache: freed cpu tensors")
-    assert str(report).splitlines()[0] == report.summary() and "Steps:" in str(report)  # print()
+    # print(): the report opens with the line, folded as the text report folds its rows
+    assert " ".join(str(report).split()).startswith(" ".join(report.summary().split()))
+    assert "Steps:" in str(report)
     html = report._repr_html_()
     assert "cgpu-card" in html and "Steps" in html
 
@@ -721,3 +723,34 @@ def test_cuda_started_by_a_query_alone_is_left_untouched(shell, monkeypatch):
         monkeypatch.setattr(torch.cuda, name, lambda *args: pytest.fail("a CUDA call without a context"))
     report = __import__("colab_gpu").clear_cache(shell=shell)
     assert report.steps[-1].done == "no GPU has a CUDA context yet: nothing is cached"
+
+
+@pytest.fixture
+def cuda_holding(monkeypatch):
+    """CUDA runs on cuda:0 (the faked boundary) with ``stats`` as its allocator's statistics:
+    what a test puts there is allocated memory no variable of the shell reaches."""
+    stats = {}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: stats)
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda device: True, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for name in ("synchronize", "empty_cache", "ipc_collect"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args: None)
+    return stats
+
+
+def test_the_quiet_line_says_what_no_variable_holds(shell, capsys, cuda_holding):
+    """`%clear_cache --quiet` said "nothing freed" and nothing else while 3 GiB stayed
+    allocated that no variable holds: the line must give the rest, as the report does."""
+    cuda_holding.update({"allocated_bytes.all.current": 3 * GiB, "reserved_bytes.all.current": 4 * GiB})
+    shell.run_line_magic("clear_cache", "")
+    rest = rows(capsys.readouterr().out, "Held by none of your variables")["the rest"]
+    # other tests' leftovers may be in the rest too (cpu ...), before the GPU's
+    assert rest.startswith("at least ") and "cuda:0 3.00 GiB that no variable" in rest
+    shell.run_line_magic("clear_cache", "--quiet")
+    line = capsys.readouterr().out
+    assert "\n" not in line.strip()
+    assert "; held by no variable: " in line and "cuda:0 3.00 GiB" in line.split("held by no variable: ")[1]
+    assert "the rest at least " in line and f"{rest.split(' that ')[0]})" in line  # the report's figures

@@ -117,11 +117,16 @@ def _elsewhere_rows(holders) -> List[Tuple[str, str]]:
         unwalked = any(h.truncated for h in holders.holders + holders.elsewhere)
         held = ("a library's cache, a thread, a reference cycle or a variable too large to walk "
                 "fully" if unwalked else "a library's cache, a thread or a reference cycle")
-        # on a GPU what the allocator's rounding could explain is left out: a lower bound
-        bound = "" if all(device == "cpu" for device, _ in holders.unreached) else "at least "
-        rows.append(("the rest", f"{bound}{_devices(holders.unreached)} that no variable, output "
-                                 f"or error reaches; held by {held}"))
+        rows.append(("the rest", f"{_rest(holders)} that no variable, output or error reaches; "
+                                 f"held by {held}"))
     return rows
+
+
+def _rest(holders) -> str:
+    """"at least cuda:0 3.00 GiB": on a GPU what the allocator's rounding could explain is
+    left out, a lower bound."""
+    bound = "" if all(device == "cpu" for device, _ in holders.unreached) else "at least "
+    return f"{bound}{_devices(holders.unreached)}"
 
 
 def _elsewhere_title(holders) -> str:
@@ -153,9 +158,9 @@ def holders_line(holders) -> str:
 
 
 def _elsewhere_line(holders) -> str:
-    """"cpu 11.4 MiB (Out[1] 7.63 MiB, the last error 3.81 MiB)": the two biggest, the rest."""
+    """"cpu 11.4 MiB (Out[1] 7.63 MiB, the rest cpu 3.81 MiB)": the two biggest, the rest."""
     places = [f"{place.name} {size(place.nbytes)}" for place in holders.elsewhere[:2]]
-    places += [f"the rest {size(sum(n for _, n in holders.unreached))}"] if holders.unreached else []
+    places += [f"the rest {_rest(holders)}"] if holders.unreached else []
     return f"{_devices(holders.not_yours)} ({', '.join(places)})"
 
 
@@ -185,7 +190,9 @@ def report_line(report) -> str:
     held = f"; biggest holder: {top.name} {size(top.nbytes)}" if top and top.nbytes else ""
     deleted = f"; deleted {', '.join(report.deleted)}" if report.deleted else ""
     failed = "".join(f"; {step.name} step failed: {step.error}" for step in report.steps if step.error)
-    return f"clear_cache: {freed}{deleted}{failed}{held}"
+    # what no variable holds is what clearing could not free: the line must not hide it
+    elsewhere = f"; held by no variable: {_elsewhere_line(report.holders)}" if report.holders.not_yours else ""
+    return f"clear_cache: {freed}{deleted}{failed}{held}{elsewhere}"
 
 
 def report_text(report) -> str:
