@@ -67,6 +67,8 @@ class _Reach:
     modules: int = 0
     truncated: bool = False
     device_names: Dict[Any, str] = dataclasses.field(default_factory=dict)  # torch.device -> "cuda:0"
+    known: Mapping[Tuple[str, int], int] = dataclasses.field(default_factory=dict)  # storages held elsewhere
+    shared: int = 0  # tensors whose storage is in ``known``: of ``tensors``, those not this root's alone
 
 
 def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch) -> None:
@@ -89,7 +91,10 @@ def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch) -> None:
         name = reach.device_names.get(device)
         if name is None:
             name = reach.device_names[device] = str(device)
-        reach.storages[(name, address)] = nbytes
+        key = (name, address)
+        reach.storages[key] = nbytes
+        if key in reach.known:
+            reach.shared += 1
     if tensor.is_leaf or tensor.retains_grad:  # .grad of any other tensor only warns
         grad = tensor.grad
         if grad is not None:
@@ -221,9 +226,11 @@ def _saved_attributes(kind: type) -> Tuple[str, ...]:
     return tuple(name for name in dir(kind) if name.startswith("_raw_saved_") or name == "variable")
 
 
-def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS) -> _Reach:
-    """Every tensor storage ``root`` reaches, each counted once, cycles and all."""
-    reach = _Reach()
+def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
+          known: Optional[Mapping[Tuple[str, int], int]] = None) -> _Reach:
+    """Every tensor storage ``root`` reaches, each counted once, cycles and all; its tensors
+    whose storage is one of ``known`` are counted as shared."""
+    reach = _Reach(known=known or {})
     kinds: Dict[type, int] = {}  # each type classified once: Tensor's metaclass makes issubclass slow
     saved: Dict[type, Tuple[str, ...]] = {}
     seen: Set[int] = set(skip)
@@ -295,8 +302,9 @@ class Elsewhere:
     name: str
     nbytes: int  # distinct storage bytes it reaches and no variable does
     by_device: Tuple[Tuple[str, int], ...]
-    tensors: int  # every tensor it reaches, a variable's too
+    tensors: int  # the tensors it reaches whose storage no variable reaches
     truncated: bool = False
+    shared: int = 0  # the tensors it reaches whose storage a variable reaches too
 
 
 class _Shown:
@@ -444,13 +452,13 @@ def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], i
     not_yours: Dict[Tuple[str, int], int] = {}
     found = []
     for name, root in _other_roots(shell, *_namespaces(shell)):
-        reach = _walk(root, torch, skip, max_objects)
+        reach = _walk(root, torch, skip, max_objects, known=union)
         del root
         own = {key: n for key, n in reach.storages.items() if key not in union}
         not_yours.update(own)
         if own:
-            found.append(Elsewhere(name, sum(own.values()), _by_device(own), reach.tensors,
-                                   reach.truncated))
+            found.append(Elsewhere(name, sum(own.values()), _by_device(own), reach.tensors - reach.shared,
+                                   reach.truncated, reach.shared))
     union.update(not_yours)
     found.sort(key=lambda place: -place.nbytes)
     return tuple(found), not_yours

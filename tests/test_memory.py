@@ -754,3 +754,22 @@ def test_the_quiet_line_says_what_no_variable_holds(shell, capsys, cuda_holding)
     assert "\n" not in line.strip()
     assert "; held by no variable: " in line and "cuda:0 3.00 GiB" in line.split("held by no variable: ")[1]
     assert "the rest at least " in line and f"{rest.split(' that ')[0]})" in line  # the report's figures
+
+
+def test_an_outputs_row_counts_only_the_tensors_clearing_it_would_free(shell, capsys):
+    """`(weights, torch.ones(n))` shown as Out[N] read "cpu 30.5 MiB in 2 tensors": the bytes
+    were its own tensor's, the count included the variable's, which clearing it leaves alive."""
+    from colab_gpu.render import size
+
+    run(shell, f"import torch\nweights = torch.ones({SIZE // 2})")
+    run(shell, f"weights, weights[:10], torch.ones({SIZE // 2})")
+    number = shell.execution_count - 1
+    try:
+        capsys.readouterr()
+        shell.run_line_magic("clear_cache", "--vars")
+        found = rows(capsys.readouterr().out, "Held by none of your variables")
+        assert found[f"Out[{number}]"] == (f"cpu {size(2 * SIZE)} in 1 tensor (and 2 tensors whose "
+                                           f"memory a variable holds) - %clear_cache clears it")
+    finally:
+        run(shell, "del weights")
+        shell.run_line_magic("clear_cache", "--quiet")

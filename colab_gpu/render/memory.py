@@ -110,8 +110,10 @@ def _elsewhere_rows(holders) -> List[Tuple[str, str]]:
         hint = (f" - {clear} clears it" if place.name.startswith("Out[") else
                 f" - its traceback's frames; {clear} drops it" if place.name == "the last error"
                 else "")
+        # clearing it frees its own tensors only: those a variable holds too are said apart
+        shared = f" (and {count(place.shared, 'tensor')} whose memory a variable holds)" if place.shared else ""
         rows.append((place.name, f"{_devices(place.by_device)}{bound} in "
-                                 f"{count(place.tensors, 'tensor')}{hint}"))
+                                 f"{count(place.tensors, 'tensor')}{shared}{hint}"))
     rows += _more(holders.elsewhere[TOP:])
     if holders.unreached:
         unwalked = any(h.truncated for h in holders.holders + holders.elsewhere)
