@@ -465,20 +465,46 @@ def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], i
 
 
 UNSPLIT_REMAINDER = 1024 ** 2  # CUDA's caching allocator splits a large block only for more left over
+LARGE_BUFFER = 20 * 1024 ** 2  # kLargeBuffer: how much larger an unsplit oversize block may be
 
 
-def _unreached(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int], ...]:
+def _split_limit(torch, device: str) -> Optional[int]:
+    """The size from which CUDA's caching allocator never splits a block (``max_split_size_mb``),
+    or None where it splits every size. torch's statistics give the limit it started with; an
+    oversize allocation under no such limit means a later setting made one: torch refuses a
+    limit of 20 MiB or less, so any block over 20 MiB may be oversize."""
+    try:
+        stats = torch.cuda.memory_stats(device)
+    except Exception:
+        return None
+    limit = stats.get("max_split_size", -1)  # -1 (SIZE_MAX) when unset
+    if 0 < limit < 2 ** 62:
+        return limit
+    return LARGE_BUFFER + 1 if stats.get("oversize_allocations.current", 0) > 0 else None
+
+
+def _unreached(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int],
+               torch=None) -> Tuple[Tuple[str, int], ...]:
     """Per device, the bytes of the memory reading (live CPU tensors, torch's allocated) that
     no variable, output or error reaches: a library's cache, a thread, a reference cycle.
     A GPU's reading counts each storage as the block its allocator gave it: rounded up to
     512 B, and a block of the large pool (over 1 MiB) is not split for a remainder of 1 MiB or
-    less, which it then counts as allocated too. The storages reached are counted at the most
-    their blocks can hold, so that what is left is memory no rounding explains: a lower bound.
-    Less than 1 MiB is not worth a line."""
+    less, which it then counts as allocated too; under ``max_split_size_mb`` a block of that
+    size or more is never split, and a cached one is reused for a request up to 20 MiB smaller
+    (CUDACachingAllocator.cpp: should_split, get_free_block). The storages reached are counted
+    at the most their blocks can hold, so that what is left is memory no rounding explains: a
+    lower bound. Less than 1 MiB is not worth a line."""
     reached: Dict[str, int] = {}
+    limits: Dict[str, Optional[int]] = {}
     for (device, _), nbytes in union.items():
-        blocks = nbytes if device == "cpu" else \
-            -(-nbytes // 512) * 512 + (UNSPLIT_REMAINDER if nbytes > UNSPLIT_REMAINDER else 0)
+        if device == "cpu":
+            blocks = nbytes
+        else:
+            if device not in limits:
+                limits[device] = _split_limit(torch, device) if torch is not None else None
+            limit, blocks = limits[device], -(-nbytes // 512) * 512
+            blocks += (LARGE_BUFFER if limit is not None and blocks >= limit else
+                       UNSPLIT_REMAINDER if nbytes > UNSPLIT_REMAINDER else 0)
         reached[device] = reached.get(device, 0) + blocks
     rest = ((reading.device, reading.allocated - reached.get(reading.device, 0))
             for reading in readings if reading.allocated is not None)
@@ -548,7 +574,7 @@ def _holders(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
     holders, union = _rank(_user_variables(shell), torch, skip, max_objects)
     total = _by_device(union)
     elsewhere, not_yours = _elsewhere(shell, torch, skip, union, max_objects)
-    unreached = _unreached(read_memory(torch, snapshot) if readings is None else readings, union)
+    unreached = _unreached(read_memory(torch, snapshot) if readings is None else readings, union, torch)
     not_yours = collections.Counter(dict(_by_device(not_yours)))
     not_yours.update(dict(unreached))
     return Holders(holders=holders, total_by_device=total, not_yours=tuple(sorted(not_yours.items())),

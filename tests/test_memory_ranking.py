@@ -287,3 +287,27 @@ def test_the_rest_on_a_gpu_is_not_the_large_blocks_left_unsplit():
     held = 600 * 1024 ** 2  # more than any rounding explains: still said
     rest = _unreached([Reading("cuda:0", 200 * int(2.4 * 1024 ** 2) + held)], weights)
     assert rest and 0.95 * held < rest[0][1] <= held  # a lower bound of what is held
+
+
+def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_left_unsplit(monkeypatch):
+    """Under max_split_size_mb:128 a block of 128 MiB or more is never split, and a cached one
+    is reused for a request up to 20 MiB smaller: 20 activations of 130 MiB, each given a
+    cached 148 MiB block, showed "at least 340 MiB that no variable reaches", none of it held."""
+    import torch
+
+    from colab_gpu.memory import Reading, _unreached
+
+    mib = 1024 ** 2
+    stats = {"max_split_size": 128 * mib}  # the faked boundary: the allocator's statistics
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: stats)
+    activations = {("cuda:0", address): 130 * mib for address in range(1, 21)}
+    assert _unreached([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == ()
+    held = 600 * mib  # more than any rounding explains: still said
+    rest = _unreached([Reading("cuda:0", 20 * 148 * mib + held)], activations, torch)
+    assert rest and held - 20 * 20 * mib <= rest[0][1] <= held  # a lower bound, within 20 MiB a block
+    # the limit set after CUDA started (torch's statistics keep the first): oversize blocks tell
+    stats.clear()
+    stats.update({"max_split_size": -1, "oversize_allocations.current": 20})
+    assert _unreached([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == ()
+    stats["oversize_allocations.current"] = 0  # no limit: every large block is split
+    assert _unreached([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == (("cuda:0", 20 * 17 * mib),)
