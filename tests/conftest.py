@@ -35,9 +35,13 @@ def shell(ipython):
 @pytest.fixture(autouse=True)
 def restored_environment():
     """Put os.environ back after every test: %alloc_conf writes PYTORCH_*ALLOC_CONF for real,
-    and a later test or kernel must not inherit it."""
+    and a later test or kernel must not inherit it; nor what it gave torch's setter, which
+    would make the restored variables look edited by hand."""
+    from colab_gpu.allocator import apply
+
     saved = dict(os.environ)
     yield
+    apply._given_to_torch = None
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)

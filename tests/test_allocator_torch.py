@@ -290,3 +290,35 @@ def test_naming_the_backend_torch_loaded_is_no_change_after_import(shell, torch_
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     with pytest.raises(UsageError, match="backend cannot change now"):
         shell.run_line_magic("alloc_conf", "backend=cudaMallocAsync")
+
+
+def test_a_hand_edit_after_torchs_setter_is_shown_as_not_in_effect(shell, torch_env, capsys):
+    """torch 2.10+ reads the variables once, at its first settings call (AcceleratorAllocatorConfig
+    and CUDAAllocatorConfig::instance()); after %alloc_conf called the setter, an edit by hand
+    changes nothing, yet the report showed the edited variable as the configuration."""
+    shell.run_line_magic("alloc_conf", "max_split_size_mb=128 --json")
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    shown = alloc_conf()
+    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+    assert to_torch(shown.settings) == "max_split_size_mb:128"
+    assert shown.warnings == (
+        "PYTORCH_CUDA_ALLOC_CONF holds 'expandable_segments:True', set by hand after torch read its "
+        "settings (when %alloc_conf applied them through its run-time setter): torch does not read the "
+        "variables again, so this edit does not take effect; torch uses 'max_split_size_mb:128', shown "
+        "here; change settings with colab_gpu.alloc_conf('KEY=VALUE')",)
+    capsys.readouterr()
+    shell.run_line_magic("config", "GPUMagics.output = 'text'")
+    try:
+        shell.run_line_magic("alloc_conf", "")
+    finally:
+        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "Allocator configuration: max_split_size_mb:128"
+    assert "change settings with %alloc_conf KEY=VALUE" in " ".join(out.split())
+    # a change starts from what torch holds, and the variables follow it again
+    changed = alloc_conf(["garbage_collection_threshold=0.5"])
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == os.environ["PYTORCH_ALLOC_CONF"] == \
+        torch_env._C._accelerator_getAllocatorSettings() == \
+        "max_split_size_mb:128,garbage_collection_threshold:0.5"
+    assert any("which never took effect" in warning for warning in changed.warnings)
+    assert not any("set by hand" in warning for warning in alloc_conf().warnings)

@@ -364,12 +364,16 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         text, why = PRESETS[preset]
         changes = parse(text) + changes
         explanation = (preset, why)
+    taken = _taken_setting(state)
     try:
         source, current = current_settings(environ, names)
     except AllocConfError:
-        if not reset:
+        if not reset and taken is None:
             raise
         source, current = "", ()  # --reset is the way out of an unreadable setting
+    edited = _hand_edit(taken, source, env_before, current)
+    if edited is not None:  # torch no longer reads the variables: start from what it holds
+        current = parse(taken[0])
     # ROCm's spellings name the same key; a key torch does not know can go if it was set
     unset = [name if name in dict(current) else check_key_name(name).name for name in unset]
     for name in unset:
@@ -378,11 +382,12 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     base = () if reset else current
     if not (changes or unset or reset or save or forget):
         saved, path = saved_setting(environ)
-        refused = tuple(problem for problem in (
+        refused = () if edited else tuple(problem for problem in (
             _key_value_form(source, env_before.get(source), base),
             _refused_setting(source, base, version, rocm, "holds")) if problem)
-        warnings = (refused + _warnings((), version) if refused else
-                    _warnings(base, version)) + _ignored_variables(version, env_before, False)
+        warnings = (refused + _warnings((), version) if refused else _warnings(base, version)) + (
+            (_hand_edit_warning(edited, taken, written=False),) if edited else
+            _ignored_variables(version, env_before, False))
         return AllocConfResult(action="show", settings=base, env_after=env_before,
                                warnings=warnings, in_effect=_in_effect(state, modules),
                                saved=saved, saved_path=str(path), **common)
@@ -410,9 +415,11 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     return dataclasses.replace(
         result, action="set", preset=explanation, saved=saved, saved_path=str(path),
         forgotten=forgotten,
-        warnings=_warnings(new_settings, version) + result.warnings
-        + _ignored_variables(version, env_before, written=True,
-                             cleared=all(value is None for value in result.env_after.values())), **common)
+        warnings=_warnings(new_settings, version) + result.warnings + (
+            (_hand_edit_warning(edited, taken, written=True),) if edited else
+            _ignored_variables(version, env_before, written=True,
+                               cleared=all(value is None for value in result.env_after.values()))),
+        **common)
 
 
 _NO_SETTER = ("the installed torch has no run-time settings call: it read its allocator "
@@ -504,6 +511,8 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
         if setter is not None and (state.cuda_initialized or setter.get is not None):
             setter.set(runtime_text)
             via.append(setter.name)
+            global _given_to_torch
+            _given_to_torch = text
     except Exception as error:
         _restore(environ, env_before)
         if previous is not None:
@@ -520,6 +529,50 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
                                           f"default cannot be written; restart the runtime to drop it"
                                           for name, default in dropped if default is None and len(via) > 1),
                            in_effect=setter.get() if setter is not None and setter.get else None)
+
+
+# The setting (as written to the environment) last given to torch's run-time setter in this
+# process: from that call on, torch holds its settings and never reads the variables again.
+_given_to_torch: Optional[str] = None
+
+
+def _taken_setting(state: TorchState) -> Optional[Tuple[str, str]]:
+    """(setting, when) once %alloc_conf gave torch's run-time setter a setting: torch has read
+    its settings then and ignores the variables from that call on; None before. (What torch
+    reports is no substitute: it is only the last string it parsed, from any caller.)"""
+    if not state.imported or _given_to_torch is None:
+        return None
+    return _given_to_torch, "when %alloc_conf applied them through its run-time setter"
+
+
+def _hand_edit(taken: Optional[Tuple[str, str]], source: str, env_before: Mapping[str, Optional[str]],
+               current: Settings) -> Optional[str]:
+    """What the variables hold instead of the setting torch took, e.g. "PYTORCH_CUDA_ALLOC_CONF
+    holds 'x:1'", where they were changed by hand after torch read them; None otherwise."""
+    if taken is None:
+        return None
+    try:
+        if dict(parse(taken[0])) == dict(current) and (source or not any(env_before.values())):
+            return None
+    except AllocConfError:
+        return None
+    if source:
+        return f"{source} holds {env_before[source]!r}"
+    held = [f"{name} holds {value!r}" for name, value in env_before.items() if value is not None]
+    return "; ".join(held) if held else f"{' and '.join(env_before)} are unset"
+
+
+def _hand_edit_warning(edited: str, taken: Tuple[str, str], written: bool) -> str:
+    setting, when = taken
+    change = command("%alloc_conf KEY=VALUE", "colab_gpu.alloc_conf('KEY=VALUE')")
+    held = repr(setting) if setting else "its defaults"
+    if written:
+        return (f"{edited}, set by hand after torch read its settings ({when}), which never took "
+                f"effect: this change started from what torch holds ({held}) and every variable "
+                f"now holds the result")
+    return (f"{edited}, set by hand after torch read its settings ({when}): torch does not read "
+            f"the variables again, so this edit does not take effect; torch uses {held}, shown "
+            f"here; change settings with {change}")
 
 
 def _in_effect(state: TorchState, modules) -> Optional[str]:
