@@ -53,7 +53,8 @@ def test_both_forms_give_torchs_string():
     ("max_split_size_mb:19", "must be >= 20"),
     ("max_split_size_mb:128abc", "takes a whole number"),
     ("max_split_size_mb:-5", "takes a whole number"),
-    ("max_split_size_mb:abc", "takes a whole number, >= 20 and <= 2147483647"),
+    ("max_split_size_mb:abc", "takes a whole number, >= 20 (large_segment_size_mb's default; a "
+                              "smaller large_segment_size_mb allows less) and <= 2147483647"),
     ("garbage_collection_threshold:1.5", "must be > 0 and < 1"),
     ("garbage_collection_threshold:0", "must be > 0 and < 1"),
     ("garbage_collection_threshold:1e-1", "takes a decimal number"),
@@ -92,6 +93,19 @@ def test_versions_are_checked_both_ways():
     assert "0 needs torch >= 2.4" in rejected("roundup_power2_divisions:[256:0,>:4]", (2, 3))
     assert check("roundup_power2_divisions:[256:0,>:4]", (2, 4)) == \
         "roundup_power2_divisions:[256:0,>:4]"
+
+
+@pytest.mark.parametrize("version", [(2, 11), (2, 13)])
+def test_the_split_minimums_follow_large_segment_size_mb(version):
+    """From 2.11 torch checks both split keys against large_segment_size_mb (read first,
+    wherever it stands), not against a fixed 20: a smaller segment size allows smaller values."""
+    for text in ("large_segment_size_mb:12,max_split_size_mb:15,max_non_split_rounding_mb:12",
+                 "max_split_size_mb:15,max_non_split_rounding_mb:12,large_segment_size_mb:12"):
+        assert check(text, version) == text
+    assert "max_split_size_mb=11 is out of range: must be >= large_segment_size_mb=12" in \
+        rejected("max_split_size_mb:11,large_segment_size_mb:12", version)
+    assert "must be >= 20 (large_segment_size_mb's default" in rejected("max_split_size_mb:15", version)
+    assert "must be >= 20 and" in rejected("max_split_size_mb:15", (2, 10))
 
 
 # The first release whose CUDA wheel parses each key (pip download torch==X: the parser's

@@ -79,7 +79,8 @@ def ours(text):
 # Fixed strings with known outcomes, so the comparison is shown not to be trivial.
 KNOWN = {"max_split_size_mb:128,expandable_segments:True": True, "max_split_size_mb:19": False,
          "roundup_power2_divisions:[256:1,512:2,>:4]": True, "garbage_collection_threshold:1.5": False,
-         "expandable_segments:true": False, "large_segment_size_mb:11": True}
+         "expandable_segments:true": False, "large_segment_size_mb:11": True,
+         "max_split_size_mb:15,large_segment_size_mb:12": True, "max_split_size_mb:15": False}
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))

@@ -88,7 +88,8 @@ def test_a_negative_headroom_says_it_cannot_be_negative_and_what_is_accepted(mag
     ("gpu_status", "--live --interval -1e-3", "--interval must be a positive number of seconds up to "
                                               "3600 (an hour), e.g. 1 or 0.5; not -0.001"),
     ("gpu_status", "--live --interval abc", "argument --interval: 'abc' is not a number of seconds (usage: "),
-    ("alloc_conf", "max_split_size_mb=-1", "max_split_size_mb=-1: takes a whole number, >= 20 and <= "),
+    ("alloc_conf", "max_split_size_mb=-1", "max_split_size_mb=-1: takes a whole number, >= 20 (large_segment_size_mb's default; a "
+     "smaller large_segment_size_mb allows less) and <= "),
     ("alloc_conf", "--check garbage_collection_threshold:-0.5",
      "garbage_collection_threshold=-0.5: takes a decimal number like 0.5, > 0 and < 1"),
     ("alloc_conf", "--unset -1", "unknown allocator key '-1'"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..options import command
 from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
@@ -198,18 +198,22 @@ def _number(value: float) -> str:
     return str(int(value)) if value == int(value) and abs(value) >= 1 else f"{value:g}"
 
 
-def _range_text(key: Key, version: Version) -> str:
-    low = key.lowest(version)
+def _range_text(key: Key, version: Version, given: Mapping[str, str]) -> str:
+    low = key.lowest(version, given)
+    followed = key.followed(version)
     parts = []
-    if low is not None:
-        parts.append(f"{'>' if low[1] else '>='} {_number(low[0])}")
+    if followed is not None and given.get(followed, "").isdigit() and low is not None:
+        parts.append(f">= {followed}={_number(low[0])}")
+    elif low is not None:
+        parts.append(f"{'>' if low[1] else '>='} {_number(low[0])}" + (
+            f" ({followed}'s default; a smaller {followed} allows less)" if followed else ""))
     if key.maximum is not None:
         parts.append(f"{'<' if key.high_open else '<='} {_number(key.maximum)}")
     return " and ".join(parts)
 
 
-def _in_range(key: Key, version: Version, number: float) -> bool:
-    low = key.lowest(version)
+def _in_range(key: Key, version: Version, number: float, given: Mapping[str, str]) -> bool:
+    low = key.lowest(version, given)
     if low is not None and (number <= low[0] if low[1] else number < low[0]):
         return False
     if key.maximum is not None and (number >= key.maximum if key.high_open else number > key.maximum):
@@ -221,10 +225,12 @@ def _is_power_of_two(number: int) -> bool:
     return number > 0 and number & (number - 1) == 0
 
 
-def canonical_value(key: Key, value: str, version: Version, rocm: bool = False) -> str:
+def canonical_value(key: Key, value: str, version: Version, rocm: bool = False,
+                    given: Mapping[str, str] = {}) -> str:
     """The value as torch should read it, or AllocConfError saying what is accepted.
 
-    ``rocm``: the installed torch is a ROCm build, which accepts ``key.rocm_choices`` too.
+    ``rocm``: the installed torch is a ROCm build, which accepts ``key.rocm_choices`` too;
+    ``given``: the setting's other keys, for a bound that follows one of them.
     """
     where = f"{key.name}={value}"
     if key.kind == BOOLEAN:
@@ -252,20 +258,20 @@ def canonical_value(key: Key, value: str, version: Version, rocm: bool = False) 
     if key.kind == FRACTION:
         if not _DECIMAL.fullmatch(value):
             raise AllocConfError(f"{where}: takes a decimal number like 0.5, "
-                                 f"{_range_text(key, version)}")
+                                 f"{_range_text(key, version, given)}")
         number = float(value)
         # torch's stod refuses values that underflow to subnormals: keep clear of them
-        if not _in_range(key, version, number) or 0 < number < sys.float_info.min:
-            raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version)}")
+        if not _in_range(key, version, number, given) or 0 < number < sys.float_info.min:
+            raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version, given)}")
         return repr(number) if number != int(number) else f"{number:.1f}"
     if not _INTEGER.fullmatch(value):
-        raise AllocConfError(f"{where}: takes a whole number, {_range_text(key, version)}")
+        raise AllocConfError(f"{where}: takes a whole number, {_range_text(key, version, given)}")
     number = int(value)
     if key.kind == POWER_OF_TWO and not _is_power_of_two(number):
         raise AllocConfError(f"{where}: must be a power of two (1, 2, 4, ... "
                              f"{_number(key.maximum)})")
-    if not _in_range(key, version, number):
-        raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version)}")
+    if not _in_range(key, version, number, given):
+        raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version, given)}")
     return str(number)
 
 
@@ -349,10 +355,9 @@ def validate(settings: Settings, version: Optional[Version], rocm: bool = False)
             problems.append(availability_message(key, version))
             continue
         try:
-            result.append((name, canonical_value(key, value, version, rocm)))
+            result.append((name, canonical_value(key, value, version, rocm, dict(settings))))
         except AllocConfError as error:
             problems.append(str(error))
-    problems += _cross_key_problems(dict(result))
     if problems:
         raise AllocConfError("; ".join(problems))
     return tuple(result)
@@ -365,16 +370,6 @@ def availability_message(key: Key, version: Version) -> str:
                 f"{format_version(key.added)}); the installed torch is {installed}")
     return (f"{key.name} was removed in torch {format_version(key.removed)}; the installed "
             f"torch is {installed}")
-
-
-def _cross_key_problems(values: dict) -> List[str]:
-    """Constraints between keys (torch 2.13's parser: split sizes >= large_segment_size_mb)."""
-    large = values.get("large_segment_size_mb")
-    if large is None:
-        return []
-    return [f"{name}={values[name]} must be >= large_segment_size_mb={large}"
-            for name in ("max_split_size_mb", "max_non_split_rounding_mb")
-            if name in values and int(values[name]) < int(large)]
 
 
 def _clamp(version: Optional[Version]) -> Version:

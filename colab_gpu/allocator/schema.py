@@ -26,7 +26,9 @@ argument for ..." message, or its name in ``getKeys()``), and, from 2.9, ``libc1
   pinned_reserve_segment_size_mb ("greater than 0") and per_process_memory_fraction ("set it
   in [0.0, 1.0]") arrive.
 - 2.11: large_segment_size_mb ("must be > 10 MB", ``kMinLargeAlloc / kMB``); the split
-  minimums become >= large_segment_size_mb. 2.12: pinned_free_catch_all and
+  minimums become >= large_segment_size_mb (``large_segment_size_ / kMB``, 20 by default), which
+  ``parseArgs`` reads before every other key: ``large_segment_size_mb:12,max_split_size_mb:15``
+  is accepted in either order (the installed 2.13.0+cpu's setter). 2.12: pinned_free_catch_all and
   throw_on_cudamalloc_oom. 2.13: pinned_max_round_threshold_mb and pinned_max_cached_size_mb
   (no bound; the installed 2.13.0+cpu build). 2.14.1 has the same keys as 2.13.
 - 2.15.0 (its cu132 wheel): ``getKeys()`` adds expandable_segments_reserve, whose value is
@@ -47,7 +49,7 @@ argument for ..." message, or its name in ``getKeys()``), and, from 2.9, ``libc1
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 Version = Tuple[int, int]
 
@@ -83,6 +85,9 @@ class Key:
     removed: Optional[Version] = None
     # (since version, lowest value, whether the bound is open i.e. "greater than"), oldest first
     minimum: Tuple[Tuple[Version, float, bool], ...] = ()
+    # (since version, key): from then on the lowest value is that key's, inclusive (its default
+    # where the setting lacks it); torch reads that key first, wherever it stands in the string
+    minimum_follows: Optional[Tuple[Version, str]] = None
     maximum: Optional[float] = None
     high_open: bool = False
     choices: Tuple[str, ...] = ()
@@ -94,13 +99,26 @@ class Key:
     native_only: bool = False  # ignored by backend:cudaMallocAsync
     backends: str = "CUDA, ROCm"
 
-    def lowest(self, version: Version) -> Optional[Tuple[float, bool]]:
-        """The lower bound at ``version`` and whether it is open ("greater than")."""
+    def lowest(self, version: Version, given: Optional[Mapping[str, str]] = None
+               ) -> Optional[Tuple[float, bool]]:
+        """The lower bound at ``version`` and whether it is open ("greater than"); ``given``,
+        the setting's other keys, for a bound that follows another key."""
         bound = None
         for since, low, is_open in self.minimum:
             if version >= since:
                 bound = (low, is_open)
+        followed = self.followed(version)
+        if followed is not None:
+            value = (given or {}).get(followed, BY_NAME[followed].default)
+            if value.isdigit():  # an unreadable one is refused on its own
+                bound = (int(value), False)
         return bound
+
+    def followed(self, version: Version) -> Optional[str]:
+        """The key whose value is this one's lowest at ``version``, if any."""
+        if self.minimum_follows is not None and version >= self.minimum_follows[0]:
+            return self.minimum_follows[1]
+        return None
 
     def available(self, version: Version) -> bool:
         return self.added <= version and (self.removed is None or version < self.removed)
@@ -113,6 +131,7 @@ def _v(text: str) -> Version:
 
 _ACCELERATORS = "CUDA, ROCm, XPU and other accelerators (from 2.9)"
 _SPLIT_MINIMUM = ((OLDEST, 20, True), (_v("2.10"), 20, False))  # "> 20" until 2.9, then ">= 20"
+_SPLIT_FOLLOWS = (_v("2.11"), "large_segment_size_mb")  # then ">= large_segment_size_mb" (20 MB default)
 ZERO_DIVISIONS: Version = (2, 4)  # a list entry may be 0 (no rounding) from 2.4
 
 KEYS: Tuple[Key, ...] = (
@@ -121,7 +140,7 @@ KEYS: Tuple[Key, ...] = (
         rocm_choices=("hipMallocAsync",), runtime=False, runtime_reason="backend is chosen when torch is imported"),
     Key("max_split_size_mb", INTEGER, "cached blocks larger than this are never split, "
         "so big free blocks stay whole (fights fragmentation, may slow allocation)",
-        "unlimited", OLDEST, minimum=_SPLIT_MINIMUM,
+        "unlimited", OLDEST, minimum=_SPLIT_MINIMUM, minimum_follows=_SPLIT_FOLLOWS,
         maximum=INT_LIMIT, general=True, native_only=True, backends=_ACCELERATORS),
     Key("roundup_power2_divisions", DIVISIONS, "round request sizes up to one of N steps "
         "per power of two, so freed blocks fit later requests", "0 (no rounding)", OLDEST,
@@ -147,7 +166,7 @@ KEYS: Tuple[Key, ...] = (
         maximum=128),
     Key("max_non_split_rounding_mb", INTEGER, "a request may take a cached block up to this "
         "much larger without splitting it", "20", _v("2.6"), minimum=_SPLIT_MINIMUM,
-        maximum=INT_LIMIT, general=True, native_only=True, backends=_ACCELERATORS),
+        minimum_follows=_SPLIT_FOLLOWS, maximum=INT_LIMIT, general=True, native_only=True, backends=_ACCELERATORS),
     Key("pinned_use_background_threads", BOOLEAN, "process pinned-memory events on a "
         "background thread", "False", _v("2.6"), general=True, runtime=False,
         runtime_reason="the background thread starts with the first pinned allocation",
