@@ -323,3 +323,23 @@ def test_a_hand_edit_after_torchs_setter_is_shown_as_not_in_effect(shell, torch_
         "max_split_size_mb:128,garbage_collection_threshold:0.5"
     assert any("which never took effect" in warning for warning in changed.warnings)
     assert not any("set by hand" in warning for warning in alloc_conf().warnings)
+
+
+def test_a_split_size_below_the_segment_size_torch_keeps_waits_for_the_restart(torch_env):
+    """Once CUDA runs, large_segment_size_mb waits for a restart and torch checks a new
+    max_split_size_mb against the one it keeps: 15 with 12 saved for later made torch refuse
+    the whole call, and nothing was saved."""
+    started = TorchState(imported=True, version=torch_env.__version__, cuda_version="12.8",
+                         cuda_initialized=True)
+    result = alloc_conf(["large_segment_size_mb=12 max_split_size_mb=15 expandable_segments=True"],
+                        state=started, save=True)
+    assert dict(result.deferred)["max_split_size_mb"] == (
+        "torch checks it against the large_segment_size_mb this process keeps until a restart (20), "
+        "and refuses it")
+    assert result.saved == "large_segment_size_mb:12,max_split_size_mb:15,expandable_segments:True"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert torch_env._C._accelerator_getAllocatorSettings() == "expandable_segments:True"
+    # a value torch accepts now still applies at once
+    assert "max_split_size_mb" not in dict(alloc_conf(["large_segment_size_mb=12 max_split_size_mb=64"],
+                                                      state=started).deferred)
+    assert torch_env._C._accelerator_getAllocatorSettings() == "expandable_segments:True,max_split_size_mb:64"

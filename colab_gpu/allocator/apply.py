@@ -399,7 +399,7 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         raise AllocConfError(refused)
     new_settings = validate(merge(base, changes, unset), version, rocm)
     deferred = _deferred(current, new_settings, state, allow=save,
-                         setter=runtime_setter(modules) is not None)
+                         setter=runtime_setter(modules) is not None, version=version or NEWEST, rocm=rocm)
     # The file first: one that cannot be written or deleted then changes nothing, and a setting
     # torch refuses puts the file back, so that either all of it happens or none.
     previous, _ = saved_setting(environ)
@@ -426,10 +426,12 @@ _NO_SETTER = ("the installed torch has no run-time settings call: it read its al
               "settings once, when CUDA started")
 
 
-def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, setter: bool = True
-              ) -> Tuple[Tuple[str, str], ...]:
+def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, setter: bool = True,
+              version: Version = NEWEST, rocm: bool = False) -> Tuple[Tuple[str, str], ...]:
     """Changed keys that cannot take effect now, with why; a refused change raises. ``setter``:
-    the installed torch has a run-time settings call (without one, once CUDA runs, none can)."""
+    the installed torch has a run-time settings call (without one, once CUDA runs, none can).
+    A key whose lowest value follows a deferred key waits too where torch, which keeps that
+    key's old value until a restart, would refuse it now."""
     if not state.imported:
         return ()
     before, after = dict(current), dict(new)
@@ -451,6 +453,16 @@ def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, 
             deferred.append((name, key.runtime_reason))
         elif state.cuda_initialized and not setter:
             deferred.append((name, _NO_SETTER))
+    waiting = {name for name, _ in deferred}
+    for name in sorted(set(changed) - waiting):
+        followed = BY_NAME[name].followed(version)
+        if followed in waiting and name in after:
+            kept = before.get(followed, BY_NAME[followed].default)
+            try:
+                canonical_value(BY_NAME[name], after[name], version, rocm, {followed: kept})
+            except AllocConfError:
+                deferred.append((name, f"torch checks it against the {followed} this process "
+                                       f"keeps until a restart ({kept}), and refuses it"))
     return tuple(deferred)
 
 
