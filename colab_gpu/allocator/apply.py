@@ -502,6 +502,7 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
 
     ``dropped``: keys the setting held before and no longer does, with their defaults
     (:func:`_dropped_defaults`); torch keeps a key's value until the setter's string names it."""
+    global _given_to_torch
     text = to_torch(settings)
     setter = runtime_setter(modules) if state.imported else None
     skip = {name for name, _ in deferred} | {"backend"}
@@ -523,7 +524,6 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
         if setter is not None and (state.cuda_initialized or setter.get is not None):
             setter.set(runtime_text)
             via.append(setter.name)
-            global _given_to_torch
             _given_to_torch = text
     except Exception as error:
         _restore(environ, env_before)
