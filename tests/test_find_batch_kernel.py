@@ -225,3 +225,18 @@ def test_a_cell_that_plots_shows_the_figure_of_its_first_run_only():
     # Six runs each opened a figure: one is the cell's output, as a print's would be, not six.
     assert len(figures) == 1, [bundle.get("text/plain") for bundle in bundles(searched)]
     assert "5 later runs had output too, hidden" in stream(searched, "stderr")
+
+
+def test_ctrl_c_while_the_cells_out_draws_its_chart_is_held_until_it_is_drawn():
+    # With -o the chart is first drawn by IPython's display hook, after the magic returned; here
+    # Ctrl-C comes half-way through matplotlib's import, which it would leave broken.
+    ctrl_c = CTRL_C_WHILE_THE_CHART_IS_DRAWN.replace('name == "matplotlib"', 'name == "matplotlib.colors"')
+    cells = [SETUP, ctrl_c, "%%find_batch --max 16 -o\nx = torch.randn(batch_size, 64)",
+             "import matplotlib.pyplot\nprint('batch_size', batch_size, ctrl_c.pressed, type(_).__name__)"]
+    notebook = run_cells(cells, timeout=60)
+    searched = notebook.cells[2]
+    assert not [output for output in searched.outputs if output.output_type == "error"]
+    (returned,) = [output.data for output in searched.outputs if output.output_type == "execute_result"]
+    assert returned["text/plain"].startswith("batch_size = 16 (largest fitting"), returned["text/plain"]
+    assert "data:image/png;base64," in returned["text/html"]
+    assert stream(notebook.cells[3]).strip() == "batch_size 16 True BatchResult"

@@ -9,6 +9,7 @@ from ..render import count, fold, size as format_size
 from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE, unbroken_units
 from .result import OUT_OF_MEMORY, RUNNING, trial_row
+from .trial import CtrlC
 
 HEADER = ("size", "outcome", "peak memory", "time/step", "samples/s")
 NUMERIC = (True, False, True, True, True)  # right-aligned, so digits line up; words read from the left
@@ -99,7 +100,12 @@ def _chart_html(result) -> str:
     if result.stopped == RUNNING:
         return ""  # a chart per trial would slow the search down for a picture nobody keeps
     try:
-        png = chart_png(result)
+        # Ctrl-C held, as while the search's own report is drawn: ``%%find_batch -o`` leaves the
+        # chart (matplotlib's first import, a second) to IPython's display hook, after the
+        # search. Raised there, it put a traceback in place of the report and left ``_``
+        # unset; inside matplotlib's import, it left matplotlib half-imported for the session.
+        with CtrlC():
+            png = chart_png(result)
     except ImportError:  # matplotlib missing or broken: the table says it all
         return ""
     if png is None:
