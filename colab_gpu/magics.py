@@ -662,25 +662,45 @@ class _LaterRuns:
         streams, publisher = (sys.stdout, sys.stderr), self.shell.display_pub
         sys.stdout, sys.stderr = out, err = io.StringIO(), io.StringIO()
         self.shell.display_pub = self.publisher
-        figures = _pyplot_figures()
+        aside = _figures_aside()
         try:
             yield
         finally:
             sys.stdout, sys.stderr = streams
             self.shell.display_pub = publisher
-            # A figure pyplot opened is shown when the cell ends (the inline backend), not
-            # published now: closed, or every later run added its own under the report.
-            opened = _pyplot_figures() - figures
-            for number in opened:
-                sys.modules["matplotlib.pyplot"].close(number)
+            opened = _figures_back(aside)
             self.with_output += bool(out.getvalue() or err.getvalue() or self.publisher.outputs or opened)
             self.publisher.outputs.clear()
 
 
-def _pyplot_figures() -> Set[int]:
-    """The numbers of the figures pyplot holds open; none before the user imported it."""
-    pyplot = sys.modules.get("matplotlib.pyplot")
-    return set(pyplot.get_fignums()) if pyplot is not None else set()
+def _figures_aside():
+    """pyplot's figures set aside while a later run draws, as (pyplot's registry, the user's
+    figures); None before the user imported pyplot.
+
+    A figure pyplot opened is shown when the cell ends (the inline backend), not published
+    now: kept, every later run added its own under the report. And ``plt.plot(losses)``
+    draws on the current figure: every run added its line to the one figure the user then
+    saw. Each run now draws on figures of its own; the user's, and which is current, stay.
+    No import per run: throughput mode times this with the cell."""
+    helpers = sys.modules.get("matplotlib._pylab_helpers")
+    if helpers is None or "matplotlib.pyplot" not in sys.modules:
+        return None
+    figures = helpers.Gcf.figs
+    kept = dict(figures)  # in order: the last one is the current figure
+    figures.clear()
+    return figures, kept
+
+
+def _figures_back(aside) -> List[int]:
+    """Close the figures the run opened and put the user's back; the numbers of those closed."""
+    if aside is None:
+        return []
+    figures, kept = aside
+    opened = list(figures)
+    if opened:
+        sys.modules["matplotlib.pyplot"].close("all")  # only the run's: the user's are aside
+    figures.update(kept)
+    return opened
 
 
 def _loaded(shell) -> "GPUMagics | None":

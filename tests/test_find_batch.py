@@ -1436,6 +1436,27 @@ def test_the_cells_output_is_shown_for_its_first_run_only(shell, capsys):
     assert "5 later runs had output too, hidden" in shown.err
 
 
+def test_a_cell_that_plots_on_the_current_figure_draws_on_it_once(shell, capsys):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    pyplot = pytest.importorskip("matplotlib.pyplot")
+    pyplot.close("all")
+    # The user's figures: one with a line, made current again after another was opened.
+    shell.run_cell("import matplotlib.pyplot as plt\nmine = plt.figure(); plt.plot([0, 1])\n"
+                   "other = plt.figure(); plt.figure(mine.number)")
+    try:
+        result = shell.run_cell_magic("find_batch", "--max 16 -o", "plt.plot(range(batch_size))")
+        mine, other = shell.user_ns["mine"], shell.user_ns["other"]
+        # As after one run of the cell: its first run's line on the current figure, not one per run.
+        assert [len(line.get_xdata()) for line in mine.axes[0].lines] == [2, 2]
+        assert pyplot.get_fignums() == [mine.number, other.number] and not other.axes
+        assert pyplot.gcf() is mine
+        runs = sum(trial.runs for trial in result.trials)
+        assert f"{runs - 1} later runs had output too, hidden" in capsys.readouterr().err
+    finally:
+        pyplot.close("all")
+
+
 def test_throughput_times_the_cell_not_the_hiding_of_its_output(shell):
     # A 200 µs step: hiding a later run's output must not add a fixed cost to every timed run,
     # or larger sizes look faster than they are (IPython's capture_output costs 50-90 µs).
