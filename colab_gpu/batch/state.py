@@ -207,6 +207,10 @@ class _Generators:
         numpy = sys.modules.get("numpy")
         self.numpy = numpy.random.get_state() if numpy is not None else None
         torch = sys.modules.get("torch")
+        # Where the cell is what imports torch, there is no state to put back, and none is
+        # needed: torch seeds its CPU generator at import from the OS's entropy (initial_seed()
+        # differs in every process; 67280421310721 is a torch.Generator()'s), so no user could
+        # expect given numbers from it. The same holds for NumPy's global RandomState.
         self.torch = torch.get_rng_state() if torch is not None else None
         self.cuda = torch.cuda.get_rng_state_all() if cuda_torch() is not None else None
 
