@@ -149,7 +149,23 @@ def test_a_windows_driver_is_told_by_its_nvml_dll(monkeypatch, tmp_path, driver_
     assert driver_probe() is (folder is not None)
     problem = NvmlSource().snapshot().problem
     assert (problem == NO_PYNVML) is (folder is not None)
-    assert ("no NVIDIA driver is installed here" in problem) is (folder is None)
+    assert ("no NVIDIA driver is installed here: nvml.dll was not found" == problem) is (folder is None)
+
+
+@pytest.mark.parametrize("platform, library", [("win32", "nvml.dll"), ("darwin", "macOS"),
+                                               ("linux", "libnvidia-ml.so")])
+def test_no_driver_names_the_library_missing_on_this_platform(monkeypatch, platform, library):
+    """pynvml installed, no NVIDIA driver: a Windows laptop was told that libnvidia-ml.so, a
+    Linux file, was not found; pynvml looks for nvml.dll there, and a Mac has no NVML at all."""
+    monkeypatch.setattr(sys, "platform", platform)
+    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: False)
+    nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    status = colab_gpu.status(NvmlSource(nvml=nvml))
+    assert status.snapshot.problem.startswith("no NVIDIA driver is installed here: ")
+    assert library in status.snapshot.problem
+    assert ("libnvidia-ml.so" in status.snapshot.problem) is (platform == "linux")
+    assert len(f"No GPU read: {status.snapshot.problem}") <= 80  # one line of the card
+    assert "no_gpu_found" in [advice.rule for advice in status.advice]
 
 
 class _DeprecatedPynvmlFinder(importlib.abc.MetaPathFinder):

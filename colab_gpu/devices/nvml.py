@@ -31,7 +31,7 @@ CLOCK_EVENT_REASONS = (
 # Why NVML could not start, by the pynvml exception class name (classes are made at import).
 # At most 67 characters: "No GPU read: ..." stays one line of an 80-column terminal.
 _INIT_PROBLEMS = {
-    "NVMLError_LibraryNotFound": "no NVIDIA driver is installed here: libnvidia-ml.so was not found",
+    "NVMLError_LibraryNotFound": "no NVIDIA driver is installed here: libnvidia-ml.so was not found",  # Linux's
     "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded: no usable NVIDIA GPU here",
     "NVMLError_LibRmVersionMismatch": "the NVIDIA driver was updated but not reloaded: restart the machine",
     "NVMLError_NoPermission": "no permission to read the GPU through NVML",
@@ -41,6 +41,12 @@ _INIT_PROBLEMS = {
     "NVMLError_NotSupported": "the NVIDIA driver does not support this read on this GPU",
     "NVMLError_Timeout": "the NVIDIA driver timed out: try again, or restart the machine",
     "NVMLError_Unknown": "the NVIDIA driver failed: try again, or restart the machine",
+}
+
+# NVMLError_LibraryNotFound off Linux: the file pynvml looks for there, or that there is none.
+_LIBRARY_NOT_FOUND_ON = {
+    "win": "no NVIDIA driver is installed here: nvml.dll was not found",
+    "darwin": "no NVIDIA driver is installed here: NVML does not run on macOS",
 }
 
 NO_PYNVML = "the pynvml module is not installed: pip install nvidia-ml-py"
@@ -94,7 +100,16 @@ def decode_clock_event_reasons(mask: int) -> Tuple[str, ...]:
 def describe_nvml_error(error: BaseException) -> str:
     """One line for an NVML exception, in words rather than a class name."""
     name = type(error).__name__
+    if name == "NVMLError_LibraryNotFound":
+        return _library_not_found()
     return _INIT_PROBLEMS.get(name, f"NVML error: {error}")
+
+
+def _library_not_found() -> str:
+    """No NVIDIA driver, naming the library missing on this platform: a Windows user told that
+    libnvidia-ml.so was not found would look for a Linux file."""
+    return next((problem for prefix, problem in _LIBRARY_NOT_FOUND_ON.items() if sys.platform.startswith(prefix)),
+                _INIT_PROBLEMS["NVMLError_LibraryNotFound"])
 
 
 def _is_lost(error: BaseException) -> bool:
@@ -140,7 +155,7 @@ class NvmlSource:
             except ImportError:
                 # Colab's CPU and TPU images lack both: installing pynvml there would not help.
                 if not nvidia_driver_present():
-                    return _INIT_PROBLEMS["NVMLError_LibraryNotFound"]
+                    return _library_not_found()
                 return NO_PYNVML
             self._nvml = pynvml
         try:
