@@ -154,7 +154,24 @@ def test_headerless_csv_is_recognised_from_its_units_and_says_so():
     assert "no header: columns read from their units as timestamp, utilization.gpu" in final.source
     (gpu,) = final.gpus  # 2026/04/25 18:46:43.733, 0 %, 0 %, 2 MiB, 20146 MiB, 27, 11.28 W
     assert (gpu.memory_used, gpu.memory_free, gpu.temperature, gpu.power_draw) == (2 * MiB, 20146 * MiB, 27.0, 11.28)
-    assert gpu.memory_total is None  # not recorded, not invented
+    # No memory.total column: nvidia-smi's total is used + free (+ the driver's reserve, not recorded)
+    assert gpu.memory_total == (2 + 20146) * MiB and "memory total taken as used + free" in final.source
+
+
+def test_a_log_without_memory_total_shows_the_total_and_judges_a_full_gpu(tmp_path):
+    """The headerless log records used and free, no total: the card said "2 MiB used / n/a", and
+    the log cut at its full moment (20137 MiB used, 11 free) got no advice that the GPU was full."""
+    from IPython.lib.pretty import pretty
+
+    path = CSV / "20gb-noheader_plato.csv"
+    assert "  memory      2 MiB used / 19.68 GiB, 19.67 GiB free" in pretty(colab_gpu.status(path))
+    rows = path.read_text().splitlines()
+    last_full = max(number for number, row in enumerate(rows) if ", 20137 MiB, 11 MiB," in row)
+    (tmp_path / "full.csv").write_text("\n".join(rows[:last_full + 1]) + "\n")
+    status = colab_gpu.status(tmp_path / "full.csv")
+    assert "  memory      19.67 GiB used / 19.68 GiB, 11 MiB free" in pretty(status)
+    assert [advice.rule for advice in status.advice] == ["memory_nearly_full"]
+    assert "GPU 0 is 100% full" in status.advice[0].message
 
 
 def test_a_thin_recording_shows_what_it_holds_not_lines_of_n_a():

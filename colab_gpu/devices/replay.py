@@ -367,6 +367,10 @@ def _csv_gpu(position: int, row: Dict[str, str]) -> GPU:
         major, _, minor = str(capability).partition(".")
         if major.isdigit() and minor.isdigit():
             fields["compute_capability"] = (int(major), int(minor))
+    if "memory_total" not in fields and "memory_used" in fields and "memory_free" in fields:
+        # nvidia-smi's total is used + free + the driver's reserve (tesla-t4.xml: 1032 + 13939 + 388
+        # of 15360 MiB); without it the card said "2 MiB used / n/a" and no fraction was judged full.
+        fields["memory_total"] = fields["memory_used"] + fields["memory_free"] + fields.get("memory_reserved", 0)
     fields.setdefault("index", position)
     fields.setdefault("name", UNKNOWN_NAME)
     fields.setdefault("compute_capability", known_compute_capability(fields["name"]))
@@ -463,6 +467,9 @@ def _csv_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, 
     if note is None:
         _check_units(titles, header, lines[0])
     notes = [note] if note else []
+    columns = {_COLUMNS[name][0] for name in header if name in _COLUMNS}
+    if {"memory_used", "memory_free"} <= columns and not {"memory_total", "memory_reserved"} & columns:
+        notes.append("memory total taken as used + free")  # the driver's reserve, if any, is not recorded
     if len(lines) > 1 and len(lines[-1]) < len(header) and not text.endswith(("\n", "\r")):
         # A log copied while nvidia-smi -l was still writing it ends in half a line.
         notes.append(f"its last line is cut off ({len(lines[-1])} of {len(header)} values) and left out")
