@@ -287,22 +287,24 @@ def _memories(status):
 
 
 def memory_nearly_full(status):
-    live = not status.snapshot.recorded
     for name, fraction, gpu, memory, hidden in _memories(status):
         if fraction is None or fraction <= 0.9:
             continue
         if hidden:
             continue  # hidden from torch by CUDA_VISIBLE_DEVICES: this kernel neither uses nor frees it
-        if live and not status.runtime.torch.cuda_initialized:
+        # A MIG GPU's process list spans all its instances: no holder is named for one instance.
+        holder = "" if gpu.mig_instances else _largest_holder(gpu)
+        if status.snapshot.recorded:  # another machine's: a command run here reads this kernel, not its
+            return (f"{name} was {fraction:.0%} full when recorded{holder}: on that machine little more "
+                    f"fits until the processes holding it free memory or stop.")
+        if not status.runtime.torch.cuda_initialized:
             why = "it has not started CUDA"  # so none of this kernel's variables hold it
-        elif live and memory is not None and not memory.reserved:
+        elif memory is not None and not memory.reserved:
             why = f"it holds nothing on cuda:{memory.torch_index}"  # another user's job on a shared box
         else:
             return (f"{name} is {fraction:.0%} full: "
                     f"{command('%clear_cache --vars', 'colab_gpu.memory_holders()')} shows which "
                     f"variables hold the memory.")
-        # A MIG GPU's process list spans all its instances: no holder is named for one instance.
-        holder = "" if gpu.mig_instances else _largest_holder(gpu)
         return (f"{name} is {fraction:.0%} full, not by torch in this kernel ({why}): "
                 f"other processes hold it{holder}. Stop them (an earlier kernel or "
                 f"a background job?) or restart the runtime.")

@@ -190,6 +190,17 @@ def test_memory_nearly_full__a_gpu_this_kernel_does_not_use_is_not_blamed_on_its
     assert "%clear_cache --vars" in fired(used)["memory_nearly_full"]
 
 
+def test_memory_nearly_full__a_recording_names_its_holder_not_this_kernels_variables():
+    """%gpu_status --from someone's capture of a full T4 advised "%clear_cache --vars", which lists
+    this kernel's variables (or "torch is not imported yet"), none of which hold the recorded memory."""
+    held = dataclasses.replace(T4, memory_used=14900 * MiB, memory_free=72 * MiB,
+                               processes=(GPUProcess(pid=999, name="python3", used_memory=14800 * MiB),))
+    for torch in (CUDA_TORCH, NO_TORCH):
+        message = fired(make_status([held], torch=torch, recorded=True))["memory_nearly_full"]
+        assert "%clear_cache" not in message and "this kernel" not in message
+        assert message.startswith("GPU 0 was 97% full when recorded (largest: pid 999 python3, 14.45 GiB)")
+
+
 def test_other_processes():
     part = MemoryBreakdown(nvml_index=0, total=15 * GiB, driver_reserved=None, other_processes=3 * GiB,
                            context_and_non_torch=300 * MiB, torch_cache=0, torch_tensors=0, free=11 * GiB)

@@ -171,7 +171,7 @@ def test_a_log_without_memory_total_shows_the_total_and_judges_a_full_gpu(tmp_pa
     status = colab_gpu.status(tmp_path / "full.csv")
     assert "  memory      19.67 GiB used / 19.68 GiB, 11 MiB free" in pretty(status)
     assert [advice.rule for advice in status.advice] == ["memory_nearly_full"]
-    assert "GPU 0 is 100% full" in status.advice[0].message
+    assert "GPU 0 was 100% full when recorded" in status.advice[0].message
 
 
 def test_a_thin_recording_shows_what_it_holds_not_lines_of_n_a():
