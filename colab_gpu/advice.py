@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB, gpu_models
@@ -80,9 +81,15 @@ def no_gpu_found(status):
     if not _no_gpu(status) or status.runtime.platform in (COLAB, KAGGLE):
         return None
     # Not why: the status already says it on its "No GPU read:" line.
-    return ("No NVIDIA GPU found: torch will run on the CPU; "
-            + command("%gpu_status --live --demo shows", "colab_gpu.live.start(demo=True) runs")
+    demo = (command("%gpu_status --live --demo shows", "colab_gpu.live.start(demo=True) runs")
             + " the monitor on a recorded GPU trace.")
+    if sys.platform != "darwin" or status.runtime.torch.mps_available is False:
+        return f"No NVIDIA GPU found: torch will run on the CPU; {demo}"
+    # A Mac's GPU is reached through torch's MPS backend, which NVML and these memory tools do not read.
+    where = ("" if status.runtime.torch.mps_available else
+             " where torch.backends.mps.is_available() says True (else on the CPU)")
+    return (f"No NVIDIA GPU on a Mac, but torch runs on its GPU with model.to('mps') and tensors made "
+            f"with device='mps'{where}; the CUDA memory tools here do not apply; {demo}")
 
 
 def tpu_runtime(status):

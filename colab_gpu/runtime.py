@@ -39,6 +39,7 @@ class TorchState:
     cuda_version: Optional[str] = None  # the CUDA torch was built with; None for a CPU or ROCm build
     cuda_initialized: bool = False
     hip_version: Optional[str] = None  # the ROCm (HIP) a ROCm build was built with: torch.cuda runs on it
+    mps_available: Optional[bool] = None  # on a Mac, whether torch reaches its GPU as device 'mps'; else None
 
     @property
     def cuda_built(self) -> bool:
@@ -121,7 +122,18 @@ def torch_state(modules: Mapping[str, object] = sys.modules) -> TorchState:
     build = getattr(torch, "version", None)
     return TorchState(imported=True, version=str(version) if version else None,
                       cuda_version=getattr(build, "cuda", None), cuda_initialized=cuda_torch(modules) is not None,
-                      hip_version=getattr(build, "hip", None))
+                      hip_version=getattr(build, "hip", None),
+                      mps_available=mps_available(torch) if sys.platform == "darwin" else None)
+
+
+def mps_available(torch) -> Optional[bool]:
+    """``torch.backends.mps.is_available()``: whether torch runs on this Mac's GPU. It only looks
+    for a Metal device (no memory taken, nothing started; torch caches the answer). None where
+    torch cannot say (a torch without MPS support)."""
+    try:
+        return bool(torch.backends.mps.is_available())
+    except Exception:
+        return None
 
 
 def current_shell(modules: Mapping[str, object] = sys.modules) -> object:

@@ -3,6 +3,7 @@ import json
 import os
 import sys
 
+import pytest
 from IPython.core.error import UsageError
 
 import colab_gpu
@@ -218,3 +219,26 @@ def test_sizes_keep_three_digits_below_100_units():
 
     shown = [size(n) for n in (4_000_000, 19.9 * 2 ** 20, 1 * 2 ** 20, 388 * 2 ** 20, 1536, 1000, 32 * 2 ** 30)]
     assert shown == ["3.81 MiB", "19.9 MiB", "1 MiB", "388 MiB", "1.5 KiB", "1000 B", "32.00 GiB"]
+
+
+@pytest.mark.parametrize("mps", [True, False, "not imported"], ids=["mps", "no-mps", "torch-not-imported"])
+def test_a_mac_is_told_of_its_gpu_through_mps(shell, clean_env, capsys, monkeypatch, mps):
+    """On a Mac the advice said "No NVIDIA GPU found: torch will run on the CPU", and the card
+    "CPU-only build", where torch.backends.mps.is_available() says torch runs on the Mac's GPU."""
+    import torch
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps is True)
+    if mps == "not imported":
+        monkeypatch.delitem(sys.modules, "torch")  # and the magic must not import it to ask
+    assert shell.run_cell("%gpu_status").success
+    out = " ".join(capsys.readouterr().out.split())  # the advice is folded at 80 columns
+    assert "NVML does not run on macOS" in out
+    if mps is False:
+        assert "torch will run on the CPU" in out and "mps" not in out and "(CPU-only build)" in out
+        return
+    assert "torch will run on the CPU" not in out and "CPU-only" not in out
+    assert "torch runs on its GPU with model.to('mps')" in out
+    assert ("torch.backends.mps.is_available()" in out) is (mps != True)
+    assert ("(MPS: the Mac's GPU)" in out) is (mps is True)
+    assert ("torch" in sys.modules) is (mps != "not imported")

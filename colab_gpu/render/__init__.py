@@ -235,7 +235,7 @@ def torch_summary(torch) -> str:
     if not torch.imported:
         return "torch not imported yet"
     build = (f"CUDA {torch.cuda_version}" if torch.cuda_built else f"ROCm {torch.hip_version}"
-             if torch.hip_version else "CPU-only build")
+             if torch.hip_version else "MPS: the Mac's GPU" if torch.mps_available else "CPU-only build")
     state = "CUDA initialized" if torch.cuda_initialized else "CUDA not initialized"
     return f"torch {torch.version} ({build}), {state}"
 
