@@ -220,6 +220,7 @@ class GPUMagics(Magics):
         super().__init__(shell=shell, **kwargs)
         self._cleanups: List[Callable[[], None]] = []
         self._session = None  # the LiveSession, once %gpu_status --live has run
+        self.add_cleanup(self._stop_live_on_unload)
 
     def add_cleanup(self, cleanup: Callable[[], None]) -> None:
         """Something to undo on unload (a hook, a thread); run last-added first."""
@@ -444,12 +445,14 @@ class GPUMagics(Magics):
             from .live.notebook import LiveSession
 
             self._session = LiveSession(self.shell, self._show)
-            self.add_cleanup(self._stop_live_on_unload)
         return self._session
 
     def _stop_live_on_unload(self) -> None:
-        """%unload_ext / %reload_ext end the monitor: show the summary --stop would have shown."""
-        record = self._session.stop("%unload_ext or %reload_ext colab_gpu")
+        """%unload_ext / %reload_ext end the monitor: show the summary --stop would have shown.
+        Also one a script started with colab_gpu.live.start(), which made no LiveSession; never
+        imported, the live package has no monitor to stop."""
+        live = sys.modules.get(f"{__package__}.live")
+        record = live.stop("%unload_ext or %reload_ext colab_gpu") if live is not None else None
         if record is not None:
             self._show(record)
 

@@ -905,6 +905,21 @@ def test_reload_ext_shows_the_summary_of_the_run_it_stopped(live_config, capsys)
     assert capsys.readouterr().out == "colab_gpu: the live monitor is not running\n"
 
 
+def test_unload_ext_stops_a_monitor_a_script_started_and_shows_its_summary(live_config, capsys):
+    """A monitor started with colab_gpu.live.start() (no %gpu_status --live before) went on
+    sampling after %unload_ext and %reload_ext, which README says stop it."""
+    for magic in ("unload_ext", "reload_ext"):
+        sampler, _ = live.start(demo=True, interval=0.02)
+        sampler.wait(3, timeout=10)
+        capsys.readouterr()
+        live_config.run_line_magic(magic, "colab_gpu")
+        if magic == "unload_ext":
+            live_config.run_line_magic("load_ext", "colab_gpu")
+        assert live.running() is None and live_threads() == []
+        assert capsys.readouterr().out.startswith(f"Live monitor stopped: {sampler.count} samples every 0.02 s")
+        assert sampler.stop_reason == "%unload_ext or %reload_ext colab_gpu"  # what its page says
+
+
 def test_colab_shows_the_live_page_through_the_kernel_port(live_config, monkeypatch, capsys):
     served = []
     output = types.ModuleType("google.colab.output")
