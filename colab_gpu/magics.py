@@ -246,7 +246,7 @@ class GPUMagics(Magics):
               help="Follow utilization, memory, power and temperature of every GPU while other "
                    "cells run: widgets in Jupyter, a live page in Colab, a line per sample in a "
                    "terminal. A second --live shows the running monitor again; one with another "
-                   "--from or --demo is refused until --stop.")
+                   "--from, --demo or --interval is refused until --stop.")
     @argument("--stop", action="store_true",
               help="Stop the live monitor and show a summary of the whole run (and its chart in a notebook).")
     @argument("--interval", action=_Once, type=_number(float, "a number of seconds"), metavar="SECONDS",
@@ -408,12 +408,16 @@ class GPUMagics(Magics):
             raise UsageError("--json does not go with --live; colab_gpu.history() gives the samples")
         if args.demo and args.path:
             raise UsageError("--demo replays the bundled trace and --from FILE your recording: give one")
-        interval = self.live_interval if args.interval is None else args.interval  # both checked
         ended = live.stopped_by_itself()
         if ended is not None:  # the new run replaces it: its summary now or never
             print(f"colab_gpu: the last live run stopped by itself at "
                   f"{time.strftime('%H:%M:%S', time.localtime(ended.stopped_at))}; its summary:")
             self._show(ended)
+        # Both checked. GPUMagics.live_interval is for a new monitor: a running one is shown again
+        # at its own; an explicit other --interval is refused as another source is.
+        interval = args.interval
+        if interval is None and live.running() is None:
+            interval = self.live_interval
         try:
             sampler, started = live.start(path=args.path, demo=args.demo, interval=interval,
                                           history=self.live_history)

@@ -231,7 +231,7 @@ def test_invalid_interval_and_history_are_refused():
 
 def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
     sampler, started = live.start(demo=True, interval=0.005)
-    again, started_again = live.start(interval=5)
+    again, started_again = live.start()
     assert started and not started_again and again is sampler
     # A notebook cell ending in live.start() showed "(<colab_gpu.live.sampler.Sampler object at 0x7f...>, True)".
     assert re.fullmatch(r"<Sampler replay of v100s-pcie-32gb_miris\.csv: sampling every 0\.005 s, \d+ samples?>",
@@ -247,7 +247,7 @@ def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
 
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(interval="1"), TypeError, "interval is a number of seconds, e.g. 1 or 0.5; not '1'"),
-    (dict(interval=None), TypeError, "interval is a number of seconds, e.g. 1 or 0.5; not None"),
+    (dict(interval=[1]), TypeError, "interval is a number of seconds, e.g. 1 or 0.5; not [1]"),
     (dict(interval=0), ValueError, "interval must be a positive number of seconds up to 3600"),
     (dict(history=2.5), TypeError, "history is a whole number of samples, e.g. 3600; not 2.5"),
     (dict(history="10"), TypeError, "history is a whole number of samples, e.g. 3600; not '10'"),
@@ -644,6 +644,30 @@ def test_a_start_from_another_source_while_one_runs_is_refused_not_answered_with
     capsys.readouterr()
     run_live(live_config, f"--live --from {NANOGPT}")
     assert "already running (replay of 8gpu-training_nanogpt-pr643.csv" in capsys.readouterr().out
+
+
+def test_a_start_at_another_interval_while_one_runs_is_refused_not_ignored(live_config, capsys):
+    """--live --interval 0.5 and start(interval=0.5) while a monitor sampled every 0.02 s
+    returned it unchanged: the user read its samples as taken at the interval they asked for.
+    No interval (or GPUMagics.live_interval, which is for a new monitor) reuses it as before."""
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    demo = live.running()
+    with pytest.raises(UsageError, match=r"^the live monitor is already running \(replay of v100s-pcie-32gb_miris.csv, "
+                       r"every 0.02 s\), one per kernel: %gpu_status --stop ends it before --interval 0.5 can start$"):
+        run_live(live_config, "--live --interval 0.5 --cells")
+    assert cell_hooks(live_config) == []
+    with pytest.raises(live.AlreadyRunning, match=r"colab_gpu.live.stop\(\) ends it before interval=0.5 can start$"):
+        live.start(demo=True, interval=0.5)
+    with pytest.raises(live.AlreadyRunning, match=r"before interval=5 can start$"):  # as the caller wrote it
+        live.start(interval=5)
+    assert live.start() == (demo, False) and live.start(demo=True, interval=0.02) == (demo, False)
+    capsys.readouterr()
+    run_live(live_config, "--live --interval 0.02")
+    run_live(live_config, "--live", live_interval=0.5)
+    assert capsys.readouterr().out.count("already running (replay of v100s-pcie-32gb_miris.csv, every 0.02 s)") == 2
+    assert live.running() is demo
+    live.stop()
+    assert live.start(demo=True)[0].interval == 1.0  # a new monitor's default
 
 
 def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys):

@@ -57,11 +57,12 @@ def _replays(sampler: Sampler, path) -> bool:
     return same[0] == same[1]
 
 
-def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
+def start(path: Optional[str] = None, demo: bool = False, interval: Optional[float] = None,
           history: int = 3600) -> Tuple[Sampler, bool]:
     """(the sampler, whether it was started now): a running sampler is reused as it is (given
-    another ``path`` or ``demo``, AlreadyRunning says so); one that stopped by itself is ended
-    and replaced (``stop()`` before returns its record).
+    another ``path``, ``demo`` or ``interval``, AlreadyRunning says so); one that stopped by
+    itself is ended and replaced (``stop()`` before returns its record). ``interval``: seconds
+    between samples, 1 for a new monitor when not given.
 
     Reads the live GPUs through NVML, or replays the recording at ``path`` (or the bundled
     demo trace) one time step per sample, looping. Raises :class:`SourceError` when the
@@ -78,17 +79,24 @@ def start(path: Optional[str] = None, demo: bool = False, interval: float = 1.0,
 
         raise ValueError(f"path={path!r}: give the recording's file name; {ACCEPTED}")
     # Named as the caller wrote them: the sampler's own check says "the interval".
-    interval, history = check_interval(interval, "interval"), check_history(history, "history")
+    history, asked_interval = check_history(history, "history"), interval
+    if interval is not None:
+        interval = check_interval(interval, "interval")
     with _lock:
         current = running()
         if current is not None:
+            asked = None
             if not _replays(current, DEMO_TRACE if demo else path):  # reused, it dropped the user's source unsaid
                 asked = option("demo", True) if demo else option("path", os.fsdecode(path))
+            elif interval is not None and interval != current.interval:  # its samples came at the old one
+                asked = option("interval", asked_interval)
+            if asked is not None:
                 raise AlreadyRunning(
                     f"the live monitor is already running ({current.label}, every {current.interval:g} s), one "
                     f"per kernel: {command('%gpu_status --stop', 'colab_gpu.live.stop()')} ends it before "
                     f"{asked} can start")
             return current, False
+        interval = 1.0 if interval is None else interval
         if _sampler is not None:  # stopped by itself: nothing may stay registered at exit
             _sampler.stop()
         if demo or path is not None:
