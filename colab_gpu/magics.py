@@ -437,7 +437,7 @@ class GPUMagics(Magics):
         if args.cells:
             session.watch_cells()
         try:
-            session.show(sampler, self.live_display, self.live_lines)
+            session.show(sampler, self.live_display, self.live_lines, started)
         except BaseException:
             if started:  # no monitor left running without its display
                 session.stop()

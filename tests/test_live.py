@@ -830,6 +830,36 @@ def test_ctrl_c_ends_the_terminal_display_and_stops_the_monitor(live_config, cap
     assert live.running() is None and live_threads() == []
 
 
+def test_ctrl_c_on_a_monitor_shown_again_in_a_terminal_ends_the_display_not_the_monitor(live_config, capsys):
+    """--live in a terminal on a monitor a script started with live.start() printed its lines;
+    Ctrl-C (or GPUMagics.live_lines reached) then stopped the script's monitor too."""
+    import _thread
+
+    sampler, _ = live.start(demo=True, interval=0.02)
+    run_live(live_config, "--live", live_lines=2)
+    out = capsys.readouterr().out
+    assert out.count("REPLAY") == 2 and "Live monitor stopped" not in out
+    assert unfolded(out).endswith("colab_gpu: the live monitor goes on sampling in the background (replay of "
+                                  "v100s-pcie-32gb_miris.csv, every 0.02 s); %gpu_status --stop ends it\n")
+    assert live.running() is sampler
+
+    def press_ctrl_c_once_lines_show(after=sampler.count + 4):
+        try:
+            wait_until(lambda: sampler.count >= after)
+        finally:
+            _thread.interrupt_main()
+
+    presser = threading.Thread(target=press_ctrl_c_once_lines_show, daemon=True)
+    presser.start()
+    run_live(live_config, "--live", live_lines=0)
+    presser.join()
+    out = capsys.readouterr().out
+    assert "goes on sampling in the background" in out and "Live monitor stopped" not in out
+    assert live.running() is sampler
+    run_live(live_config, "--stop")
+    assert capsys.readouterr().out.startswith("Live monitor stopped: ")
+
+
 def test_widgets_follow_the_sampler_and_stop_leaves_a_chart(live_config, capsys):
     run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
     sampler = live.running()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from ..options import command
 from ..render import fold, fold_items
 from . import live_url, on_stop, page_server, running, stop
 from .panel import display_text
@@ -18,8 +19,10 @@ class LiveSession:
         self._show = show  # how the magics display a result (honours GPUMagics.output)
         self._hooks = None  # (pre, post) while --cells is on
 
-    def show(self, sampler, kind: str, lines: int = 0) -> None:
-        """Show the running sampler as ``kind``: "auto", "widgets", "page" or "terminal"."""
+    def show(self, sampler, kind: str, lines: int = 0, started: bool = True) -> None:
+        """Show the running sampler as ``kind``: "auto", "widgets", "page" or "terminal".
+        ``started``: by this --live; the end of a terminal's lines (Ctrl-C) then stops it, else
+        only the display ends: showing a script's monitor again must not end it."""
         from ..runtime import COLAB, PLAIN_PYTHON, TERMINAL, detect_platform
 
         platform = detect_platform(self.shell)
@@ -48,6 +51,11 @@ class LiveSession:
                 watch(sampler, print, lines)
             except KeyboardInterrupt:
                 reason = "Ctrl-C"
+            if not started and sampler.running:
+                print(fold_items(f"colab_gpu: the live monitor goes on sampling in the background "
+                                 f"({sampler.label}, every {sampler.interval:g} s); "
+                                 f"{command('%gpu_status --stop', 'colab_gpu.live.stop()')} ends it", 2))
+                return
             record = self.stop(reason)
             if record is not None:
                 self._show(record)
