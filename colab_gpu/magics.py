@@ -434,13 +434,14 @@ class GPUMagics(Magics):
         if not started:
             print(f"colab_gpu: the live monitor is already running ({sampler.label}, every "
                   f"{sampler.interval:g} s); %gpu_status --stop ends it")
-        if args.cells:
-            session.watch_cells()
+        hooked = args.cells and session.watch_cells()
         try:
             session.show(sampler, self.live_display, self.live_lines, started)
         except BaseException:
             if started:  # no monitor left running without its display
                 session.stop()
+            elif hooked:  # nor the --cells lines of a failed --live on a running one
+                session.unwatch_cells()
             raise
 
     def _live_session(self):

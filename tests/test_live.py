@@ -931,6 +931,21 @@ def test_a_display_that_cannot_be_shown_leaves_no_monitor_running(live_config, m
     assert cell_hooks(live_config) == []
 
 
+def test_a_display_that_cannot_be_shown_on_a_running_monitor_leaves_no_cells_lines(live_config, monkeypatch, capsys):
+    """--live --cells on a monitor a script had started, where the display failed (no
+    ipywidgets): the error said nothing was shown, yet every later cell printed its line and,
+    with CUDA started, reset torch's peak counters. The running monitor itself goes on."""
+    sampler, _ = live.start(demo=True, interval=0.02)
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)
+    run_live(live_config, "--live --cells", live_display="widgets")
+    assert "colab_gpu: ipywidgets could not be imported" in capsys.readouterr().err
+    assert cell_hooks(live_config) == [] and live.running() is sampler
+    run_live(live_config, "--live --cells", live_display="terminal")  # one that shows it stays on
+    assert len(cell_hooks(live_config)) == 2 and live.running() is sampler
+    live.stop()
+    assert cell_hooks(live_config) == []
+
+
 def test_unload_ext_stops_the_monitor_and_shows_its_summary(live_config, capsys):
     run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
     sampler = live.running()

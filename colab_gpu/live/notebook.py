@@ -66,10 +66,11 @@ class LiveSession:
 
             display(live_widget(sampler))
 
-    def watch_cells(self) -> None:
-        """After each cell, print one line with its peak GPU memory and change, if known."""
+    def watch_cells(self) -> bool:
+        """After each cell, print one line with its peak GPU memory and change, if known;
+        whether the hooks were added now (False: already on)."""
         if self._hooks is not None:
-            return
+            return False
         from .cells import CellPeaks
 
         peaks = CellPeaks(running)
@@ -85,9 +86,10 @@ class LiveSession:
         self.shell.events.register("pre_run_cell", pre)
         self.shell.events.register("post_run_cell", post)
         self._hooks = (pre, post)
-        on_stop(self._unhook)  # also when a script calls colab_gpu.live.stop()
+        on_stop(self.unwatch_cells)  # also when a script calls colab_gpu.live.stop()
+        return True
 
-    def _unhook(self) -> None:
+    def unwatch_cells(self) -> None:
         if self._hooks is not None:
             pre, post = self._hooks
             self.shell.events.unregister("pre_run_cell", pre)
