@@ -1312,6 +1312,29 @@ def test_a_new_live_start_first_shows_the_summary_of_the_run_that_stopped_by_its
         source.close()
 
 
+def test_a_new_start_after_a_lost_gpu_ends_that_runs_cells_lines(live_config, monkeypatch, capsys):
+    """--live --cells, the GPU lost, then --live (or a script's live.start()) without --cells:
+    the old run's summary was shown, yet its cell hooks stayed on into the new run, printing a
+    line after every cell and resetting torch's peak counters, as no --stop had ended them."""
+    import colab_gpu.devices
+
+    for restart in (lambda: run_live(live_config, "--live --demo --interval 0.01"),
+                    lambda: live.start(demo=True, interval=0.01)):
+        source = NvmlSource(nvml=RecordedNvml(V100, lose_gpu_after=3))
+        monkeypatch.setattr(colab_gpu.devices, "default_source", lambda: source)
+        try:
+            run_live(live_config, "--live --cells --interval 0.01", live_display="widgets")
+            wait_until(lambda: live.running() is None)  # the GPU fell off the bus
+            assert len(cell_hooks(live_config)) == 2
+            restart()
+            assert live.running() is not None and cell_hooks(live_config) == []
+            live_config.run_cell("import time; time.sleep(0.1)")
+            assert "cell GPU memory" not in capsys.readouterr().out
+        finally:
+            live.stop()
+            source.close()
+
+
 def test_cells_on_a_recording_without_memory_says_so_once_not_an_empty_line_per_cell(live_config, capsys):
     """nanoGPT's log has utilization, power and temperature but no memory: every cell ended
     with "cell GPU memory (REPLAY ..., 21 samples): " and nothing after the colon."""

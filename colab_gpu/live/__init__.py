@@ -82,6 +82,7 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
     history, asked_interval = check_history(history, "history"), interval
     if interval is not None:
         interval = check_interval(interval, "interval")
+    stopped_by_itself()  # ended as stop() ends it, before it is replaced
     with _lock:
         current = running()
         if current is not None:
@@ -141,8 +142,7 @@ def stopped_by_itself() -> Optional[RunRecord]:
         sampler = _sampler
         if sampler is None or sampler.running or sampler.closed:
             return None
-        sampler.stop()
-        return record_of(sampler)
+    return stop()  # as any end of a run: its --cells lines went on into the next run
 
 
 def page_server():
