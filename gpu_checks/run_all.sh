@@ -7,13 +7,30 @@
 # One log per check lands in OUTPUT_DIR (default gpu_checks/out), with the GPU's own
 # `nvidia-smi -q -x` record beside them (a new replay file for colab_gpu/data, should the GPU
 # be one we have none of). Exit status: 0 when every check passed, 1 when one failed or ran
-# out of time, 2 when this machine has no GPU (nothing was checked).
+# out of time, 2 when this machine has no GPU (nothing was checked), 3 when IPython is missing
+# and cannot be installed (see below).
 set -u
 cd "$(dirname "$0")/.."
 out="${1:-gpu_checks/out}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python="${PYTHON:-python3}"
+
+# The lent GPU machine has torch with CUDA in its python3 (/opt/torch/.venv) but no IPython, and
+# no network: the wheels gpu_checks/wheels.sh downloaded here travel in .whl (name it in the
+# device call's `carry`) and go into a temporary folder. Without them every check that starts
+# an IPython shell would stop at its first line with "No module named 'IPython'".
+if ! "$python" -c "import IPython" 2>/dev/null; then
+    if ! ls .whl/*.whl >/dev/null 2>&1; then
+        echo "IPython is not installed for $python and there is no .whl/ to install it from: run" \
+             "bash gpu_checks/wheels.sh where pip reaches PyPI, and carry .whl" >&2
+        exit 3
+    fi
+    site="${TMPDIR:-/tmp}/gpu_checks_site"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" .whl/*.whl || exit 3
+    export PYTHONPATH="$PYTHONPATH:$site"
+fi
 
 nvidia-smi -q -x >"$out/nvidia-smi-q-x.xml" 2>/dev/null || rm -f "$out/nvidia-smi-q-x.xml"
 "$python" -c "import torch, IPython; print('torch', torch.__version__, 'CUDA', torch.version.cuda, \
