@@ -9,6 +9,14 @@
 # be one we have none of). Exit status: 0 when every check passed, 1 when one failed or ran
 # out of time, 2 when this machine has no GPU (nothing was checked), 3 when IPython is missing
 # and cannot be installed (see below).
+#
+# On the lent GPU machine (15 minutes of device time a session, the machine's start and every
+# rerun included; 10 minutes a command), from the repository's root, with .whl carried:
+#
+#     bash gpu_checks/run_all.sh $OUT find_batch gpu_status clear_cache      (timeout_s 420)
+#
+# The whole run stops after GPU_CHECKS_SECONDS (default 360): a check gets its own limit or
+# what is left, whichever is less, so one that hangs cannot eat the time a rerun needs.
 set -u
 cd "$(dirname "$0")/.."
 out="${1:-gpu_checks/out}"
@@ -36,13 +44,22 @@ nvidia-smi -q -x >"$out/nvidia-smi-q-x.xml" 2>/dev/null || rm -f "$out/nvidia-sm
 "$python" -c "import torch, IPython; print('torch', torch.__version__, 'CUDA', torch.version.cuda, \
 'IPython', IPython.__version__)"
 
-# name and seconds; find_batch, the longest, goes second so a slow machine still runs it
-checks=(gpu_status:90 find_batch:270 alloc_conf:120 clear_cache:240 live_monitor:150)
+# name and seconds, each well above what the check should need; find_batch, the longest,
+# goes second so a slow machine still runs it
+checks=(gpu_status:60 find_batch:180 alloc_conf:90 clear_cache:150 live_monitor:150)
+budget="${GPU_CHECKS_SECONDS:-360}"
 shift $(($# > 0))
 status=0
 for check in "${checks[@]}"; do
     name="${check%%:*}" seconds="${check##*:}"
     if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
+    left=$((budget - SECONDS - 10))  # 10: timeout's --kill-after
+    if [ "$left" -lt 20 ]; then
+        echo "=== $name: not run, ${GPU_CHECKS_SECONDS:-360} s of GPU_CHECKS_SECONDS spent" | tee "$out/$name.log"
+        status=1
+        continue
+    fi
+    if [ "$seconds" -gt "$left" ]; then seconds=$left; fi
     echo "=== $name (at most $seconds s)"
     started=$SECONDS
     timeout --kill-after=10 "$seconds" "$python" "gpu_checks/$name.py" 2>&1 | tee "$out/$name.log"
