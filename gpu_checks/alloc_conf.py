@@ -54,8 +54,14 @@ print("CHECK 2 OK")
 def run(code: str) -> bool:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTORCH_")}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=240)
+    try:  # two of these within run_all.sh's 90 s for the whole script
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              timeout=40)
+    except subprocess.TimeoutExpired as error:
+        said = [text.decode(errors="replace") if isinstance(text, bytes) else text
+                for text in (error.stdout, error.stderr) if text]  # bytes here, whatever text= says
+        print("".join(said) + "timed out after 40 s")
+        return False
     print(done.stdout + done.stderr)
     return done.returncode == 0
 

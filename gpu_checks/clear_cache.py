@@ -1,7 +1,7 @@
 """GPU check for %clear_cache: a real CUDA OOM in a real IPython shell, then the memory back.
 
 Run on a machine with an NVIDIA GPU and a CUDA build of torch (a few minutes at most: the
-sizes are bounded, each fresh process at 60 s):
+sizes are bounded, each fresh process at 45 s):
 
     python gpu_checks/clear_cache.py
 
@@ -137,9 +137,9 @@ def _in_a_fresh_process(code: str) -> bool:
            + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                              timeout=60)
+                              timeout=45)
     except subprocess.TimeoutExpired:
-        print("  (timed out after 60 s)")
+        print("  (timed out after 45 s)")
         return False
     print(done.stdout + done.stderr[-2000:])
     ok = done.returncode == 0
