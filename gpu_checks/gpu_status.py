@@ -48,6 +48,27 @@ def gpu_of_cuda0(data: dict) -> dict:
     return next(gpu for gpu in data["snapshot"]["gpus"] if gpu["index"] == nvml_index)
 
 
+def shows_torch_memory(text: str, amount: str) -> bool:
+    """The card's ``torch`` row says ``allocated <amount>`` and its ``where`` row ``torch tensors
+    <amount>``. The ``where`` row starts with "other processes" only where NVML lists this
+    process under its own id; in a container or a sandbox it lists the host's, and the row
+    then begins "every process's CUDA context": either way the tensors are what it must show."""
+    found = []  # [label, value] of each row; a value goes on under it, folded at 80 columns
+    for line in text.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):
+            label, _, value = line.strip().partition(" ")
+            found.append([label, value.strip()])
+        elif line.startswith("   ") and found:
+            found[-1][1] += " " + line.strip()
+        else:
+            found.append(["", line])
+    rows = {}
+    for label, value in found:
+        rows.setdefault(label, value)  # the first GPU's: the only one on the lent machine
+    return (rows.get("torch", "").startswith(f"allocated {amount} ")
+            and f"torch tensors {amount}," in rows.get("where", ""))
+
+
 def libcuda_mapped() -> bool:
     with open("/proc/self/maps") as maps:
         return any("libcuda" in line for line in maps)
@@ -138,8 +159,9 @@ def main() -> int:
     shell.user_ns["x"] = x
     with_torch, _ = run_magic(shell, "")
     print("%gpu_status once CUDA runs:\n" + "\n".join("    " + line for line in with_torch.splitlines()))
-    check("  torch       allocated 64 MiB" in with_torch and "  where       other processes" in with_torch,
-          "once CUDA runs, %gpu_status adds torch's allocator (allocated 64 MiB) and where memory went")
+    check(shows_torch_memory(with_torch, "64 MiB"),
+          "once CUDA runs, %gpu_status adds torch's allocator (allocated 64 MiB) and where memory went "
+          "(torch tensors 64 MiB)")
     shell.run_line_magic("unload_ext", "colab_gpu")
 
     elapsed = time.perf_counter() - started
