@@ -113,8 +113,9 @@ if torch._C._cuda_hasPrimaryContext(0):
     print("this torch made a context when CUDA started: nothing to check")
     raise SystemExit(0)
 report = colab_gpu.clear_cache()
-print(report.steps[-1].done)
-assert report.steps[-1].done == "no GPU has a CUDA context yet: nothing is cached"
+step = report.steps[-1]
+print(step.name, "step:", step.done)
+assert step.name == "CUDA cache" and step.error is None, (step.name, step.error)
 assert not torch._C._cuda_hasPrimaryContext(0), "clear_cache created a context"
 """
 DEVICE_SIDE_ASSERT = """
@@ -126,7 +127,12 @@ failed = shell.run_cell("import torch\\nx = torch.zeros(4, device='cuda')\\n"
 print("the cell failed with:", repr(failed.error_in_exec)[:200])
 print("=== %clear_cache --quiet:")  # IPython printed the failed cell's traceback above
 result = shell.run_cell("%clear_cache --quiet")
+print("=== end")
 assert result.error_in_exec is None, repr(result.error_in_exec)
+import colab_gpu
+step = colab_gpu.clear_cache(shell=shell).steps[-1]  # what the line said, as data
+print("the", step.name, "step failed:", step.error)
+assert step.name == "CUDA cache" and step.error, (step.name, step.error)
 """
 
 
@@ -144,8 +150,8 @@ def _in_a_fresh_process(code: str) -> bool:
     print(done.stdout + done.stderr[-2000:])
     ok = done.returncode == 0
     if code is DEVICE_SIDE_ASSERT:
-        after = done.stdout.partition("=== %clear_cache --quiet:")[2]
-        ok = ok and "CUDA cache step failed:" in after and "Traceback" not in after
+        line = done.stdout.partition("=== %clear_cache --quiet:")[2].partition("=== end")[0]
+        ok = ok and bool(line.strip()) and "Traceback" not in line
     return ok
 
 
