@@ -413,14 +413,13 @@ class GPUMagics(Magics):
             print(f"colab_gpu: the last live run stopped by itself at "
                   f"{time.strftime('%H:%M:%S', time.localtime(ended.stopped_at))}; its summary:")
             self._show(ended)
-        # Both checked. GPUMagics.live_interval is for a new monitor: a running one is shown again
-        # at its own; an explicit other --interval is refused as another source is.
-        interval = args.interval
-        if interval is None and live.running() is None:
-            interval = self.live_interval
+        # Both checked. GPUMagics.live_interval and live_history are for a new monitor: a running
+        # one is shown again as it is; an explicit other --interval is refused as another source is.
+        new = live.running() is None
+        interval = self.live_interval if args.interval is None and new else args.interval
         try:
             sampler, started = live.start(path=args.path, demo=args.demo, interval=interval,
-                                          history=self.live_history)
+                                          history=self.live_history if new else None)
         except live.AlreadyRunning as error:
             raise UsageError(str(error)) from None
         except ValueError as error:  # the source cannot be read: no driver, a bad recording

@@ -670,6 +670,22 @@ def test_a_start_at_another_interval_while_one_runs_is_refused_not_ignored(live_
     assert live.start(demo=True)[0].interval == 1.0  # a new monitor's default
 
 
+def test_a_start_with_another_history_while_one_runs_is_refused_not_ignored(live_config, capsys):
+    """start(history=100) while a monitor keeps 3600 samples returned it unchanged: the user's
+    charts kept an hour, not the 100 samples asked for. GPUMagics.live_history, a setting for
+    the next monitor, reuses a running one, as live_interval does."""
+    demo, started = live.start(demo=True, interval=0.02)
+    assert started and demo.history == 3600
+    with pytest.raises(live.AlreadyRunning, match=r"colab_gpu.live.stop\(\) ends it before history=100 can start$"):
+        live.start(history=100)
+    assert live.start(history=3600) == (demo, False)
+    run_live(live_config, "--live", live_history=100, live_display="widgets")
+    assert "already running (replay of v100s-pcie-32gb_miris.csv, every 0.02 s)" in capsys.readouterr().out
+    assert live.running() is demo
+    live.stop()
+    assert live.start(demo=True, history=100)[0].history == 100
+
+
 def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys):
     run_live(live_config, "--live --demo --interval 0.02", live_lines=3)
     lines = capsys.readouterr().out.splitlines()

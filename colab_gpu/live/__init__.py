@@ -58,11 +58,12 @@ def _replays(sampler: Sampler, path) -> bool:
 
 
 def start(path: Optional[str] = None, demo: bool = False, interval: Optional[float] = None,
-          history: int = 3600) -> Tuple[Sampler, bool]:
+          history: Optional[int] = None) -> Tuple[Sampler, bool]:
     """(the sampler, whether it was started now): a running sampler is reused as it is (given
-    another ``path``, ``demo`` or ``interval``, AlreadyRunning says so); one that stopped by
-    itself is ended and replaced (``stop()`` before returns its record). ``interval``: seconds
-    between samples, 1 for a new monitor when not given.
+    another ``path``, ``demo``, ``interval`` or ``history``, AlreadyRunning says so); one that
+    stopped by itself is ended and replaced (``stop()`` before returns its record). ``interval``:
+    seconds between samples, 1 for a new monitor when not given; ``history``: samples kept for
+    the charts, 3600 for a new monitor when not given.
 
     Reads the live GPUs through NVML, or replays the recording at ``path`` (or the bundled
     demo trace) one time step per sample, looping. Raises :class:`SourceError` when the
@@ -79,9 +80,11 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
 
         raise ValueError(f"path={path!r}: give the recording's file name; {ACCEPTED}")
     # Named as the caller wrote them: the sampler's own check says "the interval".
-    history, asked_interval = check_history(history, "history"), interval
+    asked_interval, asked_history = interval, history
     if interval is not None:
         interval = check_interval(interval, "interval")
+    if history is not None:
+        history = check_history(history, "history")
     stopped_by_itself()  # ended as stop() ends it, before it is replaced
     with _lock:
         current = running()
@@ -91,6 +94,8 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
                 asked = option("demo", True) if demo else option("path", os.fsdecode(path))
             elif interval is not None and interval != current.interval:  # its samples came at the old one
                 asked = option("interval", asked_interval)
+            elif history is not None and history != current.history:  # its charts keep the old number
+                asked = option("history", asked_history)
             if asked is not None:
                 raise AlreadyRunning(
                     f"the live monitor is already running ({current.label}, every {current.interval:g} s), one "
@@ -98,6 +103,7 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
                     f"{asked} can start")
             return current, False
         interval = 1.0 if interval is None else interval
+        history = 3600 if history is None else history
         if _sampler is not None:  # stopped by itself: nothing may stay registered at exit
             _sampler.stop()
         if demo or path is not None:

@@ -164,6 +164,7 @@ class Sampler:
         self.started_at: Optional[float] = None
         self.stopped_at: Optional[float] = None
         self._buffer: "collections.deque[Sample]" = collections.deque(maxlen=history)
+        self.history = history  # samples kept for the charts
         self._totals: Dict[int, RunTotals] = {}  # GPU index -> over the whole run
         self._count = 0
         self._last_read = time.monotonic()  # when the latest sample was taken
