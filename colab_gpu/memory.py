@@ -483,26 +483,83 @@ def _split_limit(torch, device: str) -> Optional[int]:
     return LARGE_BUFFER + 1 if stats.get("oversize_allocations.current", 0) > 0 else None
 
 
+ROUNDUP_INTERVALS = 16  # roundup_power2_divisions: one value per power of two from 1 MiB to 64 GiB
+
+
+def _roundup_divisions(torch) -> List[int]:
+    """Per interval of request sizes (index 0: under 2 MiB, i: 2**i MiB up to 2**(i+1), the
+    last: 32 GiB and over), the ``roundup_power2_divisions`` CUDA's allocator runs with:
+    torch's own report of its last settings string where it has one (2.10+; CUDA already
+    runs, so asking changes nothing), else the environment, which %alloc_conf keeps in step.
+    Each string resets the key, so the last one tells it all; filled as torch's
+    parseRoundUpPower2Divisions fills it (AllocatorConfig.cpp). All 0 (no rounding) where
+    unset or unreadable."""
+    from .allocator.apply import current_settings, runtime_setter
+    from .allocator.parse import parse
+
+    table = [0] * ROUNDUP_INTERVALS
+    try:
+        setter = runtime_setter({"torch": torch})
+        if setter is not None and setter.get is not None:
+            text = setter.get()
+            settings = parse(text) if text else ()
+        else:
+            settings = current_settings(os.environ)[1]
+        value = dict(settings).get("roundup_power2_divisions")
+        if value is None:
+            return table
+        if not value.startswith("["):
+            return [int(value)] * ROUNDUP_INTERVALS
+        last, first = 0, True
+        for interval, divisions in (entry.split(":", 1) for entry in value[1:-1].split(",")):
+            if interval == ">":  # from the last interval named, that one included
+                table[last:] = [int(divisions)] * (ROUNDUP_INTERVALS - last)
+                continue
+            last = min(int(interval).bit_length() - 1, ROUNDUP_INTERVALS - 1)
+            if first:  # the first value holds for every smaller size too
+                table[:last], first = [int(divisions)] * last, False
+            table[last] = int(divisions)
+    except Exception:  # a string torch took and the parser here does not read
+        return [0] * ROUNDUP_INTERVALS
+    return table
+
+
+def _rounded(nbytes: int, divisions: List[int]) -> int:
+    """The size CUDA's allocator makes of a request (CUDACachingAllocator.cpp: round_size):
+    512 B steps, or with N divisions for its size a step of 1/N of the power of two below it
+    (1.1 GiB -> 1.25 GiB with 4)."""
+    log = nbytes.bit_length() - 1
+    split = divisions[min(max(log - 20, 0), ROUNDUP_INTERVALS - 1)]
+    step = 512
+    if split > 1 and nbytes > 512 * split:
+        step = max((1 << log) >> (split.bit_length() - 1), 1)  # a power of two stays as it is
+    return max(-(-nbytes // step) * step, 512)
+
+
 def _unreached(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int],
                torch=None) -> Tuple[Tuple[str, int], ...]:
     """Per device, the bytes of the memory reading (live CPU tensors, torch's allocated) that
     no variable, output or error reaches: a library's cache, a thread, a reference cycle.
     A GPU's reading counts each storage as the block its allocator gave it: rounded up to
-    512 B, and a block of the large pool (over 1 MiB) is not split for a remainder of 1 MiB or
-    less, which it then counts as allocated too; under ``max_split_size_mb`` a block of that
-    size or more is never split, and a cached one is reused for a request up to 20 MiB smaller
-    (CUDACachingAllocator.cpp: should_split, get_free_block). The storages reached are counted
-    at the most their blocks can hold, so that what is left is memory no rounding explains: a
-    lower bound. Less than 1 MiB is not worth a line."""
+    512 B (under ``roundup_power2_divisions``, to the next of its steps), and a block of the
+    large pool (over 1 MiB) is not split for a remainder of 1 MiB or less, which it then
+    counts as allocated too; under ``max_split_size_mb`` a block of that size or more is never
+    split, and a cached one is reused for a request up to 20 MiB smaller
+    (CUDACachingAllocator.cpp: round_size, should_split, get_free_block). The storages reached
+    are counted at the most their blocks can hold, so that what is left is memory no rounding
+    explains: a lower bound. Less than 1 MiB is not worth a line."""
     reached: Dict[str, int] = {}
     limits: Dict[str, Optional[int]] = {}
+    divisions: Optional[List[int]] = None
     for (device, _), nbytes in union.items():
         if device == "cpu":
             blocks = nbytes
         else:
             if device not in limits:
                 limits[device] = _split_limit(torch, device) if torch is not None else None
-            limit, blocks = limits[device], -(-nbytes // 512) * 512
+            if divisions is None:
+                divisions = _roundup_divisions(torch) if torch is not None else [0] * ROUNDUP_INTERVALS
+            limit, blocks = limits[device], _rounded(nbytes, divisions)
             blocks += (LARGE_BUFFER if limit is not None and blocks >= limit else
                        UNSPLIT_REMAINDER if nbytes > UNSPLIT_REMAINDER else 0)
         reached[device] = reached.get(device, 0) + blocks

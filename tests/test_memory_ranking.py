@@ -311,3 +311,39 @@ def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_left_unsplit(monkeypatch):
     assert _unreached([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == ()
     stats["oversize_allocations.current"] = 0  # no limit: every large block is split
     assert _unreached([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == (("cuda:0", 20 * 17 * mib),)
+
+
+def test_the_rest_on_a_gpu_is_not_the_power_of_two_rounding(monkeypatch):
+    """Under roundup_power2_divisions:4 the allocator makes a block of 1.25 GiB of a 1.1 GiB
+    request: 8 such activations showed "at least 1.20 GiB that no variable reaches", none of
+    it held. torch's report of its settings (2.10+) says which; before 2.10 the environment."""
+    import torch
+
+    from colab_gpu.memory import Reading, _unreached
+
+    mib, gib = 1024 ** 2, 1024 ** 3
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # the faked boundary
+    setting = ["roundup_power2_divisions:4"]
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: setting[0], raising=False)
+    activations = {("cuda:0", address): int(1.1 * gib) for address in range(1, 9)}
+    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+    held = 600 * mib  # more than any rounding explains: still said
+    rest = _unreached([Reading("cuda:0", 8 * 5 * gib // 4 + held)], activations, torch)
+    assert rest and held - 8 * mib <= rest[0][1] <= held
+    # per size range: 1.1 GiB is in 1024's interval, which '>' sets to 4 ('512:1' is overwritten)
+    setting[0] = "roundup_power2_divisions:[256:1,512:1,>:4]"
+    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+    setting[0] = "roundup_power2_divisions:[256:1,>:1]"  # 1: no rounding, the rest is said
+    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
+    setting[0] = "max_split_size_mb:200"  # a later string put the rounding back to none
+    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
+    # a torch with no report of its settings: the environment, which %alloc_conf keeps in step
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
+    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:[64:8,>:4]")
+    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
