@@ -347,3 +347,16 @@ def test_the_rest_on_a_gpu_is_not_the_power_of_two_rounding(monkeypatch):
     assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:[64:8,>:4]")
     assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+
+
+def test_the_rest_on_the_cpu_and_a_gpu_bounds_only_the_gpus_figure():
+    """The rest on both read "at least cpu 12 MiB, cuda:0 3.00 GiB", while the CPU's
+    figure is exact (live CPU tensors, each storage once): only the GPU's is a lower bound."""
+    from colab_gpu.render.memory import holders_line, holders_text
+
+    mib, gib = 1024 ** 2, 1024 ** 3
+    unreached = (("cpu", 12 * mib), ("cuda:0", 3 * gib))
+    found = Holders(not_yours=unreached, unreached=unreached)
+    rest = next(line for line in holders_text(found).splitlines() if line.startswith("  the rest"))
+    assert " ".join(rest.split()).startswith("the rest cpu 12 MiB, at least cuda:0 3.00 GiB that no variable")
+    assert "(the rest cpu 12 MiB, at least cuda:0 3.00 GiB)" in holders_line(found)  # --quiet's

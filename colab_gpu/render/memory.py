@@ -125,10 +125,10 @@ def _elsewhere_rows(holders) -> List[Tuple[str, str]]:
 
 
 def _rest(holders) -> str:
-    """"at least cuda:0 3.00 GiB": on a GPU what the allocator's rounding could explain is
-    left out, a lower bound."""
-    bound = "" if all(device == "cpu" for device, _ in holders.unreached) else "at least "
-    return f"{bound}{_devices(holders.unreached)}"
+    """"cpu 12.0 MiB, at least cuda:0 3.00 GiB": on a GPU what the allocator's rounding could
+    explain is left out, a lower bound; the CPU's figure is exact."""
+    return ", ".join(f"{'' if device == 'cpu' else 'at least '}{device} {size(n)}"
+                     for device, n in holders.unreached)
 
 
 def _elsewhere_title(holders) -> str:
