@@ -655,24 +655,27 @@ class Reading:
 def cpu_tensor_bytes(torch) -> int:
     """Bytes of every live CPU tensor Python can see, each storage counted once, and of those
     their autograd graphs saved for backward(): a saved activation often has no Python object
-    left (relu's, softmax's output once the next layer has run)."""
+    left (relu's, softmax's output once the next layer has run). A sparse tensor's memory is
+    in its indices and values, which have none either: walked, as the ranking walks them."""
     objects = gc.get_objects()
     # Tensor's metaclass makes issubclass slow: test each type once, then filter by type.
     tensor_kinds = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor)}
     storages: Dict[int, int] = {}
-    graphs = []
+    walked = []  # autograd graphs and sparse tensors
     for obj in objects:
         if type(obj) in tensor_kinds:
             try:  # a tensor subclass's __torch_function__ may raise on any attribute
                 if obj.grad_fn is not None:
-                    graphs.append(obj.grad_fn)
-                if obj.layout == torch.strided and obj.device.type == "cpu":
+                    walked.append(obj.grad_fn)
+                if obj.layout != torch.strided:
+                    walked.append(obj)
+                elif obj.device.type == "cpu":
                     storage = obj.untyped_storage()
                     storages[storage.data_ptr()] = storage.nbytes()
             except Exception:
                 continue
     del objects
-    saved = _walk(graphs, torch, set()).storages
+    saved = _walk(walked, torch, set()).storages
     storages.update((address, nbytes) for (device, address), nbytes in saved.items() if device == "cpu")
     storages.pop(0, None)
     return sum(storages.values())
