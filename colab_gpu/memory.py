@@ -486,26 +486,36 @@ def _split_limit(torch, device: str) -> Optional[int]:
 ROUNDUP_INTERVALS = 16  # roundup_power2_divisions: one value per power of two from 1 MiB to 64 GiB
 
 
-def _roundup_divisions(torch) -> List[int]:
-    """Per interval of request sizes (index 0: under 2 MiB, i: 2**i MiB up to 2**(i+1), the
-    last: 32 GiB and over), the ``roundup_power2_divisions`` CUDA's allocator runs with:
-    torch's own report of its last settings string where it has one (2.10+; CUDA already
-    runs, so asking changes nothing), else the environment, which %alloc_conf keeps in step.
-    Each string resets the key, so the last one tells it all; filled as torch's
-    parseRoundUpPower2Divisions fills it (AllocatorConfig.cpp). All 0 (no rounding) where
-    unset or unreadable."""
+def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]]:
+    """What CUDA's allocator runs with: torch's own report of its last settings string where it
+    has one (2.10+, else None; asked only once CUDA runs, so asking changes nothing), and the
+    environment, which %alloc_conf keeps in step. What cannot be read is empty."""
     from .allocator.apply import current_settings, runtime_setter
     from .allocator.parse import parse
 
-    table = [0] * ROUNDUP_INTERVALS
-    try:
-        setter = runtime_setter({"torch": torch})
-        if setter is not None and setter.get is not None:
+    reported = None
+    setter = runtime_setter({"torch": torch})
+    if setter is not None and setter.get is not None:
+        try:
             text = setter.get()
-            settings = parse(text) if text else ()
-        else:
-            settings = current_settings(os.environ)[1]
-        value = dict(settings).get("roundup_power2_divisions")
+            reported = dict(parse(text)) if text else {}
+        except Exception:  # a string torch took and the parser here does not read
+            reported = {}
+    try:
+        environment = dict(current_settings(os.environ)[1])
+    except Exception:
+        environment = {}
+    return reported, environment
+
+
+def _roundup_divisions(settings: Mapping[str, str]) -> List[int]:
+    """Per interval of request sizes (index 0: under 2 MiB, i: 2**i MiB up to 2**(i+1), the
+    last: 32 GiB and over), the ``roundup_power2_divisions`` of ``settings``, filled as torch's
+    parseRoundUpPower2Divisions fills it (AllocatorConfig.cpp). All 0 (no rounding) where
+    unset or unreadable."""
+    table = [0] * ROUNDUP_INTERVALS
+    value = settings.get("roundup_power2_divisions")
+    try:
         if value is None:
             return table
         if not value.startswith("["):
@@ -519,9 +529,27 @@ def _roundup_divisions(torch) -> List[int]:
             if first:  # the first value holds for every smaller size too
                 table[:last], first = [int(divisions)] * last, False
             table[last] = int(divisions)
-    except Exception:  # a string torch took and the parser here does not read
+    except ValueError:
         return [0] * ROUNDUP_INTERVALS
     return table
+
+
+def _rounding(torch) -> Tuple[List[int], int]:
+    """The divisions per interval (see _roundup_divisions) and the most an unsplit oversize
+    block may exceed its request (``max_non_split_rounding_mb``, 20 MiB by default).
+
+    Each settings string resets roundup_power2_divisions, so torch's last one tells it all;
+    max_non_split_rounding_mb keeps its value from an earlier string, so the larger of what
+    torch's last string and the environment say is taken: the rest stays a lower bound."""
+    reported, environment = _allocator_settings(torch)
+    divisions = _roundup_divisions(reported if reported is not None else environment)
+    rounding = LARGE_BUFFER
+    for settings in (reported or {}, environment):
+        try:
+            rounding = max(rounding, int(settings.get("max_non_split_rounding_mb", 0)) * 1024 ** 2)
+        except ValueError:
+            pass
+    return divisions, rounding
 
 
 def _rounded(nbytes: int, divisions: List[int]) -> int:
@@ -544,23 +572,24 @@ def _unreached(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int]
     512 B (under ``roundup_power2_divisions``, to the next of its steps), and a block of the
     large pool (over 1 MiB) is not split for a remainder of 1 MiB or less, which it then
     counts as allocated too; under ``max_split_size_mb`` a block of that size or more is never
-    split, and a cached one is reused for a request up to 20 MiB smaller
-    (CUDACachingAllocator.cpp: round_size, should_split, get_free_block). The storages reached
+    split, and a cached one is reused for a request up to 20 MiB smaller (or
+    ``max_non_split_rounding_mb``) (CUDACachingAllocator.cpp: round_size, should_split,
+    get_free_block). The storages reached
     are counted at the most their blocks can hold, so that what is left is memory no rounding
     explains: a lower bound. Less than 1 MiB is not worth a line."""
     reached: Dict[str, int] = {}
     limits: Dict[str, Optional[int]] = {}
-    divisions: Optional[List[int]] = None
+    rounding: Optional[Tuple[List[int], int]] = None
     for (device, _), nbytes in union.items():
         if device == "cpu":
             blocks = nbytes
         else:
             if device not in limits:
                 limits[device] = _split_limit(torch, device) if torch is not None else None
-            if divisions is None:
-                divisions = _roundup_divisions(torch) if torch is not None else [0] * ROUNDUP_INTERVALS
-            limit, blocks = limits[device], _rounded(nbytes, divisions)
-            blocks += (LARGE_BUFFER if limit is not None and blocks >= limit else
+            if rounding is None:
+                rounding = _rounding(torch) if torch is not None else ([0] * ROUNDUP_INTERVALS, LARGE_BUFFER)
+            limit, blocks = limits[device], _rounded(nbytes, rounding[0])
+            blocks += (rounding[1] if limit is not None and blocks >= limit else
                        UNSPLIT_REMAINDER if nbytes > UNSPLIT_REMAINDER else 0)
         reached[device] = reached.get(device, 0) + blocks
     rest = ((reading.device, reading.allocated - reached.get(reading.device, 0))

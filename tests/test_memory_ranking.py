@@ -360,3 +360,28 @@ def test_the_rest_on_the_cpu_and_a_gpu_bounds_only_the_gpus_figure():
     rest = next(line for line in holders_text(found).splitlines() if line.startswith("  the rest"))
     assert " ".join(rest.split()).startswith("the rest cpu 12 MiB, at least cuda:0 3.00 GiB that no variable")
     assert "(the rest cpu 12 MiB, at least cuda:0 3.00 GiB)" in holders_line(found)  # --quiet's
+
+
+def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_max_non_split_rounding_mb_allows(monkeypatch):
+    """Under max_split_size_mb:128,max_non_split_rounding_mb:256 a cached oversize block is
+    reused for a request up to 256 MiB smaller: 20 activations of 130 MiB, each given a cached
+    380 MiB block, showed "at least 4.49 GiB that no variable reaches", none of it held."""
+    import torch
+
+    from colab_gpu.memory import Reading, _unreached
+
+    mib = 1024 ** 2
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"max_split_size": 128 * mib})
+    setting = ["max_split_size_mb:128,max_non_split_rounding_mb:256"]
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: setting[0], raising=False)
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    activations = {("cuda:0", address): 130 * mib for address in range(1, 21)}
+    assert _unreached([Reading("cuda:0", 20 * 380 * mib)], activations, torch) == ()
+    held = 600 * mib  # more than any rounding explains: still said
+    rest = _unreached([Reading("cuda:0", 20 * 380 * mib + held)], activations, torch)
+    assert rest and held - 20 * 256 * mib <= rest[0][1] <= held  # a lower bound, within 256 MiB a block
+    # a later string without the key leaves torch's value as it was; the environment has it
+    setting[0] = "max_split_size_mb:128"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128,max_non_split_rounding_mb:256")
+    assert _unreached([Reading("cuda:0", 20 * 380 * mib)], activations, torch) == ()
