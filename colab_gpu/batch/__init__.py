@@ -7,6 +7,7 @@ import time.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -91,12 +92,14 @@ def check_options(*, variable: str = "batch_size", mode: str = "max", start: Opt
 def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
                  steps: int = 3, headroom=None, multiple_of: int = 1, device: str = "auto",
-                 measure_memory: bool = True, tolerance: float = 0.05, progress=None) -> BatchResult:
+                 measure_memory: bool = True, tolerance: float = 0.05, progress=None,
+                 around_run: Callable[[], Any] = contextlib.nullcontext) -> BatchResult:
     """Search with ``step(size)``, restoring ``snapshot`` and freeing memory after every trial.
 
     ``progress(search)`` is called after every trial and ``progress.finish(result)`` at the
     end. The user's own error (not an out-of-memory, not a broken device) is raised again
     once everything is restored and the progress finished, with its traceback.
+    ``around_run()`` is entered around each run of ``step``, outside its timing.
     """
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
     steps = whole_number("steps", steps)
@@ -107,7 +110,8 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
             if ctrl_c.pressed:  # held since the last trial ended: stop before the next one
                 raise KeyboardInterrupt
             trial, error = run_trial(step, size, steps, device, measure_memory, ctrl_c,
-                                     min_timed=THROUGHPUT_TIMED if mode == "throughput" else 0.0)
+                                     min_timed=THROUGHPUT_TIMED if mode == "throughput" else 0.0,
+                                     around=around_run)
             try:
                 snapshot.restore()
             finally:  # freed also when a --restore object cannot be put back

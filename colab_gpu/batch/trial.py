@@ -16,7 +16,7 @@ import statistics
 import sys
 import threading
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, ContextManager, Optional, Tuple
 
 from ..memory import cuda_devices_in_use, empty_cuda_cache, working_device
 from ..runtime import cuda_torch
@@ -251,10 +251,15 @@ def _enough(runs: int, steps: int, timings, min_timed: float) -> bool:
 
 
 def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: str = "auto",
-              measure: bool = True, ctrl_c: Optional[CtrlC] = None,
-              min_timed: float = 0.0) -> Tuple[Trial, Optional[BaseException]]:
+              measure: bool = True, ctrl_c: Optional[CtrlC] = None, min_timed: float = 0.0,
+              around: Callable[[], ContextManager] = contextlib.nullcontext,
+              ) -> Tuple[Trial, Optional[BaseException]]:
     """Run ``step(size)`` ``steps`` times, and more (up to MOST_RUNS) until the timed runs add
     up to ``min_timed`` seconds; the error comes back only when the user must see it.
+
+    Each run is inside ``around()`` (the magic hides later runs' output there), untimed: a
+    fixed cost per run would make larger sizes look faster in throughput mode. Ctrl-C is
+    held there too, so hiding is never left half-undone.
 
     An out-of-memory error or Ctrl-C is dropped here, outside the ``except`` block, with
     its frames, so that the failed trial's tensors can be freed. Out-of-memory errors the CUDA
@@ -271,19 +276,20 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     try:
         while not _enough(runs, steps, timings, min_timed):
             runs += 1
-            began = time.perf_counter()
-            with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
-                step(size)
-            if ctrl_c is not None and ctrl_c.pressed:  # the cell caught it: stop all the same,
-                raise KeyboardInterrupt  # this run cut short is no fitting size
-            started_cuda = False
-            if runs == 1 and index is None:  # the first run may have started CUDA
-                index = _cuda_index(device)
-                started_cuda = index is not None
-            if index is not None:  # wait for queued GPU work: timing, and async errors in their trial
-                sys.modules["torch"].cuda.synchronize(index)
-            if runs > 1 or steps == 1:  # the first run is warm-up, unless it is all there is
-                timings.append(time.perf_counter() - began)
+            with around():  # entered and left outside the timed region
+                began = time.perf_counter()
+                with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
+                    step(size)
+                if ctrl_c is not None and ctrl_c.pressed:  # the cell caught it: stop all the same,
+                    raise KeyboardInterrupt  # this run cut short is no fitting size
+                started_cuda = False
+                if runs == 1 and index is None:  # the first run may have started CUDA
+                    index = _cuda_index(device)
+                    started_cuda = index is not None
+                if index is not None:  # wait for queued GPU work: timing, and async errors in their trial
+                    sys.modules["torch"].cuda.synchronize(index)
+                if runs > 1 or steps == 1:  # the first run is warm-up, unless it is all there is
+                    timings.append(time.perf_counter() - began)
             if started_cuda:
                 gauge = open_gauge(device, index, measure)
                 if gauge is not None:  # measure=False: none
