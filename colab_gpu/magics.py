@@ -658,6 +658,7 @@ class _LaterRuns:
 
         self.shell, self.publisher = shell, CapturingDisplayPublisher()
         self.first_done, self.with_output = False, 0
+        self.handlers = None  # logging's, found at the first later run: the first may set them up
 
     def around_run(self):
         """Nothing for the first run, whose output the user sees; silenced() for the others."""
@@ -669,17 +670,36 @@ class _LaterRuns:
     @contextlib.contextmanager
     def silenced(self):
         streams, publisher = (sys.stdout, sys.stderr), self.shell.display_pub
+        if self.handlers is None:
+            self.handlers = _logging_handlers(streams)
         sys.stdout, sys.stderr = out, err = io.StringIO(), io.StringIO()
+        for handler, stream in self.handlers.items():
+            handler.setStream(err if stream is streams[1] else out)
         self.shell.display_pub = self.publisher
         aside = _figures_aside()
         try:
             yield
         finally:
             sys.stdout, sys.stderr = streams
+            for handler, stream in self.handlers.items():
+                handler.setStream(stream)
             self.shell.display_pub = publisher
             opened = _figures_back(aside)
             self.with_output += bool(out.getvalue() or err.getvalue() or self.publisher.outputs or opened)
             self.publisher.outputs.clear()
+
+
+def _logging_handlers(streams) -> Dict:
+    """logging's handlers that write to one of ``streams`` (the cell's output), with the stream
+    each holds: ``logging.basicConfig(stream=sys.stderr)`` or a library's own handler
+    (transformers, Lightning) keeps the stream it was given, and later runs' records went to
+    the notebook. Every logger is walked once per search, not once per run."""
+    import logging
+
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    return {handler: handler.stream for logger in loggers for handler in getattr(logger, "handlers", ())
+            if isinstance(handler, logging.StreamHandler)
+            and any(getattr(handler, "stream", None) is stream for stream in streams)}
 
 
 def _figures_aside():

@@ -7,6 +7,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import random
 import re
@@ -1435,6 +1436,22 @@ def test_the_cells_output_is_shown_for_its_first_run_only(shell, capsys):
     shown = capsys.readouterr()
     assert shown.out.count("loss at") == 1 and "loss at 2" in shown.out
     assert "5 later runs had output too, hidden" in shown.err
+
+
+def test_a_cell_that_logs_shows_its_records_for_its_first_run_only(shell, capsys):
+    # A handler made in an earlier cell keeps the stream it was given (logging.basicConfig(
+    # stream=sys.stderr), transformers' and Lightning's own handlers): every run logged to it.
+    shell.run_cell("import logging, sys\nlog = logging.getLogger('trainer')\nlog.propagate = False\n"
+                   "log.addHandler(logging.StreamHandler(sys.stderr))\nlog.setLevel(logging.INFO)")
+    try:
+        shell.run_cell("%%find_batch --max 4\nlog.info('loss at %d', batch_size)")
+        shown = capsys.readouterr().err
+        assert shown.count("loss at") == 1 and "loss at 2" in shown
+        assert "5 later runs had output too, hidden" in shown
+        shell.run_cell("log.info('after the search')")  # the handler writes where it did
+        assert "after the search" in capsys.readouterr().err
+    finally:
+        logging.getLogger("trainer").handlers.clear()
 
 
 def test_a_cell_that_plots_on_the_current_figure_draws_on_it_once(shell, capsys):
