@@ -355,6 +355,17 @@ def test_a_max_below_the_first_size_names_what_set_that_size(options, message):
         Search(lambda size: Trial(size, FITS), **options)
 
 
+def test_a_start_or_max_between_multiples_is_rounded_and_the_report_says_so(shell, capsys):
+    # --start 5 --multiple-of 4 started at 4 without a word: rounded as --max is, and said.
+    result = Search(lambda size: Trial(size, FITS), start=5, maximum=30, multiple_of=4).run()
+    assert result.trials[0].size == 4 and max(t.size for t in result.trials) == 28
+    assert result.notes == ("start=5 is not a multiple of 4: the first size tried is 4",
+                            "max=30 is not a multiple of 4: sizes go up to 28")
+    shell.run_cell("%%find_batch --start 5 --max 8 --multiple-of 4\nx = [0] * batch_size")
+    assert "--start 5 is not a multiple of 4: the first size tried is 4" in capsys.readouterr().out
+    assert not Search(lambda size: Trial(size, FITS), start=8, maximum=32, multiple_of=4).notes
+
+
 def test_a_max_below_the_default_first_size_is_the_only_size_tried():
     result = Search(lambda size: Trial(size, FITS), maximum=1).run()
     assert [t.size for t in result.trials] == [1] and result.answer == 1

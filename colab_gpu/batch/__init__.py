@@ -171,9 +171,9 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     memory to keep free, bytes (``"512MiB"``) or a share (``"10%"``); by default none, except
     10% on the CPU without an address-space limit, where going past memory gets the process
     killed (with ``measure_memory=False`` nothing is measured, so nothing is kept free).
-    ``multiple_of``: only its multiples are tried. ``device``: ``"auto"`` (CUDA once your code
-    has started it, else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or N, or a
-    ``torch.device``).
+    ``multiple_of``: only its multiples are tried (``start`` and ``max`` rounded down to one,
+    in a note). ``device``: ``"auto"`` (CUDA once your code has started it, else the CPU),
+    ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or N, or a ``torch.device``).
     ``measure_memory=False`` measures no peak memory: the search doubles, then bisects on real
     failures. ``variable`` only names the size in the report; ``progress=False`` shows no line
     per trial. The random generators are restored too. Ctrl-C stops the search and returns

@@ -219,7 +219,13 @@ class Search:
                           else Headroom(headroom))
         self.tolerance, self.on_trial = tolerance, on_trial
         self.trials: List[Trial] = []
-        self.notes: List[str] = []
+        # Sizes are multiples of multiple_of: a --start or --max between two is rounded down (a
+        # start below the first multiple, up to it), as the user is told.
+        self.notes: List[str] = [
+            f"{option(name, given)} is not a multiple of {multiple_of}: {what} {size}"
+            for name, given, size, what in (("start", start, self.start, "the first size tried is"),
+                                            ("max", maximum, self._align(self.maximum), "sizes go up to"))
+            if given is not None and given % multiple_of]
         self.stopped = "not started"
         self.refused = False  # memory stayed flat: no fit from now on
         self._fit_stopped = False  # throughput mode ended at the memory fit's top
