@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import subprocess
 import sys
@@ -30,7 +31,10 @@ def _step(batch_size):
     (dict(mode="fast"), "mode='fast': use one of max, throughput"),
     (dict(device="tpu"), "device='tpu': use auto, cpu, cuda or cuda:N"),
     (dict(variable="1abc"), "variable='1abc': give a Python variable name"),
-    (dict(restore=3), "restore int#0: an int has no state_dict()"),
+    (dict(restore=3), "restore: an int has no state_dict() / load_state_dict(); restore takes the "
+                      "objects themselves (one, a list or a dict): models, optimizers"),
+    (dict(restore=[random.Random(0), "model"]), "restore[1]: a str ('model') has no state_dict()"),
+    (dict(restore={"lr": 0.1}), "restore['lr']: a float has no state_dict()"),
 ])
 def test_find_batch_errors_name_the_keyword_the_caller_wrote(options, message):
     """find_batch(fn, headroom='12x') said "--headroom '12x': ...", an option of the magic the

@@ -1330,10 +1330,10 @@ def test_a_restore_object_that_cannot_be_put_back_ends_the_progress_saying_why()
     def step(size):
         head[0] = torch.nn.Linear(4, 3)
 
-    with pytest.raises(RestoreError, match="^restore head: its state could not be put back"):
+    with pytest.raises(RestoreError, match=r"^restore\['head'\]: its state could not be put back"):
         search_batch(step, Snapshot(objects={"head": head}), maximum=8, progress=progress)
     assert [result.stopped.split(" (")[0] for result in progress.finished] == [
-        "restore head: its state could not be put back after a trial"]
+        "restore['head']: its state could not be put back after a trial"]
 
 
 def test_a_restore_object_whose_state_cannot_be_saved_or_put_back_is_one_line_and_the_rest_restored(shell):
@@ -1522,7 +1522,8 @@ def test_help_shows_a_cell_magic(shell):
     ("--var 1abc", "--var '1abc': give a Python variable name"), ("--var class", "--var 'class'"),
     ("--headroom 0.1", "a number without a unit is bytes; for a share"), ("--max 0", "--max 0"),
     ("--start 8 --max 4", "--max 4 is below --start 8"),
-    ("--restore n_layers", "^--restore n_layers: an int has no state_dict"),
+    ("--restore n_layers", "^--restore n_layers: an int has no state_dict.*; --restore takes the names of "
+                           "variables holding models"),
 ])
 def test_magic_bad_options_are_one_line_usage_errors(shell, capsys, line, message):
     """The one line alone: not after the warnings about the cell ("never mentions batch_size",

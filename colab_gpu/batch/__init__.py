@@ -183,12 +183,15 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     if not callable(fn):  # find_batch(train_step(64)): fail here, not as the first trial's error
         raise TypeError(f"find_batch() takes a function that runs one step at a batch size, "
                         f"fn(batch_size), not {fn!r:.80}")
+    # Keyed as the caller passed them, which messages name: restore, restore[0], restore['model'].
     if restore is None:
-        restore = ()  # nothing to restore, as the default says
-    elif not isinstance(restore, (dict, list, tuple)):
-        restore = [restore]  # one model (or tensor: iterable, but one object)
-    objects = restore if isinstance(restore, dict) else {
-        f"{type(obj).__name__}#{index}": obj for index, obj in enumerate(restore)}
+        objects = {}  # nothing to restore, as the default says
+    elif isinstance(restore, dict):
+        objects = restore
+    elif isinstance(restore, (list, tuple)):
+        objects = dict(enumerate(restore))
+    else:
+        objects = {None: restore}  # one model (or tensor: iterable, but one object)
     from .progress import NotebookProgress, reporter
 
     shown = reporter() if progress else None

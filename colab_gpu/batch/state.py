@@ -99,12 +99,18 @@ def _random_state(obj: Any):
     return None
 
 
+def _restore_label(name) -> str:
+    """A --restore object as its caller named it: ``--restore model`` in the magic; in Python
+    ``restore`` for one object, ``restore[0]`` or ``restore['model']`` for a list's or a dict's."""
+    return command(f"--restore {name}", "restore" + ("" if name is None else f"[{name!r}]"))
+
+
 class _ObjectState:
     """One --restore object: anything with state_dict()/load_state_dict(), a tensor, or a
     random generator of the user's own (``rng = np.random.default_rng(0)``)."""
 
     def __init__(self, name: str, obj: Any):
-        self.name, self.obj = name, obj
+        self.label, self.obj = _restore_label(name), obj
         torch = sys.modules.get("torch")
         self.is_tensor = torch is not None and isinstance(obj, torch.Tensor)
         # A module copies what it loads into its own tensors; an optimizer on the CPU (and
@@ -122,14 +128,16 @@ class _ObjectState:
             try:
                 self.saved = _to_cpu(obj.state_dict(), self.from_cpu)
             except Exception as error:  # the object's own failure, before anything ran
-                raise RestoreError(f"{option('restore')} {name}: its state_dict() raised "
+                raise RestoreError(f"{self.label}: its state_dict() raised "
                                    f"{describe(error)}; nothing ran") from None
         elif self.random is not None:  # the user's own generator: its stream is put back
             self.saved = self.random[0]()
         else:
-            raise RestoreError(f"{option('restore')} {name}: {with_article(type(obj).__name__)} has no "
-                               f"state_dict() / load_state_dict(); give models, optimizers, schedulers, "
-                               f"tensors or random generators")
+            kinds = "models, optimizers, schedulers, tensors or random generators"
+            passed = with_article(type(obj).__name__) + (f" ({obj!r:.40})" if isinstance(obj, str) else "")
+            raise RestoreError(f"{self.label}: {passed} has no state_dict() / load_state_dict(); "
+                               + command(f"--restore takes the names of variables holding {kinds}",
+                                         f"restore takes the objects themselves (one, a list or a dict): {kinds}"))
         parameters = getattr(obj, "parameters", None)
         self.grads = ([(p, _to_cpu(p.grad)) for p in parameters()] if callable(parameters) else [])
         if self.is_tensor and obj.is_leaf and obj.requires_grad:  # a weight trained by hand
@@ -256,7 +264,7 @@ class Snapshot:
             try:
                 state.restore()
             except Exception as error:
-                failed.append(f"{option('restore')} {state.name}: its state could not be put back after "
+                failed.append(f"{state.label}: its state could not be put back after "
                               f"a trial ({describe(error)}), so the search stopped and it may keep what "
                               f"that trial changed; if the cell replaces its layers, do that "
                               + command("in a cell before %%find_batch", "before calling colab_gpu.find_batch()"))
