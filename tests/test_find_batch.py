@@ -1449,6 +1449,20 @@ def test_the_cells_output_is_shown_for_its_first_run_only(shell, capsys):
     assert "5 later runs had output too, hidden" in shown.err
 
 
+def test_the_output_of_the_run_whose_error_stops_the_search_is_shown_with_it(shell, capsys):
+    # What the run printed or displayed before its error explains it: it was hidden as a later run's.
+    shell.run_cell("%%find_batch --max 8\nprint('shape', (batch_size, 3))\ndisplay('shown at', batch_size)\n"
+                   "assert batch_size < 8, 'bad shape'")
+    shown = capsys.readouterr().out
+    assert re.findall(r"^shape .*", shown, re.M) == ["shape (2, 3)", "shape (8, 3)"] and "'shown at'\n8" in shown
+    assert "later runs had output too" not in shown
+    assert "batch_size=     8  error" in shown[shown.index("shape (8, 3)"):]  # before the trial's line
+    # An out-of-memory error is a trial's outcome, not the user's: that run's output stays hidden.
+    shell.run_cell("%%find_batch --max 8\nprint('shape', (batch_size, 3))\n"
+                   "if batch_size >= 8: raise MemoryError")
+    assert re.findall(r"^shape .*", capsys.readouterr().out, re.M) == ["shape (2, 3)"]
+
+
 def test_a_cell_that_logs_shows_its_records_for_its_first_run_only(shell, capsys):
     # A handler made in an earlier cell keeps the stream it was given (logging.basicConfig(
     # stream=sys.stderr), transformers' and Lightning's own handlers): every run logged to it.
