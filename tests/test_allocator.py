@@ -685,6 +685,32 @@ def test_a_refused_setting_already_in_the_environment_is_shown_and_named(env, he
     assert fixed.warnings == ()
 
 
+def test_a_change_to_the_segment_size_names_the_split_size_it_leaves_refused(env):
+    """From 2.11 the split sizes follow large_segment_size_mb. A kept split size was judged
+    alone: unsetting the segment size under max_split_size_mb:15 said the variable "already
+    holds" what torch refuses (it held an accepted setting), and setting large_segment_size_mb=12
+    under a held max_split_size_mb:15, the fix that error names, was refused the same way."""
+    env["PYTORCH_CUDA_ALLOC_CONF"] = held = "large_segment_size_mb:12,max_split_size_mb:15"
+    with pytest.raises(AllocConfError) as error:
+        alloc_conf(unset="large_segment_size_mb", environ=env, modules={})
+    assert str(error.value).startswith(
+        "unsetting large_segment_size_mb (default 20) leaves max_split_size_mb=15, which torch then "
+        "refuses (max_split_size_mb=15 is out of range: must be >= 20")
+    assert str(error.value).endswith(
+        "unset max_split_size_mb too (unset='large_segment_size_mb,max_split_size_mb') or raise it to "
+        "20 or more (max_split_size_mb=20); nothing was changed")
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == held
+    with pytest.raises(AllocConfError, match=r"^large_segment_size_mb=30 leaves max_split_size_mb=15, "
+                                             r".*unset max_split_size_mb too \(unset='max_split_size_mb'\) "
+                                             r"or raise it to 30 or more"):
+        alloc_conf(["large_segment_size_mb=30"], environ=env, modules={})
+    assert alloc_conf(unset="large_segment_size_mb,max_split_size_mb", environ=env, modules={}).settings == ()
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:15"
+    fixed = alloc_conf(["large_segment_size_mb=12"], environ=env, modules={})
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:15,large_segment_size_mb:12"
+    assert fixed.warnings == ()
+
+
 def test_a_variable_set_by_hand_in_key_value_form_is_not_shown_as_in_effect(magic_env, capsys):
     """torch's parser splits only at , : [ ] and refuses 'expandable_segments=True' when CUDA
     starts; the show said the setting was in effect. The fix it names is torch's form."""

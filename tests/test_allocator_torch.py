@@ -343,3 +343,23 @@ def test_a_split_size_below_the_segment_size_torch_keeps_waits_for_the_restart(t
     assert "max_split_size_mb" not in dict(alloc_conf(["large_segment_size_mb=12 max_split_size_mb=64"],
                                                       state=started).deferred)
     assert torch_env._C._accelerator_getAllocatorSettings() == "expandable_segments:True,max_split_size_mb:64"
+
+
+def test_unsetting_the_segment_size_torch_keeps_says_the_next_start_refuses(shell, torch_env, monkeypatch):
+    """Once CUDA runs torch keeps large_segment_size_mb:12 until a restart, so a held
+    max_split_size_mb:15 still works; --unset large_segment_size_mb said the variable "already
+    holds what torch refuses". The result is what the next start would refuse: say so, and how."""
+    monkeypatch.setattr(torch_env.cuda, "is_initialized", lambda: True)
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = held = "large_segment_size_mb:12,max_split_size_mb:15"
+    with pytest.raises(UsageError) as error:
+        shell.run_line_magic("alloc_conf", "--unset large_segment_size_mb --save")
+    message = " ".join(str(error.value).split())
+    assert "already holds" not in message
+    assert ("torch keeps large_segment_size_mb=12 until a restart, so this process takes "
+            "max_split_size_mb=15 now, but the next start would refuse it; unset max_split_size_mb too "
+            "(--unset large_segment_size_mb,max_split_size_mb) or raise it to 20 or more "
+            "(max_split_size_mb=20); nothing was changed") in message
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == held
+    assert not Path(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt").exists()
+    shell.run_line_magic("alloc_conf", "--unset large_segment_size_mb,max_split_size_mb --json")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "large_segment_size_mb:12"  # until the restart

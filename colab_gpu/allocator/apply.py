@@ -21,8 +21,8 @@ from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Seque
 from ..options import command, option
 from ..render import count
 from ..runtime import TorchState, torch_state
-from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_version, merge,
-                    parse, parse_many, to_torch, validate, version_of)
+from .parse import (AllocConfError, Settings, _number, canonical_value, check_key_name, format_version,
+                    merge, parse, parse_many, to_torch, validate, version_of)
 from .schema import (BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, HIP_ENV_SINCE, NEWEST, OLDEST, PRESETS,
                      ROCM_ENV_NAMES, Version)
 
@@ -267,16 +267,49 @@ def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Opti
     return tuple(found)
 
 
-def _refused_setting(source: str, held: Settings, version, rocm: bool, verb: str) -> Optional[str]:
+def _refused_setting(source: str, held: Settings, version, rocm: bool, verb: str,
+                     given: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """What the installed torch would refuse in a setting made before this call (by the user,
-    before the kernel started), said as such; None when torch accepts it."""
+    before the kernel started), said as such; None when torch accepts it. ``given``: the whole
+    setting ``held`` is judged in (``held`` itself where None)."""
     try:
-        validate(held, version, rocm)
+        validate(held, version, rocm, given)
     except AllocConfError as error:
         torch = f"the installed torch {format_version(version)}" if version else "torch"
         return (f"{source} {verb} what {torch} refuses ({error}): change it with KEY=VALUE, "
                 f"remove it with {option('unset', 'KEY', plain=True)} or {option('reset', True)}")
     return None
+
+
+def _left_refused(base: Settings, kept: Settings, merged: Settings, version: Version, rocm: bool,
+                  state: TorchState) -> Optional[str]:
+    """Where this call changes or unsets a key that a kept key's lowest value follows (the split
+    sizes follow large_segment_size_mb from 2.11), what torch would refuse in the result, when,
+    and how to fix it; None otherwise. The held setting is accepted: the change leaves it
+    refused, so "already holds" would send the user looking in the wrong place."""
+    before, after, found = dict(base), dict(merged), []
+    for name, value in kept:
+        followed = BY_NAME[name].followed(version) if name in BY_NAME else None
+        if followed is None or before.get(followed) == after.get(followed):
+            continue
+        try:
+            canonical_value(BY_NAME[name], value, version, rocm, after)
+            continue
+        except AllocConfError as error:
+            why = str(error)
+        low = _number(BY_NAME[name].lowest(version, after)[0])
+        done = f"{followed}={after[followed]}" if followed in after else \
+            f"unsetting {followed} (default {BY_NAME[followed].default})"
+        when = ""
+        if state.cuda_initialized and not BY_NAME[followed].runtime:
+            when = (f"torch keeps {followed}={before.get(followed, BY_NAME[followed].default)} until "
+                    f"a restart, so this process takes {name}={value} now, but the next start "
+                    f"would refuse it; ")
+        unset = ",".join(([] if followed in after else [followed]) + [name])
+        found.append(f"{done} leaves {name}={value}, which torch then refuses ({why}): {when}"
+                     f"unset {name} too ({option('unset', unset, plain=True)}) or raise it to "
+                     f"{low} or more ({name}={low}); nothing was changed")
+    return "; ".join(found) or None
 
 
 def _key_value_form(source: str, text: Optional[str], settings: Settings) -> Optional[str]:
@@ -394,10 +427,13 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
 
     kept = tuple((name, value) for name, value in base if name not in dict(changes)
                  and name not in unset)
-    refused = _refused_setting(source, kept, version, rocm, "already holds")
-    if refused:
-        raise AllocConfError(refused)
-    new_settings = validate(merge(base, changes, unset), version, rocm)
+    merged = merge(base, changes, unset)
+    # a kept key judged with the keys this call leaves: one the change fixes is no refusal, and
+    # one the change breaks is the change's fault, not the held setting's
+    if _refused_setting(source, kept, version, rocm, "already holds", dict(merged)):
+        refused = _refused_setting(source, kept, version, rocm, "already holds", dict(base))
+        raise AllocConfError(refused or _left_refused(base, kept, merged, version or NEWEST, rocm, state))
+    new_settings = validate(merged, version, rocm)
     deferred = _deferred(current, new_settings, state, allow=save,
                          setter=runtime_setter(modules) is not None, version=version or NEWEST, rocm=rocm)
     # The file first: one that cannot be written or deleted then changes nothing, and a setting

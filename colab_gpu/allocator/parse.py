@@ -332,11 +332,13 @@ def _divisions(key: Key, value: str, version: Version) -> str:
     return "[" + ",".join(entries) + "]"
 
 
-def validate(settings: Settings, version: Optional[Version], rocm: bool = False) -> Settings:
+def validate(settings: Settings, version: Optional[Version], rocm: bool = False,
+             given: Optional[Mapping[str, str]] = None) -> Settings:
     """Check every key and value against ``version`` (newest known if None); canonical values.
 
-    ``rocm``: the installed torch is a ROCm build. All problems are collected, so one error
-    names everything that is wrong.
+    ``rocm``: the installed torch is a ROCm build; ``given``: the whole setting ``settings`` is
+    part of, for a bound that follows another key (``settings`` itself where None). All problems
+    are collected, so one error names everything that is wrong.
     """
     version = _clamp(version)
     problems: List[str] = []
@@ -355,7 +357,8 @@ def validate(settings: Settings, version: Optional[Version], rocm: bool = False)
             problems.append(availability_message(key, version))
             continue
         try:
-            result.append((name, canonical_value(key, value, version, rocm, dict(settings))))
+            result.append((name, canonical_value(key, value, version, rocm,
+                                                 dict(settings) if given is None else given)))
         except AllocConfError as error:
             problems.append(str(error))
     if problems:
