@@ -229,10 +229,21 @@ def test_an_unset_key_goes_back_to_its_default_in_torch_too(shell, torch_env):
     assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:30"
 
 
+def cuda_started(torch, monkeypatch=None) -> TorchState:
+    """The state once CUDA has started, and what its start does to torch: it parses the
+    variables (this CPU build cannot start CUDA, and read them long ago, in an earlier test).
+    With ``monkeypatch``, torch.cuda.is_initialized says so too, for the magic to read."""
+    torch._C._accelerator_setAllocatorSettings(
+        os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF", "")))
+    if monkeypatch is not None:
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    return TorchState(imported=True, version=torch.__version__, cuda_version="12.8",
+                      cuda_initialized=True)
+
+
 def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env):
     """The CUDA-started branch, with the state passed in and torch's real setter called."""
-    started = TorchState(imported=True, version=torch_env.__version__, cuda_version="12.8",
-                         cuda_initialized=True)
+    started = cuda_started(torch_env)
     result = alloc_conf(["max_split_size_mb=128 per_process_memory_fraction=0.5"], state=started)
     assert result.deferred == (("per_process_memory_fraction", dict(
         (k.name, k.runtime_reason) for k in KEYS)["per_process_memory_fraction"]),)
@@ -250,7 +261,7 @@ def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env):
 def test_the_magic_once_cuda_started_says_what_waits_for_a_restart(shell, torch_env, monkeypatch, capsys):
     """The same branch reached the way a user does: the magic reads torch's state itself, and
     the CUDA device (absent here) is faked only at torch.cuda.is_initialized."""
-    monkeypatch.setattr(torch_env.cuda, "is_initialized", lambda: True)
+    cuda_started(torch_env, monkeypatch)
     shell.run_line_magic("config", "GPUMagics.output = 'text'")
     try:
         shell.run_line_magic("alloc_conf", "max_split_size_mb=128 per_process_memory_fraction=0.5")
@@ -329,8 +340,7 @@ def test_a_split_size_below_the_segment_size_torch_keeps_waits_for_the_restart(t
     """Once CUDA runs, large_segment_size_mb waits for a restart and torch checks a new
     max_split_size_mb against the one it keeps: 15 with 12 saved for later made torch refuse
     the whole call, and nothing was saved."""
-    started = TorchState(imported=True, version=torch_env.__version__, cuda_version="12.8",
-                         cuda_initialized=True)
+    started = cuda_started(torch_env)
     result = alloc_conf(["large_segment_size_mb=12 max_split_size_mb=15 expandable_segments=True"],
                         state=started, save=True)
     assert dict(result.deferred)["max_split_size_mb"] == (
@@ -349,8 +359,8 @@ def test_unsetting_the_segment_size_torch_keeps_says_the_next_start_refuses(shel
     """Once CUDA runs torch keeps large_segment_size_mb:12 until a restart, so a held
     max_split_size_mb:15 still works; --unset large_segment_size_mb said the variable "already
     holds what torch refuses". The result is what the next start would refuse: say so, and how."""
-    monkeypatch.setattr(torch_env.cuda, "is_initialized", lambda: True)
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = held = "large_segment_size_mb:12,max_split_size_mb:15"
+    cuda_started(torch_env, monkeypatch)
     with pytest.raises(UsageError) as error:
         shell.run_line_magic("alloc_conf", "--unset large_segment_size_mb --save")
     message = " ".join(str(error.value).split())
@@ -363,3 +373,29 @@ def test_unsetting_the_segment_size_torch_keeps_says_the_next_start_refuses(shel
     assert not Path(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt").exists()
     shell.run_line_magic("alloc_conf", "--unset large_segment_size_mb,max_split_size_mb --json")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "large_segment_size_mb:12"  # until the restart
+
+
+def test_a_hand_edit_after_cuda_started_is_shown_as_not_in_effect(shell, torch_env, monkeypatch, capsys):
+    """torch read the variable when CUDA started and never again; an edit by hand afterwards,
+    with no %alloc_conf change in between, was shown as the configuration (and a change started
+    from it): only the "torch reports in effect" line said what torch uses."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128"
+    cuda_started(torch_env, monkeypatch)
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    shell.run_line_magic("config", "GPUMagics.output = 'text'")
+    try:
+        shell.run_line_magic("alloc_conf", "")
+    finally:
+        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "Allocator configuration: max_split_size_mb:128"
+    assert ("PYTORCH_CUDA_ALLOC_CONF holds 'expandable_segments:True', set by hand after torch read its "
+            "settings (at CUDA start or a later call of its run-time setter, as torch reports): torch "
+            "does not read the variables again, so this edit does not take effect; torch uses "
+            "'max_split_size_mb:128'") in " ".join(out.split())
+    changed = alloc_conf(["garbage_collection_threshold=0.5"])
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == torch_env._C._accelerator_getAllocatorSettings() == \
+        "max_split_size_mb:128,garbage_collection_threshold:0.5"
+    assert any("which never took effect" in warning for warning in changed.warnings)
+    del os.environ["PYTORCH_CUDA_ALLOC_CONF"], os.environ["PYTORCH_ALLOC_CONF"]  # by hand too
+    assert to_torch(alloc_conf().settings) == "max_split_size_mb:128,garbage_collection_threshold:0.5"

@@ -397,7 +397,7 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         text, why = PRESETS[preset]
         changes = parse(text) + changes
         explanation = (preset, why)
-    taken = _taken_setting(state)
+    taken = _taken_setting(state, modules)
     try:
         source, current = current_settings(environ, names)
     except AllocConfError:
@@ -584,13 +584,22 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
 _given_to_torch: Optional[str] = None
 
 
-def _taken_setting(state: TorchState) -> Optional[Tuple[str, str]]:
-    """(setting, when) once %alloc_conf gave torch's run-time setter a setting: torch has read
-    its settings then and ignores the variables from that call on; None before. (What torch
-    reports is no substitute: it is only the last string it parsed, from any caller.)"""
-    if not state.imported or _given_to_torch is None:
+def _taken_setting(state: TorchState, modules) -> Optional[Tuple[str, str]]:
+    """(setting, when) once torch has read its settings and ignores the variables: from
+    %alloc_conf's call of its run-time setter (what torch reports then lacks the keys held
+    for a restart), else from CUDA's start, where torch's own report, the last string it
+    parsed, is what it uses; None before either."""
+    if not state.imported:
         return None
-    return _given_to_torch, "when %alloc_conf applied them through its run-time setter"
+    if _given_to_torch is not None:
+        return _given_to_torch, "when %alloc_conf applied them through its run-time setter"
+    try:
+        reported = _in_effect(state, modules)
+    except Exception:  # a variable torch refuses, read for the first time: it holds nothing yet
+        return None
+    if reported is None:
+        return None
+    return reported, "at CUDA start or a later call of its run-time setter, as torch reports"
 
 
 def _hand_edit(taken: Optional[Tuple[str, str]], source: str, env_before: Mapping[str, Optional[str]],
