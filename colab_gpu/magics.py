@@ -202,7 +202,8 @@ class GPUMagics(Magics):
              "this machine, or be Colab).",
     ).tag(config=True)
     live_lines = Int(
-        0, min=0, help="In a terminal, %gpu_status --live stops after this many lines; 0 prints "
+        0, min=0, help="In a terminal, %gpu_status --live ends its lines after this many, as "
+                       "Ctrl-C does (the monitor stops only if that --live started it); 0 prints "
                        "until Ctrl-C.",
     ).tag(config=True)
 
