@@ -15,7 +15,7 @@ import re
 import pytest
 
 from conftest import ROOT
-from kernel import bundles, execute, stream
+from kernel import bundles, execute, run_cells, stream
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
@@ -124,12 +124,12 @@ def test_01_gpu_status_shows_this_machine_the_recordings_and_the_live_run(execut
     assert re.search(r"^GPU \d+ ", text, re.M) or "\nNo GPU read: " in text, text
     assert "cgpu-card" in shown(mine, "text/html")  # the HTML card a notebook shows
 
-    t4 = code_cell(notebook, "%gpu_status --from $T4")
+    t4 = code_cell(notebook, "%gpu_status --from \"$T4\"")
     assert "Tesla T4  (cuda:0, compute capability 7.5)" in shown(t4)
     assert "388 MiB reserved by the driver" in shown(t4)
     assert "torch.float16" in shown(t4)  # the T4 advice the text explains
     assert "Tesla T4" in shown(t4, "text/html")
-    v100 = shown(code_cell(notebook, "%gpu_status --from $V100_TRACE"))
+    v100 = shown(code_cell(notebook, "%gpu_status --from \"$V100_TRACE\""))
     assert "Tesla V100S-PCIE-32GB" in v100
     # What the text says of a CSV log: rows it has nothing for left out, missing fields n/a.
     assert "n/a" in v100 and not re.search(r"^  (clocks|PCIe|process)", v100, re.M)
@@ -151,6 +151,24 @@ def test_01_gpu_status_shows_this_machine_the_recordings_and_the_live_run(execut
     assert "data:image/png;base64," in stop["text/html"]  # the chart that stays in the notebook
     samples = stream(code_cell(notebook, "samples = colab_gpu.history(frame=False)"))
     assert samples.startswith(f"{summary.group(1)} samples")  # history() holds what was shown
+
+
+def test_01_shows_the_recordings_where_the_package_lies_in_a_folder_with_a_space(tmp_path):
+    """A student's checkout or venv under "C:\\Users\\First Last" or "~/ML projects": `--from $T4`
+    put the path in unquoted, so the magic read two arguments and refused the second."""
+    notebook = nbformat.read(NOTEBOOKS / "01-gpu-status.ipynb", as_version=4)
+    spaced = tmp_path / "ML projects"
+    spaced.mkdir()
+    (spaced / "colab_gpu").symlink_to(ROOT / "colab_gpu")  # colab_gpu.__file__ then lies under it
+    replays = [cell.source for cell in notebook.cells if cell.source.startswith("%gpu_status --from")]
+    cells = [f"import sys; sys.path.insert(0, {str(spaced)!r})",
+             code_cell(notebook, "%load_ext colab_gpu").source, code_cell(notebook, "import pathlib").source,
+             "print(colab_gpu.__file__)", *replays]
+    ran = run_cells(cells, timeout=CELL_TIMEOUT)
+    assert "ML projects" in stream(ran.cells[3])  # the notebook's recordings are under it
+    t4, v100 = ran.cells[4:]
+    assert stream(t4, "stderr") == stream(v100, "stderr") == ""
+    assert "Tesla T4  (cuda:0" in shown(t4) and "Tesla V100S-PCIE-32GB" in shown(v100)
 
 
 def test_02_alloc_conf_checks_refuses_and_applies(executed):
