@@ -309,7 +309,9 @@ class GPUMagics(Magics):
               help="Only show who holds memory (your variables ranked by the tensor bytes "
                    "they reach, what outputs and the last error hold beyond them, and memory "
                    "outside torch); free nothing.")
-    @argument("--quiet", action="store_true", help="Print one line instead of the report.")
+    @argument("--quiet", action="store_true",
+              help="Print one line instead of the report: what was freed, the biggest holder, "
+                   "and what no variable holds (outputs, the last error, the rest).")
     @line_magic
     @_friendly_errors
     def clear_cache(self, line: str = ""):
