@@ -47,6 +47,15 @@ print(json.dumps(verdicts))
 """
 
 
+def as_text(shell, line):
+    """%alloc_conf LINE as a terminal shows it (GPUMagics.output = 'text'), then back to auto."""
+    shell.run_line_magic("config", "GPUMagics.output = 'text'")
+    try:
+        shell.run_line_magic("alloc_conf", line)
+    finally:
+        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+
+
 def torch_verdicts(texts):
     """None (accepted) or the error, per string, from torch's own parser in a subprocess."""
     done = subprocess.run([sys.executable, "-c", JUDGE], input=json.dumps(texts), text=True,
@@ -143,11 +152,7 @@ def test_backend_saved_after_import_stays_out_of_the_live_environment(shell, tor
     it loaded with (c10/cuda/CUDAAllocatorConfig.cpp, pytorch#104801): --save keeps it for
     after a restart only."""
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    shell.run_line_magic("config", "GPUMagics.output = 'text'")
-    try:
-        shell.run_line_magic("alloc_conf", "backend=cudaMallocAsync --save")
-    finally:
-        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    as_text(shell, "backend=cudaMallocAsync --save")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == os.environ["PYTORCH_ALLOC_CONF"] == \
         "expandable_segments:True"
     saved = Path(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt").read_text()
@@ -262,11 +267,7 @@ def test_the_magic_once_cuda_started_says_what_waits_for_a_restart(shell, torch_
     """The same branch reached the way a user does: the magic reads torch's state itself, and
     the CUDA device (absent here) is faked only at torch.cuda.is_initialized."""
     cuda_started(torch_env, monkeypatch)
-    shell.run_line_magic("config", "GPUMagics.output = 'text'")
-    try:
-        shell.run_line_magic("alloc_conf", "max_split_size_mb=128 per_process_memory_fraction=0.5")
-    finally:
-        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    as_text(shell, "max_split_size_mb=128 per_process_memory_fraction=0.5")
     out = capsys.readouterr().out
     assert "CUDA initialized" in out and "could not change now:\n    per_process_memory_fraction: " in out
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
@@ -319,11 +320,7 @@ def test_a_hand_edit_after_torchs_setter_is_shown_as_not_in_effect(shell, torch_
         "variables again, so this edit does not take effect; torch uses 'max_split_size_mb:128', shown "
         "here; change settings with colab_gpu.alloc_conf('KEY=VALUE')",)
     capsys.readouterr()
-    shell.run_line_magic("config", "GPUMagics.output = 'text'")
-    try:
-        shell.run_line_magic("alloc_conf", "")
-    finally:
-        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    as_text(shell, "")
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "Allocator configuration: max_split_size_mb:128"
     assert "change settings with %alloc_conf KEY=VALUE" in " ".join(out.split())
@@ -382,11 +379,7 @@ def test_a_hand_edit_after_cuda_started_is_shown_as_not_in_effect(shell, torch_e
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128"
     cuda_started(torch_env, monkeypatch)
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    shell.run_line_magic("config", "GPUMagics.output = 'text'")
-    try:
-        shell.run_line_magic("alloc_conf", "")
-    finally:
-        shell.run_line_magic("config", "GPUMagics.output = 'auto'")
+    as_text(shell, "")
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "Allocator configuration: max_split_size_mb:128"
     assert ("PYTORCH_CUDA_ALLOC_CONF holds 'expandable_segments:True', set by hand after torch read its "
