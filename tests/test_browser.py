@@ -27,6 +27,11 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (the browser extra)")
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is absent: apt-get install chromium", allow_module_level=True)
+# Ubuntu's apt package is a stub that asks for the snap, which does not run in a container.
+_version = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, timeout=60)
+if _version.returncode != 0:
+    pytest.skip(f"{CHROMIUM} does not run ({(_version.stderr or _version.stdout).strip()[:120]}): "
+                f"install Chromium from Debian, not Ubuntu's snap stub", allow_module_level=True)
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
