@@ -188,9 +188,11 @@ def torch_lacks_kernels(status):
 
 def _capabilities(status):
     """The compute capabilities of the GPUs the precision tips speak of: not those torch has no
-    kernels for (the tips would contradict torch_lacks_kernels's warning)."""
+    kernels for (the tips would contradict torch_lacks_kernels's warning), nor those
+    CUDA_VISIBLE_DEVICES hides from torch (autocast cannot run there)."""
     old = _without_kernels(status)
-    return {gpu.compute_capability for gpu in status.gpus if gpu.compute_capability and gpu not in old}
+    return {gpu.compute_capability for gpu in status.gpus if gpu.compute_capability and gpu not in old
+            and status.hidden_from_torch(gpu) is not True}
 
 
 def turing_fp16(status):

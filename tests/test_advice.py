@@ -24,7 +24,8 @@ def make_status(gpus=(), platform="jupyter", torch=CUDA_TORCH, tpu=None, visible
                 problem=None, memory=(), parts=(), recorded=False, hint=None):
     runtime = Runtime(platform=platform, accelerator_hint=hint, tpu_type=tpu, torch=torch,
                       cuda_visible_devices=visible, cuda_device_order=order)
-    index_of = {} if visible == "" else {gpu.index: i for i, gpu in enumerate(gpus)}
+    # A recording is another machine's: this one's CUDA_VISIBLE_DEVICES hides none of its GPUs (torch_view).
+    index_of = {} if visible == "" and not recorded else {gpu.index: i for i, gpu in enumerate(gpus)}
     return Status(runtime=runtime, snapshot=Snapshot(source="test", gpus=tuple(gpus), problem=problem, recorded=recorded),
                   torch_index_of=index_of, torch_memory=tuple(memory), breakdown=tuple(parts))
 
@@ -272,6 +273,35 @@ def test_pre_volta():
     cu126 = dataclasses.replace(CUDA_TORCH, version="2.11.0+cu126", cuda_version="12.6")  # has sm_60 kernels
     assert "tensor cores" in fired(make_status([P100], torch=cu126))["pre_volta"]
     assert "pre_volta" not in fired(make_status([T4]))
+
+
+@pytest.mark.parametrize("visible", ["", "-1", "GPU-00000000-0000-0000-0000-000000000000"])
+def test_turing_fp16__not_for_a_t4_cuda_visible_devices_hides_from_torch(clean_env, visible):
+    """The real T4 recording under CUDA_VISIBLE_DEVICES="" (or -1, or a UUID of no GPU here):
+    torch sees no GPU, yet the card told the user to train with autocast in float16 on it.
+    What matters there is the warning that torch sees none."""
+    from colab_gpu.devices.nvml import NvmlSource
+    from colab_gpu.gpu_status import status
+    from conftest import DATA
+    from nvml_recording import RecordedNvml
+
+    def advice():
+        source = NvmlSource(nvml=RecordedNvml.from_recording(DATA / "nvidia-smi-xml" / "tesla-t4.xml"))
+        return {advice.rule: advice.message for advice in status(source).advice}
+
+    assert "turing_fp16" in advice()  # every GPU visible: the tip stands
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", visible)
+    hidden = advice()
+    assert not {"turing_fp16", "ampere_bf16", "pre_volta"} & set(hidden)
+    assert hidden["visible_devices_hide_all"].startswith(f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU from torch")
+
+
+def test_ampere_bf16__speaks_of_the_gpu_torch_sees_not_a_hidden_one():
+    """An A100 and a T4, CUDA_VISIBLE_DEVICES=0 (PCI order): torch runs on the A100 only, where bf16 is right."""
+    box = [A100, dataclasses.replace(T4, index=1)]
+    status = dataclasses.replace(make_status(box, visible="0", order="PCI_BUS_ID"), torch_index_of={0: 0})
+    advice = fired(status)
+    assert "bfloat16" in advice["ampere_bf16"] and "turing_fp16" not in advice
 
 
 KAGGLE_TORCH = TorchState(imported=True, version="2.11.0+cu128", cuda_version="12.8")  # Colab's image, Kaggle's too
