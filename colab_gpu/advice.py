@@ -328,8 +328,9 @@ def other_processes(status):
 
 def throttled(status):
     serious = {"power cap", "thermal (software)", "thermal (hardware)", "hardware slowdown", "power brake"}
+    # Not a GPU hidden from torch: another user's job slows there, not this kernel's.
     slowed = [(gpu.index, ", ".join(sorted(serious.intersection(gpu.clock_event_reasons or ()))))
-              for gpu in status.gpus]
+              for gpu in status.gpus if status.hidden_from_torch(gpu) is not True]
     slowed = [(index, reasons) for index, reasons in slowed if reasons]
     if len(slowed) == 1:
         return (f"GPU {slowed[0][0]} is slowing its clocks ({slowed[0][1]}): "

@@ -226,6 +226,18 @@ def test_throttled__every_slowed_gpu_of_a_server_is_named():
         "expect lower throughput than their peak.")
 
 
+def test_throttled__not_said_of_a_gpu_hidden_from_torch():
+    """A shared pair of T4s, this kernel on GPU 1 (CUDA_VISIBLE_DEVICES=1), another user's job
+    holding GPU 0 at its power cap: the card told the user to expect lower throughput, though
+    nothing of theirs runs on GPU 0."""
+    capped = dataclasses.replace(T4, clock_event_reasons=("power cap",))
+    mine = dataclasses.replace(T4, index=1, uuid="GPU-t4-1")
+    shared = dataclasses.replace(make_status([capped, mine], visible="1"), torch_index_of={1: 0})
+    assert "throttled" not in fired(shared)
+    assert "throttled" not in fired(make_status([capped], visible=""))  # torch sees no GPU at all
+    assert fired(make_status([capped, mine]))["throttled"].startswith("GPU 0 is slowing its clocks (power cap)")
+
+
 def test_had_oom__on_each_gpu_that_ran_out():
     memories = [memory(num_ooms=2), dataclasses.replace(memory(num_ooms=1), torch_index=1, nvml_index=1)]
     assert fired(make_status([T4, dataclasses.replace(T4, index=1)], memory=memories))["had_oom"].startswith(
