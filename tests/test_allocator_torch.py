@@ -392,3 +392,32 @@ def test_a_hand_edit_after_cuda_started_is_shown_as_not_in_effect(shell, torch_e
     assert any("which never took effect" in warning for warning in changed.warnings)
     del os.environ["PYTORCH_CUDA_ALLOC_CONF"], os.environ["PYTORCH_ALLOC_CONF"]  # by hand too
     assert to_torch(alloc_conf().settings) == "max_split_size_mb:128,garbage_collection_threshold:0.5"
+
+
+def test_a_save_once_cuda_started_keeps_what_an_earlier_save_left_for_the_restart(
+        shell, torch_env, monkeypatch, capsys):
+    """per_process_memory_fraction saved once CUDA runs waits for the restart, out of the
+    environment; a later --save of another key saved only what this process holds, and the
+    fraction was lost without a word. Only what the call names, or --reset, drops it."""
+    cuda_started(torch_env, monkeypatch)
+    saved = Path(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt")
+    shell.run_line_magic("alloc_conf", "per_process_memory_fraction=0.5 --save --json")
+    capsys.readouterr()
+    as_text(shell, "max_split_size_mb=128 --save")
+    out = " ".join(capsys.readouterr().out.split())
+    assert saved.read_text().strip() == "max_split_size_mb:128,per_process_memory_fraction:0.5"
+    assert "could not change now: per_process_memory_fraction: kept from the setting saved before; " in out
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+    # a change the next start would refuse with the kept key says so and changes nothing
+    shell.run_line_magic("alloc_conf", "large_segment_size_mb=64 --save --json")
+    with pytest.raises(UsageError, match="keeps large_segment_size_mb:64,per_process_memory_fraction:0.5"):
+        shell.run_line_magic("alloc_conf", "max_split_size_mb=30 --save")
+    assert saved.read_text().strip() == \
+        "max_split_size_mb:128,large_segment_size_mb:64,per_process_memory_fraction:0.5"
+    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+    shell.run_line_magic("alloc_conf", "--unset per_process_memory_fraction,large_segment_size_mb --save --json")
+    assert saved.read_text().strip() == "max_split_size_mb:128"
+    shell.run_line_magic("alloc_conf", "per_process_memory_fraction=0.5 --save --json")
+    shell.run_line_magic("alloc_conf", "--reset --save --json")
+    assert not saved.exists()

@@ -439,7 +439,11 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     # The file first: one that cannot be written or deleted then changes nothing, and a setting
     # torch refuses puts the file back, so that either all of it happens or none.
     previous, _ = saved_setting(environ)
-    saved, forgotten, path = _save_or_forget(to_torch(new_settings), save, forget, environ)
+    waiting, to_save = (), new_settings
+    if save and not reset:
+        waiting, to_save = _still_waiting(previous, new_settings, set(dict(changes)) | set(unset), state,
+                                          runtime_setter(modules) is not None, version, rocm)
+    saved, forgotten, path = _save_or_forget(to_torch(to_save), save, forget, environ)
     dropped = _dropped_defaults(current, new_settings, version or NEWEST, rocm)
     try:
         result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
@@ -450,7 +454,7 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         raise
     return dataclasses.replace(
         result, action="set", preset=explanation, saved=saved, saved_path=str(path),
-        forgotten=forgotten,
+        forgotten=forgotten, deferred=result.deferred + waiting,
         warnings=_warnings(new_settings, version) + result.warnings + (
             (_hand_edit_warning(edited, taken, written=True),) if edited else
             _ignored_variables(version, env_before, written=True,
@@ -500,6 +504,31 @@ def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, 
                 deferred.append((name, f"torch checks it against the {followed} this process "
                                        f"keeps until a restart ({kept}), and refuses it"))
     return tuple(deferred)
+
+
+def _still_waiting(previous: Optional[str], settings: Settings, named, state: TorchState, setter: bool,
+                   version: Optional[Version], rocm: bool) -> Tuple[Tuple[Tuple[str, str], ...], Settings]:
+    """(deferred, setting to save): the keys of the saved setting that this process cannot take
+    now (as :func:`_deferred` says, with why) and that this call neither sets nor unsets are
+    kept in what ``--save`` writes: they wait for the restart, and saving only what this
+    process holds lost them without a word."""
+    try:
+        saved = validate(parse(previous or ""), version, rocm)
+    except AllocConfError:  # a file edited by hand into something torch refuses: replaced
+        return (), settings
+    rest = tuple((name, value) for name, value in saved if name not in named)
+    deferred = _deferred(settings, merge(settings, rest), state, allow=True, setter=setter,
+                         version=version or NEWEST, rocm=rocm)
+    kept = tuple((name, value) for name, value in rest if name in dict(deferred))
+    try:
+        to_save = validate(merge(settings, kept), version, rocm)
+    except AllocConfError as error:
+        raise AllocConfError(
+            f"{option('save', True)} keeps {to_torch(kept)} from the setting saved before, which "
+            f"waits for the restart; with it the next start would refuse the result ({error}): "
+            f"change them in this call or drop them ({option('unset', ','.join(dict(kept)), plain=True)}); "
+            f"nothing was changed") from None
+    return tuple((name, f"kept from the setting saved before; {why}") for name, why in deferred), to_save
 
 
 def _dropped_defaults(current: Settings, new: Settings, version: Version, rocm: bool
