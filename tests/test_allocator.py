@@ -818,6 +818,19 @@ def test_once_cuda_runs_a_torch_without_a_runtime_setter_changes_nothing_and_say
     assert applied.applied_via == ("environment", "torch.cuda.memory._set_allocator_settings")
 
 
+def test_a_saved_file_hand_edited_in_windows_notepad_applies_at_load(env):
+    """Notepad saves UTF-8 with a byte order mark first: %load_ext said "unknown allocator key
+    '\\ufeffexpandable_segments' (did you mean 'expandable_segments'?)" and applied nothing."""
+    os.makedirs(env["COLAB_GPU_CONFIG_DIR"])
+    path = os.path.join(env["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt")
+    with open(path, "w", encoding="utf-8-sig", newline="\r\n") as file:
+        file.write("expandable_segments:True\n")
+    message = apply_saved(environ=env, modules={}, state=NOT_IMPORTED)
+    assert message.startswith("colab_gpu: applied the saved allocator setting 'expandable_segments:True'")
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert alloc_conf(environ=env, modules={}).saved == "expandable_segments:True"
+
+
 def test_a_saved_file_that_is_not_utf8_is_one_line_at_load_and_the_extension_loads_whole(
         ipython, clean_env, tmp_path, capsys):
     """A hand-edited alloc_conf.txt with a Latin-1 byte made %load_ext colab_gpu end in a

@@ -126,7 +126,8 @@ def saved_setting(environ: MutableMapping[str, str] = os.environ) -> Tuple[Optio
     try:
         # A byte that is not UTF-8 (a hand edit in another encoding) becomes U+FFFD, which the
         # parser names: a UnicodeDecodeError made %load_ext fail half-way, magics registered.
-        return path.read_text(encoding="utf-8", errors="replace").strip(), path
+        # utf-8-sig: the mark Windows Notepad puts first became part of the first key's name.
+        return path.read_text(encoding="utf-8-sig", errors="replace").strip(), path
     except OSError:
         return None, path
 
