@@ -217,6 +217,16 @@ class GPUMagics(Magics):
         except ValueError as error:
             raise TraitError(str(error)) from None
 
+    @validate("live_history")
+    def _check_live_history(self, proposal):
+        """traitlets' Int takes True as a whole number; the monitor refused it at the next --live."""
+        from .live.sampler import check_history
+
+        try:
+            return check_history(proposal.value, "GPUMagics.live_history")
+        except (TypeError, ValueError) as error:
+            raise TraitError(str(error)) from None
+
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
         self._cleanups: List[Callable[[], None]] = []

@@ -1529,6 +1529,17 @@ def test_config_refuses_the_live_settings_the_monitor_would_refuse(live_config, 
     assert (magics.live_interval, magics.live_history, magics.live_lines) == (1.0, 3600, 0)
 
 
+def test_config_refuses_a_history_of_true_that_the_next_live_failed_on(live_config, caplog, capsys):
+    """traitlets' Int takes a bool: `%config GPUMagics.live_history = True` was accepted, and the
+    next %gpu_status --live ended in a traceback (TypeError: history is a whole number of samples)."""
+    live_config.run_line_magic("config", "GPUMagics.live_history = True")
+    assert "GPUMagics.live_history is a whole number of samples, e.g. 3600; not True" in caplog.text
+    assert live_config.magics_manager.registry["GPUMagics"].live_history == 3600
+    run_live(live_config, "--live --demo --interval 0.02", live_lines=1)  # one line, then its summary
+    out = capsys.readouterr().out
+    assert out.count("REPLAY") == 1 and "Live monitor stopped: 1 sample" in out
+
+
 def test_importing_the_package_and_loading_the_extension_stay_light():
     script = textwrap.dedent("""
         import sys
