@@ -1015,6 +1015,7 @@ def test_colab_shows_the_live_page_through_the_kernel_port(live_config, monkeypa
     sys.modules["google.colab"].output = output
     sys.modules["google"].colab = sys.modules["google.colab"]
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-20260801")
+    monkeypatch.setattr(live_config, "kernel", object(), raising=False)  # Colab's notebook, not a terminal
     run_live(live_config, "--live --demo --interval 0.02")
     assert len(served) == 1
     status, _, body = fetch(f"http://127.0.0.1:{served[0]}/data.json")
@@ -1029,6 +1030,7 @@ def test_colab_variables_without_google_colab_show_the_page_in_an_iframe(live_co
     google.colab cannot be imported; --live said "pip install google", an unrelated package."""
     monkeypatch.setitem(sys.modules, "google", None)
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-20260801")
+    monkeypatch.setattr(live_config, "kernel", object(), raising=False)  # a notebook's kernel
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda *objects, **kwargs: shown.extend(objects))
     run_live(live_config, "--live --demo --interval 0.02")
@@ -1036,6 +1038,21 @@ def test_colab_variables_without_google_colab_show_the_page_in_an_iframe(live_co
     assert isinstance(frame, IFrame) and "pip install" not in capsys.readouterr().err
     assert json.loads(fetch(frame.src.rstrip("/") + "/data.json")[2])["label"].startswith("replay of")
     run_live(live_config, "--stop")
+
+
+@pytest.mark.parametrize("variable", ["COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "BINDER_SERVICE_HOST"])
+def test_ipython_in_a_terminal_on_a_notebook_platform_prints_a_line_per_sample(live_config, monkeypatch, capsys,
+                                                                              variable):
+    """`ipython` in a Binder, Kaggle or Colab terminal: --live showed a widget's one line of text
+    (Binder, Kaggle) or a page's address for a browser on a machine the user is not at (Colab),
+    and the monitor ran on unseen; README: a terminal gets a compact line per sample."""
+    monkeypatch.setenv(variable, "1")
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objects, **kwargs: shown.extend(objects))
+    run_live(live_config, "--live --demo --interval 0.02", live_lines=2)
+    assert capsys.readouterr().out.count("REPLAY") == 2
+    assert [type(shown).__name__ for shown in shown] == ["RunRecord"]  # the summary; no widget, no page
+    assert live.running() is None
 
 
 def test_the_live_page_says_its_address_where_the_iframe_cannot_be_drawn(live_config, monkeypatch):

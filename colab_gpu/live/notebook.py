@@ -27,7 +27,10 @@ class LiveSession:
 
         platform = detect_platform(self.shell)
         if kind == "auto":
-            kind = {COLAB: "page", TERMINAL: "terminal", PLAIN_PYTHON: "terminal"}.get(platform, "widgets")
+            # The front end, not the machine: an IPython in a terminal on Binder, Kaggle or Colab
+            # (their variables set) has no kernel, and showed a widget's text or a page's address.
+            front_end = platform if getattr(self.shell, "kernel", None) is not None else TERMINAL
+            kind = {COLAB: "page", TERMINAL: "terminal", PLAIN_PYTHON: "terminal"}.get(front_end, "widgets")
         colab_output = _colab_output() if kind == "page" and platform == COLAB else None
         if colab_output is not None:
             # Colab renders no widget updates sent from a thread (colabtools#3373); a page
