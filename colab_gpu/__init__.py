@@ -51,7 +51,9 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return __all__
+    """What completes after ``colab_gpu.``: the API, and the subpackages its hints name
+    (``colab_gpu.live.start(demo=True)``), which __all__ leaves out."""
+    return sorted(__all__ + list(_SUBPACKAGES) + ["__version__"])
 
 
 def _check_shell(shell, function: str) -> None:

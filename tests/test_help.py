@@ -45,3 +45,14 @@ def test_every_name_the_readme_says_python_returns_or_raises_is_a_name_of_the_pa
     from colab_gpu import BatchResult
 
     assert isinstance(colab_gpu.find_batch(lambda size: None, max=4, progress=False), BatchResult)
+
+
+def test_tab_completion_offers_the_subpackages_the_hints_name(ipython, monkeypatch):
+    """The status card says `colab_gpu.live.start(demo=True)`, README `colab_gpu.allocator.KEYS`:
+    `colab_gpu.li<TAB>` offered only live_url, and `colab_gpu.__ver<TAB>` nothing."""
+    monkeypatch.setattr(ipython.Completer, "use_jedi", False)  # IPython's own completer reads dir()
+    monkeypatch.setitem(ipython.user_ns, "colab_gpu", colab_gpu)
+    completions = {prefix: [match.rpartition(".")[2] for match in ipython.complete(f"colab_gpu.{prefix}")[1]]
+                   for prefix in ("li", "allo", "__ver")}  # IPython 8+ leaves out "colab_gpu"
+    assert completions == {"li": ["live", "live_url"], "allo": ["alloc_conf", "allocator"],
+                           "__ver": ["__version__"]}
