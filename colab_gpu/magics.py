@@ -51,6 +51,14 @@ def _number(kind: type, words: str) -> Callable[[str], object]:
 
 _WHOLE_NUMBER = _number(int, "a whole number")
 
+
+def _int_or_float(text: str):
+    """A number as typed: ``--interval 2`` is read back in a message as 2, not as 2.0."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
 _GIVEN = "_given_once"  # where _Once keeps the values given so far, until _parse drops it
 
 
@@ -260,7 +268,7 @@ class GPUMagics(Magics):
                    "--from, --demo or --interval is refused until --stop.")
     @argument("--stop", action="store_true",
               help="Stop the live monitor and show a summary of the whole run (and its chart in a notebook).")
-    @argument("--interval", action=_Once, type=_number(float, "a number of seconds"), metavar="SECONDS",
+    @argument("--interval", action=_Once, type=_number(_int_or_float, "a number of seconds"), metavar="SECONDS",
               help="With --live: seconds between samples, up to 3600 (default: "
                    "GPUMagics.live_interval, 1).")
     @argument("--demo", action="store_true",
@@ -294,7 +302,7 @@ class GPUMagics(Magics):
             from .live.sampler import check_interval
 
             try:
-                args.interval = check_interval(args.interval, "--interval")
+                check_interval(args.interval, "--interval")  # kept as typed, for start()'s messages
             except ValueError as error:
                 raise UsageError(str(error)) from None
         if args.live or args.stop:

@@ -670,6 +670,18 @@ def test_a_start_at_another_interval_while_one_runs_is_refused_not_ignored(live_
     assert live.start(demo=True)[0].interval == 1.0  # a new monitor's default
 
 
+def test_a_refused_interval_is_read_back_as_typed(live_config):
+    """--live --interval 2 while a monitor ran was refused "before --interval 2.0 can start":
+    the converted float, not the number the user typed."""
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    with pytest.raises(UsageError, match=r"ends it before --interval 2 can start$"):
+        run_live(live_config, "--live --interval 2")
+    with pytest.raises(UsageError, match=r"ends it before --interval 2.0 can start$"):
+        run_live(live_config, "--live --interval 2.0")
+    run_live(live_config, "--live --interval 0.02")  # the same interval, however spelt, reuses it
+    live.stop()
+
+
 def test_a_start_with_another_history_while_one_runs_is_refused_not_ignored(live_config, capsys):
     """start(history=100) while a monitor keeps 3600 samples returned it unchanged: the user's
     charts kept an hour, not the 100 samples asked for. GPUMagics.live_history, a setting for
