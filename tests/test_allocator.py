@@ -13,6 +13,7 @@ from IPython.core.error import UsageError
 
 from colab_gpu.allocator import AllocConfError, alloc_conf, apply_saved, parse, to_torch, validate
 from colab_gpu.allocator.schema import BY_NAME, KEYS, PRESETS
+from colab_gpu.options import as_magic
 from colab_gpu.runtime import TorchState
 
 NOT_IMPORTED = TorchState(imported=False)
@@ -449,7 +450,8 @@ def test_reloading_once_cuda_runs_does_not_say_an_applied_saved_setting_was_not_
     alloc_conf(["garbage_collection_threshold=0.6"], environ=fresh, modules={})  # a later cell
     started = TorchState(imported=True, version="2.13.0", cuda_version="12.8", cuda_initialized=True)
     before = dict(fresh)
-    message = apply_saved(environ=fresh, modules={}, state=started)
+    with as_magic():  # as %reload_ext runs it
+        message = apply_saved(environ=fresh, modules={}, state=started)
     assert message == ("colab_gpu: the saved allocator setting 'expandable_segments:True,max_split_size_mb:128' "
                        "is already in this process's setting (PYTORCH_CUDA_ALLOC_CONF holds it) "
                        "(%alloc_conf --forget removes it)")
@@ -474,7 +476,8 @@ def test_a_saved_backend_alone_after_import_is_not_applied_and_says_so(env):
     ... except backend:cudaMallocAsync ...; now ''", when nothing at all was applied."""
     alloc_conf(preset="async", save=True, environ=env, modules={})
     fresh = {"COLAB_GPU_CONFIG_DIR": env["COLAB_GPU_CONFIG_DIR"]}
-    message = apply_saved(environ=fresh, modules={}, state=TorchState(imported=True, version="2.11.0"))
+    with as_magic():  # as %load_ext runs it
+        message = apply_saved(environ=fresh, modules={}, state=TorchState(imported=True, version="2.11.0"))
     path = os.path.join(env["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt")
     assert message == (f"colab_gpu: saved allocator setting 'backend:cudaMallocAsync' from {path} not "
                        f"applied: torch was imported before the extension loaded and chose its allocator "

@@ -160,6 +160,11 @@ def _saved_then(config, **call):
     return colab_gpu.alloc_conf(environ=config, modules={}, **call)
 
 
+def _saved_then_loaded(config):
+    colab_gpu.alloc_conf(["max_split_size_mb=128"], save=True, environ=config, modules={})
+    return colab_gpu.allocator.apply_saved(environ=dict(config), modules={})
+
+
 def _module_named(ipython, monkeypatch):
     monkeypatch.setitem(ipython.user_ns, "a_module", re)
     return colab_gpu.clear_cache("a_module", shell=ipython)
@@ -191,6 +196,8 @@ def _layer_replaced():
      "removes it", "applied by %load_ext colab_gpu before CUDA starts; %alloc_conf --forget removes it"),
     (lambda config, **_: _saved_then(config, forget=True),
      "colab_gpu.allocator.apply_saved() no longer applies it", "%load_ext colab_gpu no longer applies it"),
+    (lambda config, **_: _saved_then_loaded(config),  # a script restoring the setting itself
+     "(colab_gpu.alloc_conf(forget=True) removes it)", "(%alloc_conf --forget removes it)"),
     (lambda ipython, monkeypatch, **_: _module_named(ipython, monkeypatch),
      "colab_gpu.clear_cache() alone empties torch's CUDA cache", "%clear_cache alone empties torch's CUDA cache"),
     (lambda **_: _layer_replaced(),

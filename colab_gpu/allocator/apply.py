@@ -708,7 +708,8 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
     if not saved:
         return None
     state = state or torch_state(modules)
-    forget = "(%alloc_conf --forget removes it)"
+    # %load_ext runs it as a magic; a script calling it never typed %alloc_conf
+    forget = f"({command('%alloc_conf --forget', 'colab_gpu.alloc_conf(forget=True)')} removes it)"
     if state.cuda_initialized:
         source = _holding(saved, environ, modules)
         if source:  # applied when the extension loaded before, or set by the user: no news
