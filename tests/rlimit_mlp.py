@@ -22,17 +22,18 @@ def mlp_under_limit(room_mib: int, width: int, hidden: int,
                     on_batch: Callable[[int], None] = lambda size: None):
     """A seeded MLP 'width-hidden-width' and its SGD training step, with the address space
     limited to ``room_mib`` MiB above the process once it has run one step. ``step(size, x)``
-    trains on ``x`` when given (Lightning's batches) and reports each batch to ``on_batch``."""
+    trains on ``x`` when given (Lightning's batches) and reports each batch that completed to
+    ``on_batch``, as ``BatchResult.samples_computed`` counts them."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, width))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step(batch_size: int, x=None) -> None:
         x = torch.randn(batch_size, width) if x is None else x
-        on_batch(batch_size)
         model(x).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
+        on_batch(batch_size)
 
     step(2)  # threads and allocator pools exist before the limit is measured against
     limit = proc_status()["VmSize"] + room_mib * 1024 ** 2

@@ -151,6 +151,24 @@ def test_grow_then_bisect_starts_small_and_respects_max():
     assert result.stopped == "reached max=1000"
 
 
+def test_samples_computed_counts_only_the_steps_that_completed():
+    """A trial that ran out of memory counted size * runs samples "computed", its failed run
+    included: more than the step ever finished, and not how benchmarks/find_batch_vs_peers.py
+    counts the other tools' steps (once they complete)."""
+    completed = collections.Counter()
+
+    def step(batch_size):
+        if batch_size > 96 or (batch_size > 48 and completed[batch_size]):  # later runs fail from 49
+            raise MemoryError("out of memory")
+        completed[batch_size] += 1
+
+    result = find_batch(step, max=256, progress=False, measure_memory=False)
+    assert any(t.outcome == OUT_OF_MEMORY and t.runs > 1 for t in result.trials)
+    done = sum(size * runs for size, runs in completed.items())
+    assert result.samples_computed == done
+    assert f"{done} samples computed;" in str(result)
+
+
 def test_flat_memory_refuses_the_fit_and_doubles():
     """A cell that ignores the variable: memory never grows; no fit, plain doubling to --max."""
     sizes = []

@@ -45,7 +45,10 @@ class Trial:
 
     @property
     def samples_computed(self) -> int:
-        return self.size * self.runs
+        """Samples of the runs that completed: a run cut short (out of memory, an error, Ctrl-C)
+        computed none a user could keep. benchmarks/find_batch_vs_peers.py counts the other
+        tools' steps the same way, once they complete."""
+        return self.size * (self.runs if self.outcome in (FITS, OVER_HEADROOM) else max(self.runs - 1, 0))
 
 
 def trial_row(trial: Trial) -> Tuple[str, str, str, str, str]:
