@@ -71,15 +71,19 @@ class _Reach:
     shared: int = 0  # tensors whose storage is in ``known``: of ``tensors``, those not this root's alone
 
 
-def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch) -> None:
-    reach.tensors += 1
+def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch, part: bool = False) -> None:
+    """``part``: a sparse tensor's indices or values, its memory but not a tensor of the user's."""
+    if not part:
+        reach.tensors += 1
     if tensor.layout != torch.strided:  # sparse: the memory is in the component tensors
-        for part in ("_indices", "_values", "crow_indices", "col_indices",
+        shared = reach.shared
+        for name in ("_indices", "_values", "crow_indices", "col_indices",
                      "ccol_indices", "row_indices", "values"):
             try:
-                stack.append(getattr(tensor, part)())
+                _record_tensor(getattr(tensor, name)(), reach, stack, torch, part=True)
             except Exception:
                 pass
+        reach.shared = shared + (reach.shared > shared)  # shared or not, still one tensor
         return
     try:
         storage = tensor.untyped_storage()

@@ -441,6 +441,22 @@ def test_freed_counts_a_deleted_sparse_tensors_indices_and_values(shell, capsys)
     assert out.startswith(f"clear_cache: freed cpu tensors {size(SIZE // 3 * 12)}; deleted sp")
 
 
+def test_vars_counts_a_sparse_tensor_once(shell, capsys):
+    """`%clear_cache --vars` said a coalesced sparse COO tensor (or a CSR one) was held "in 4
+    tensors": its indices and values counted as tensors of the user's, who has one."""
+    from colab_gpu.render import size
+
+    run(shell, f"import torch\nsp = torch.ones({SIZE // 3}).to_sparse()\ncsr = torch.eye(64).to_sparse_csr()")
+    capsys.readouterr()
+    try:
+        shell.run_line_magic("clear_cache", "--vars")
+        lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:] if line.strip()}
+        assert f"{size(SIZE // 3 * 12)} in 1 tensor" in lines["sp"]  # int64 indices, float values
+        assert " in 1 tensor" in lines["csr"]
+    finally:
+        run(shell, "del sp, csr")
+
+
 def test_python_api_returns_the_report(shell):
     import colab_gpu
 
