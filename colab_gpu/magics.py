@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Callable, Dict, List, Set, Tuple
 
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments as ipython_magic_arguments
 from traitlets import Enum, Float, Int, TraitError, validate
@@ -571,7 +572,8 @@ class GPUMagics(Magics):
         for warning in warnings:
             print(f"colab_gpu: {warning}", file=sys.stderr)
 
-        later_runs = _LaterRuns(self.shell)  # the cell's output is shown for its first run only
+        # the cell's output is shown for its first run only
+        later_runs = _LaterRuns(self.shell, piped=_pipes_its_commands(tree))
 
         def step(size: int) -> None:
             __tracebackhide__ = True
@@ -656,14 +658,28 @@ def _words_in_ipython_lines(tree: ast.AST) -> Set[str]:
     f(bs)')``; ``!ls {path}``: ``get_ipython().system('ls {path}')``), the names they read
     among them. The magic's own name is left out."""
     words: Set[str] = set()
+    for method, lines in _ipython_lines(tree):
+        lines = lines[1:] if method.startswith("run_") else lines
+        words.update(word for line in lines for word in re.findall(r"[^\W\d]\w*", line))
+    return words
+
+
+def _ipython_lines(tree: ast.AST) -> Iterator[Tuple[str, List[str]]]:
+    """(the shell's method, its string arguments) of each ``get_ipython().method(...)`` call:
+    ``!ls`` is ``("system", ["ls"])``, ``%time f(bs)`` ``("run_line_magic", ["time", "f(bs)"])``."""
     for node in ast.walk(tree):
         called = getattr(node, "func", None)
         if isinstance(called, ast.Attribute) and isinstance(called.value, ast.Call) \
                 and getattr(called.value.func, "id", None) == "get_ipython":
-            lines = node.args[1:] if called.attr.startswith("run_") else node.args
-            words.update(word for arg in lines if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
-                         for word in re.findall(r"[^\W\d]\w*", arg.value))
-    return words
+            yield called.attr, [arg.value for arg in node.args
+                                if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+
+
+def _pipes_its_commands(tree: ast.AST) -> bool:
+    """Whether later runs may run the cell's ``!cmd`` lines piped: none runs in the background,
+    which IPython's piped ``system`` refuses (a terminal's own runs it)."""
+    return not any(method == "system" and any(line.rstrip().endswith("&") for line in lines)
+                   for method, lines in _ipython_lines(tree))
 
 
 class _LaterRuns:
@@ -672,12 +688,16 @@ class _LaterRuns:
     Entered by the search outside the timed region (a fixed cost per run would make larger
     sizes look faster in throughput mode); one display publisher serves every run all the
     same: IPython's ``capture_output`` builds one per run (a traitlets object, 50-90 µs).
+
+    A terminal IPython runs ``!cmd`` with ``system_raw``, whose command writes to the terminal
+    itself, past ``sys.stdout``: with ``piped``, later runs run it with ``system_piped``, which
+    writes its output to ``sys.stdout``, as a kernel's ``!cmd`` does.
     """
 
-    def __init__(self, shell):
+    def __init__(self, shell, piped: bool = True):
         from IPython.core.displaypub import CapturingDisplayPublisher
 
-        self.shell, self.publisher = shell, CapturingDisplayPublisher()
+        self.shell, self.publisher, self.piped = shell, CapturingDisplayPublisher(), piped
         self.first_done, self.with_output = False, 0
         self.handlers = None  # logging's, found at the first later run: the first may set them up
 
@@ -697,10 +717,18 @@ class _LaterRuns:
         for handler, stream in self.handlers.items():
             handler.setStream(err if stream is streams[1] else out)
         self.shell.display_pub = self.publisher
+        raw = self.piped and getattr(self.shell.system, "__func__", None) is InteractiveShell.system_raw
+        if raw:  # a bound method, called from the cell's frame: IPython expands {name} there
+            system = vars(self.shell).get("system")  # None: the class's
+            self.shell.system = self.shell.system_piped
         aside = _figures_aside()
         try:
             yield
         finally:
+            if raw and system is None:
+                del self.shell.system
+            elif raw:
+                self.shell.system = system
             sys.stdout, sys.stderr = streams
             for handler, stream in self.handlers.items():
                 handler.setStream(stream)

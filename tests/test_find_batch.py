@@ -1467,6 +1467,22 @@ def test_the_cells_output_is_shown_for_its_first_run_only(shell, capsys):
     assert "5 later runs had output too, hidden" in shown.err
 
 
+def test_a_terminal_shell_commands_output_is_shown_for_its_first_run_only(shell, capfd, monkeypatch, tmp_path):
+    """A terminal IPython runs `!cmd` with system_raw, whose command writes to the terminal
+    itself, past sys.stdout: every later run's output was shown."""
+    monkeypatch.setattr(shell, "system", shell.system_raw)  # a terminal's own, not the test shell's
+    sizes = tmp_path / "sizes"
+    shell.run_cell(f"%%find_batch --max 4\n!echo run {{batch_size}}\n!echo {{batch_size}} >> {sizes}")
+    shown = capfd.readouterr()
+    assert shown.out.count("run ") == 1 and "run 2" in shown.out
+    assert "later runs had output too, hidden" in shown.err
+    assert "4" in sizes.read_text().split() and set(sizes.read_text().split()) <= {"2", "3", "4"}  # expanded
+    assert shell.system == shell.system_raw  # put back
+    # A command in the background, which the piped way refuses, runs in every run as before.
+    assert shell.run_cell("%%find_batch --max 4\n!true {batch_size} &").error_in_exec is None
+    assert "Background processes" not in capfd.readouterr().err
+
+
 def test_the_output_of_the_run_whose_error_stops_the_search_is_shown_with_it(shell, capsys):
     # What the run printed or displayed before its error explains it: it was hidden as a later run's.
     shell.run_cell("%%find_batch --max 8\nprint('shape', (batch_size, 3))\ndisplay('shown at', batch_size)\n"
