@@ -483,7 +483,8 @@ def test_a_saved_backend_alone_after_import_is_not_applied_and_says_so(env):
                        f"applied: torch was imported before the extension loaded and chose its allocator "
                        f"then: restart and load the extension before `import torch` "
                        f"(%alloc_conf --forget removes it)")
-    assert fresh == {"COLAB_GPU_CONFIG_DIR": env["COLAB_GPU_CONFIG_DIR"]}
+    assert fresh == {"COLAB_GPU_CONFIG_DIR": env["COLAB_GPU_CONFIG_DIR"],
+                     "COLAB_GPU_SAVED_APPLIED": str(os.getpid())}  # this process's first load is done
 
 
 def test_saved_reset_after_import_keeps_the_loaded_backend_in_the_environment(env):

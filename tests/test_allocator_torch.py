@@ -274,6 +274,46 @@ def test_the_magic_once_cuda_started_says_what_waits_for_a_restart(shell, torch_
     assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
 
 
+def test_reload_ext_keeps_the_setting_made_since_the_first_load(ipython, torch_env, capsys):
+    """Save 128, set 256 without saving, %reload_ext colab_gpu: the reload applied the saved
+    setting again ("applied the saved allocator setting ...; now 'max_split_size_mb:128'") and
+    the 256 was gone. The saved setting is for the first load after a start, once."""
+    ipython.run_line_magic("load_ext", "colab_gpu")
+    try:
+        as_text(ipython, "max_split_size_mb=128 --save")
+        as_text(ipython, "max_split_size_mb=256")
+        capsys.readouterr()
+        ipython.run_line_magic("reload_ext", "colab_gpu")
+        assert capsys.readouterr().out == (
+            "colab_gpu: saved allocator setting 'max_split_size_mb:128' not re-applied: it applies at "
+            "the extension's first load in a process, not at a reload; %alloc_conf shows what runs "
+            "(%alloc_conf --forget removes it)\n")
+        ipython.run_line_magic("unload_ext", "colab_gpu")
+        ipython.run_line_magic("load_ext", "colab_gpu")
+        assert "not re-applied" in capsys.readouterr().out
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256"
+        assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:256"
+        as_text(ipython, "max_split_size_mb=128")  # the saved setting again: a reload says so
+        capsys.readouterr()
+        ipython.run_line_magic("reload_ext", "colab_gpu")
+        assert "is already in this process's setting" in capsys.readouterr().out
+    finally:
+        ipython.run_line_magic("unload_ext", "colab_gpu")
+
+
+def test_a_kernel_started_from_a_loading_process_applies_the_saved_setting(ipython, torch_env, capsys):
+    """A kernel started from a notebook that loaded the extension inherits its environment,
+    the mark of that first load included: its own first load still applies the saved setting."""
+    Path(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt").write_text("max_split_size_mb:128\n")
+    os.environ["COLAB_GPU_SAVED_APPLIED"] = str(os.getppid())  # as the parent process left it
+    ipython.run_line_magic("load_ext", "colab_gpu")
+    try:
+        assert "applied the saved allocator setting 'max_split_size_mb:128'" in capsys.readouterr().out
+        assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+    finally:
+        ipython.run_line_magic("unload_ext", "colab_gpu")
+
+
 # --- a real Jupyter kernel ------------------------------------------------------------------
 
 @pytest.mark.kernel

@@ -698,25 +698,41 @@ def _save_or_forget(text: str, save: bool, forget: bool, environ
     return saved, forgotten, path
 
 
+# Set to this process's id by the first apply_saved(): %reload_ext colab_gpu (same process) must
+# not put the saved setting back over what the user set since. A runtime restart starts without
+# it; a child process (a kernel started from a notebook) inherits it with another id: its own
+# first load. The environment, not a module flag, so that each test (and each ``environ`` given)
+# is a process of its own.
+APPLIED_VARIABLE = "COLAB_GPU_SAVED_APPLIED"
+
+
 def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modules,
                 state: Optional[TorchState] = None) -> Optional[str]:
     """Apply the saved setting when the extension loads; a one-line message, None if none saved.
 
-    Only before CUDA starts: afterwards most keys could not change, so nothing is applied.
+    Only at the first load in a process (a reload keeps what the user set since) and only
+    before CUDA starts: afterwards most keys could not change, so nothing is applied.
     """
     saved, path = saved_setting(environ)
+    first = environ.get(APPLIED_VARIABLE) != str(os.getpid())
+    environ[APPLIED_VARIABLE] = str(os.getpid())
     if not saved:
         return None
     state = state or torch_state(modules)
     # %load_ext runs it as a magic; a script calling it never typed %alloc_conf
     forget = f"({command('%alloc_conf --forget', 'colab_gpu.alloc_conf(forget=True)')} removes it)"
-    if state.cuda_initialized:
+    if state.cuda_initialized or not first:
         source = _holding(saved, environ, modules)
         if source:  # applied when the extension loaded before, or set by the user: no news
             return (f"colab_gpu: the saved allocator setting {saved!r} is already in this "
                     f"process's setting ({source} holds it) {forget}")
-        return (f"colab_gpu: saved allocator setting {saved!r} not applied: CUDA is already "
-                f"running; restart the runtime and load the extension first {forget}")
+        if state.cuda_initialized:
+            return (f"colab_gpu: saved allocator setting {saved!r} not applied: CUDA is already "
+                    f"running; restart the runtime and load the extension first {forget}")
+        # a reload: the user changed the setting since the first load, which applied this one
+        shown = command("%alloc_conf", "colab_gpu.alloc_conf()")
+        return (f"colab_gpu: saved allocator setting {saved!r} not re-applied: it applies at the "
+                f"extension's first load in a process, not at a reload; {shown} shows what runs {forget}")
     late = ""
     try:
         result = alloc_conf([saved], environ=environ, modules=modules, state=state)
