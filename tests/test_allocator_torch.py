@@ -314,6 +314,25 @@ def test_a_kernel_started_from_a_loading_process_applies_the_saved_setting(ipyth
         ipython.run_line_magic("unload_ext", "colab_gpu")
 
 
+def test_a_refused_saved_setting_says_so_at_reload_once_cuda_runs(ipython, torch_env, monkeypatch, capsys):
+    """A saved setting the installed torch refuses (edited by hand, saved under another torch):
+    %reload_ext once CUDA ran said "not applied: CUDA is already running; restart the runtime",
+    and after the restart the load failed again, with the real error. The reload says what the
+    first load said."""
+    Path(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt").write_text("max_split_size_mb:19\n")
+    with pytest.raises(ValueError, match="max_split_size_mb too small"):  # the installed torch's own parser refuses it
+        torch_env._C._accelerator_setAllocatorSettings("max_split_size_mb:19")
+    ipython.run_line_magic("load_ext", "colab_gpu")
+    try:
+        first = capsys.readouterr().out
+        assert "not applied: max_split_size_mb=19 is out of range: must be >= 20" in first
+        cuda_started(torch_env, monkeypatch)
+        ipython.run_line_magic("reload_ext", "colab_gpu")
+        assert capsys.readouterr().out == first
+    finally:
+        ipython.run_line_magic("unload_ext", "colab_gpu")
+
+
 # --- a real Jupyter kernel ------------------------------------------------------------------
 
 @pytest.mark.kernel

@@ -722,6 +722,9 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
     # %load_ext runs it as a magic; a script calling it never typed %alloc_conf
     forget = f"({command('%alloc_conf --forget', 'colab_gpu.alloc_conf(forget=True)')} removes it)"
     if state.cuda_initialized or not first:
+        refused = _refused_saved(saved, modules)
+        if refused:  # the real problem first: a restart would only end in the same refusal
+            return f"colab_gpu: saved allocator setting from {path} not applied: {refused} {forget}"
         source = _holding(saved, environ, modules)
         if source:  # applied when the extension loaded before, or set by the user: no news
             return (f"colab_gpu: the saved allocator setting {saved!r} is already in this "
@@ -748,6 +751,16 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
         late = f" except backend:{backend} ({why})"
     return (f"colab_gpu: applied the saved allocator setting {saved!r} from {path}{late}; now "
             f"{to_torch(result.settings)!r} {forget}")
+
+
+def _refused_saved(saved: str, modules) -> Optional[str]:
+    """Why the installed torch refuses the saved setting (as its first load would say), else None."""
+    version_text = installed_torch_version(modules)
+    try:
+        validate(parse(saved), version_of(version_text), is_rocm_build(version_text, modules))
+    except AllocConfError as error:
+        return str(error)
+    return None
 
 
 def _holding(saved: str, environ, modules) -> Optional[str]:
