@@ -21,8 +21,8 @@ from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Seque
 from ..options import command, option
 from ..render import count
 from ..runtime import TorchState, torch_state
-from .parse import (AllocConfError, Settings, _number, canonical_value, check_key_name, format_version,
-                    merge, parse, parse_many, to_torch, validate, version_of)
+from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
+                    format_version, merge, parse, parse_many, to_torch, validate, version_of)
 from .schema import (BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, HIP_ENV_SINCE, NEWEST, OLDEST, PRESETS,
                      ROCM_ENV_NAMES, Version)
 
@@ -298,7 +298,7 @@ def _left_refused(base: Settings, kept: Settings, merged: Settings, version: Ver
             continue
         except AllocConfError as error:
             why = str(error)
-        low = _number(BY_NAME[name].lowest(version, after)[0])
+        low = format_number(BY_NAME[name].lowest(version, after)[0])
         done = f"{followed}={after[followed]}" if followed in after else \
             f"unsetting {followed} (default {BY_NAME[followed].default})"
         when = ""

@@ -193,7 +193,7 @@ def check_key_name(name: str) -> Key:
     return key
 
 
-def _number(value: float) -> str:
+def format_number(value: float) -> str:
     """2147483647, not 2.14748e+09: a bound the user may have to type back exactly."""
     return str(int(value)) if value == int(value) and abs(value) >= 1 else f"{value:g}"
 
@@ -203,12 +203,12 @@ def _range_text(key: Key, version: Version, given: Mapping[str, str]) -> str:
     followed = key.followed(version)
     parts = []
     if followed is not None and given.get(followed, "").isdigit() and low is not None:
-        parts.append(f">= {followed}={_number(low[0])}")
+        parts.append(f">= {followed}={format_number(low[0])}")
     elif low is not None:
-        parts.append(f"{'>' if low[1] else '>='} {_number(low[0])}" + (
+        parts.append(f"{'>' if low[1] else '>='} {format_number(low[0])}" + (
             f" ({followed}'s default; a smaller {followed} allows less)" if followed else ""))
     if key.maximum is not None:
-        parts.append(f"{'<' if key.high_open else '<='} {_number(key.maximum)}")
+        parts.append(f"{'<' if key.high_open else '<='} {format_number(key.maximum)}")
     return " and ".join(parts)
 
 
@@ -269,7 +269,7 @@ def canonical_value(key: Key, value: str, version: Version, rocm: bool = False,
     number = int(value)
     if key.kind == POWER_OF_TWO and not _is_power_of_two(number):
         raise AllocConfError(f"{where}: must be a power of two (1, 2, 4, ... "
-                             f"{_number(key.maximum)})")
+                             f"{format_number(key.maximum)})")
     if not _in_range(key, version, number, given):
         raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version, given)}")
     return str(number)
