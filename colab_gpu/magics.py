@@ -771,8 +771,7 @@ def _figures_aside():
     A figure pyplot opened is shown when the cell ends (the inline backend), not published
     now: kept, every later run added its own under the report. And ``plt.plot(losses)``
     draws on the current figure: every run added its line to the one figure the user then
-    saw. Each run now draws on figures of its own; the user's, and which is current, stay.
-    No import per run: throughput mode times this with the cell."""
+    saw. Each run now draws on figures of its own; the user's, and which is current, stay."""
     helpers = sys.modules.get("matplotlib._pylab_helpers")
     if helpers is None or "matplotlib.pyplot" not in sys.modules:
         return None
