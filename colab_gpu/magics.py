@@ -420,7 +420,7 @@ class GPUMagics(Magics):
         if args.stop:
             if args.live or args.json or args.demo or args.cells or args.path or args.interval is not None:
                 raise UsageError("--stop takes no other option: %gpu_status --stop")
-            record = self._live_session().stop("%gpu_status --stop")
+            record = live.stop("%gpu_status --stop")
             if record is None:
                 print("colab_gpu: the live monitor is not running")
             else:
@@ -460,7 +460,7 @@ class GPUMagics(Magics):
             session.show(sampler, self.live_display, self.live_lines, started)
         except BaseException:
             if started:  # no monitor left running without its display
-                session.stop()
+                live.stop()
             elif hooked:  # nor the --cells lines of a failed --live on a running one
                 session.unwatch_cells()
             raise

@@ -2,17 +2,17 @@
 the per-cell peak lines hooked on IPython's cell events."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 from ..options import command
 from ..render import fold, fold_items
 from . import live_url, on_stop, page_server, running, stop
 from .panel import display_text
-from .record import RunRecord
 
 
 class LiveSession:
-    """What ``%gpu_status --live`` adds to one shell; ``stop()`` removes all of it."""
+    """What ``%gpu_status --live`` adds to one shell; the live package's ``stop()`` removes
+    all of it (its --cells hooks through on_stop)."""
 
     def __init__(self, shell, show: Callable[[object], None]):
         self.shell = shell
@@ -59,7 +59,7 @@ class LiveSession:
                                  f"({sampler.label}, every {sampler.interval:g} s); "
                                  f"{command('%gpu_status --stop', 'colab_gpu.live.stop()')} ends it", 2))
                 return
-            record = self.stop(reason)
+            record = stop(reason)
             if record is not None:
                 self._show(record)
         else:
@@ -98,11 +98,6 @@ class LiveSession:
             self.shell.events.unregister("pre_run_cell", pre)
             self.shell.events.unregister("post_run_cell", post)
             self._hooks = None
-
-    def stop(self, reason: Optional[str] = None) -> Optional[RunRecord]:
-        """Stop the sampler and the page, which removes the cell hooks; the run's record, if
-        any. ``reason``: what stopped it, for the live page ("%gpu_status --stop")."""
-        return stop(reason)
 
 
 def _page_frame(sampler, url: str):
