@@ -470,13 +470,16 @@ def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], i
 
 UNSPLIT_REMAINDER = 1024 ** 2  # CUDA's caching allocator splits a large block only for more left over
 LARGE_BUFFER = 20 * 1024 ** 2  # kLargeBuffer: how much larger an unsplit oversize block may be
+# The lowest max_split_size_mb any torch takes: 21 before 2.10, 20 in 2.10, and from 2.11
+# large_segment_size_mb, which must be over 10 (see allocator/schema.py).
+LOWEST_SPLIT_LIMIT = 11 * 1024 ** 2
 
 
 def _split_limit(torch, device: str) -> Optional[int]:
     """The size from which CUDA's caching allocator never splits a block (``max_split_size_mb``),
     or None where it splits every size. torch's statistics give the limit it started with; an
-    oversize allocation under no such limit means a later setting made one: torch refuses a
-    limit of 20 MiB or less, so any block over 20 MiB may be oversize."""
+    oversize allocation under no such limit means a later setting made one, which may be as
+    low as LOWEST_SPLIT_LIMIT: any block that large may be oversize."""
     try:
         stats = torch.cuda.memory_stats(device)
     except Exception:
@@ -484,7 +487,7 @@ def _split_limit(torch, device: str) -> Optional[int]:
     limit = stats.get("max_split_size", -1)  # -1 (SIZE_MAX) when unset
     if 0 < limit < 2 ** 62:
         return limit
-    return LARGE_BUFFER + 1 if stats.get("oversize_allocations.current", 0) > 0 else None
+    return LOWEST_SPLIT_LIMIT if stats.get("oversize_allocations.current", 0) > 0 else None
 
 
 ROUNDUP_INTERVALS = 16  # roundup_power2_divisions: one value per power of two from 1 MiB to 64 GiB

@@ -313,6 +313,22 @@ def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_left_unsplit(monkeypatch):
     assert _unreached([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == (("cuda:0", 20 * 17 * mib),)
 
 
+def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_of_a_limit_of_20_mib_or_less(monkeypatch):
+    """torch 2.10 takes max_split_size_mb:20 (and 2.11, after large_segment_size_mb:12, 12):
+    set after CUDA started, the statistics say only that blocks are oversize. 20 activations
+    of 20 MiB, each given a cached 39 MiB block, showed "at least 360 MiB that no variable
+    reaches": a block of 20 MiB was taken for one no limit can cover."""
+    import torch
+
+    from colab_gpu.memory import Reading, _unreached
+
+    mib = 1024 ** 2
+    stats = {"max_split_size": -1, "oversize_allocations.current": 20}  # the faked boundary
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: stats)
+    activations = {("cuda:0", address): 20 * mib for address in range(1, 21)}
+    assert _unreached([Reading("cuda:0", 20 * 39 * mib)], activations, torch) == ()
+
+
 def test_the_rest_on_a_gpu_is_not_the_power_of_two_rounding(monkeypatch):
     """Under roundup_power2_divisions:4 the allocator makes a block of 1.25 GiB of a 1.1 GiB
     request: 8 such activations showed "at least 1.20 GiB that no variable reaches", none of
