@@ -710,6 +710,8 @@ class _LaterRuns:
 
     @contextlib.contextmanager
     def silenced(self):
+        from .batch.trial import stops_the_search
+
         streams, publisher = (sys.stdout, sys.stderr), self.shell.display_pub
         if self.handlers is None:
             self.handlers = _logging_handlers(streams)
@@ -734,7 +736,7 @@ class _LaterRuns:
                 handler.setStream(stream)
             self.shell.display_pub = publisher
             opened = _figures_back(aside)
-            if _stops_the_search(sys.exc_info()[1]):  # what it printed leads up to the error shown next
+            if stops_the_search(sys.exc_info()[1]):  # what it printed leads up to the error shown next
                 sys.stdout.write(out.getvalue())
                 sys.stderr.write(err.getvalue())
                 for output in self.publisher.outputs:
@@ -742,13 +744,6 @@ class _LaterRuns:
             else:
                 self.with_output += bool(out.getvalue() or err.getvalue() or self.publisher.outputs or opened)
             self.publisher.outputs.clear()
-
-
-def _stops_the_search(error) -> bool:
-    """The run raised the error the user is shown (not an out-of-memory error, not Ctrl-C)."""
-    from .batch.oom import ErrorKind, classify
-
-    return isinstance(error, Exception) and classify(error) is not ErrorKind.OUT_OF_MEMORY
 
 
 def _logging_handlers(streams) -> Dict:

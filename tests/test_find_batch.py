@@ -1497,6 +1497,19 @@ def test_the_output_of_the_run_whose_error_stops_the_search_is_shown_with_it(she
     assert re.findall(r"^shape .*", capsys.readouterr().out, re.M) == ["shape (2, 3)"]
 
 
+def test_the_output_before_a_sys_exit_that_stops_the_search_is_shown_with_it(shell, capsys):
+    # sys.exit() in the cell stops the search as the user's error (SystemExit is no Exception):
+    # what the run printed before it was kept hidden as a later run's.
+    with pytest.warns(UserWarning, match="exit"):  # IPython's hint, after the cell's SystemExit
+        outcome = shell.run_cell("%%find_batch --max 8\nimport sys\nprint('shape', (batch_size, 3))\n"
+                                 "if batch_size >= 8: sys.exit('bad shape')")
+    assert isinstance(outcome.error_in_exec, SystemExit)
+    shown = capsys.readouterr()
+    assert re.findall(r"^shape .*", shown.out, re.M) == ["shape (2, 3)", "shape (8, 3)"]
+    assert "batch_size=     8  error" in shown.out[shown.out.index("shape (8, 3)"):]
+    assert "later runs had output too" not in shown.out + shown.err
+
+
 def test_a_cell_that_logs_shows_its_records_for_its_first_run_only(shell, capsys):
     # A handler made in an earlier cell keeps the stream it was given (logging.basicConfig(
     # stream=sys.stderr), transformers' and Lightning's own handlers): every run logged to it.

@@ -246,6 +246,15 @@ _OUTCOMES = {ErrorKind.OUT_OF_MEMORY: OUT_OF_MEMORY, ErrorKind.DEVICE_BROKEN: DE
              ErrorKind.OTHER: ERROR}
 
 
+def stops_the_search(error: Optional[BaseException]) -> bool:
+    """Whether the error a run raised stops the search as the user's error, which they are
+    shown: raised again when the search ends, or named in its stop where it broke the device.
+    Any error but two: Ctrl-C stops the search as asked, and after an out-of-memory error it
+    tries a smaller size. ``sys.exit()`` in the cell (SystemExit) is the user's error too."""
+    return error is not None and not isinstance(error, KeyboardInterrupt) \
+        and classify(error) is not ErrorKind.OUT_OF_MEMORY
+
+
 def _enough(runs: int, steps: int, timings, min_timed: float) -> bool:
     return runs >= steps and (sum(timings) >= min_timed or runs >= MOST_RUNS)
 
@@ -307,7 +316,7 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     trial = Trial(size, INTERRUPTED if interrupted else _OUTCOMES[kind], runs=runs,
                   capacity=gauge.capacity() if gauge and kind is ErrorKind.OUT_OF_MEMORY else None,
                   capacity_kills=bool(gauge and gauge.capacity_kills), error=describe(error))
-    if interrupted or kind is ErrorKind.OUT_OF_MEMORY:
+    if not stops_the_search(error):
         _forget_frames(error)
         error = None
     return trial, error
