@@ -543,17 +543,20 @@ def _roundup_divisions(settings: Mapping[str, str]) -> List[int]:
 
 def _rounding(torch) -> Tuple[List[int], int]:
     """The divisions per interval (see _roundup_divisions) and the most an unsplit oversize
-    block may exceed its request (``max_non_split_rounding_mb``, 20 MiB by default).
+    block may exceed its request (``max_non_split_rounding_mb``, 20 MiB by default; from
+    2.11 by default ``large_segment_size_mb``'s, which the allocator schema knows).
 
     Each settings string resets roundup_power2_divisions, so torch's last one tells it all;
     max_non_split_rounding_mb keeps its value from an earlier string, so the larger of what
     torch's last string and the environment say is taken: the rest stays a lower bound."""
+    from .allocator.schema import BY_NAME
+
     reported, environment = _allocator_settings(torch)
     divisions = _roundup_divisions(reported if reported is not None else environment)
-    rounding = LARGE_BUFFER
+    rounding, key = LARGE_BUFFER, BY_NAME["max_non_split_rounding_mb"]
     for settings in (reported or {}, environment):
         try:
-            rounding = max(rounding, int(settings.get("max_non_split_rounding_mb", 0)) * 1024 ** 2)
+            rounding = max(rounding, int(settings.get(key.name, key.default_in(settings))) * 1024 ** 2)
         except ValueError:
             pass
     return divisions, rounding
@@ -580,7 +583,7 @@ def _unreached(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int]
     large pool (over 1 MiB) is not split for a remainder of 1 MiB or less, which it then
     counts as allocated too; under ``max_split_size_mb`` a block of that size or more is never
     split, and a cached one is reused for a request up to 20 MiB smaller (or
-    ``max_non_split_rounding_mb``) (CUDACachingAllocator.cpp: round_size, should_split,
+    ``max_non_split_rounding_mb``, by default ``large_segment_size_mb``) (CUDACachingAllocator.cpp: round_size, should_split,
     get_free_block). The storages reached
     are counted at the most their blocks can hold, so that what is left is memory no rounding
     explains: a lower bound. Less than 1 MiB is not worth a line."""

@@ -542,11 +542,8 @@ def _dropped_defaults(current: Settings, new: Settings, version: Version, rocm: 
         key = BY_NAME.get(name)
         if name in after or name in _RESET_BY_EVERY_STRING or key is None or not key.available(version):
             continue
-        default = key.default
-        if name == "max_non_split_rounding_mb":  # its default follows large_segment_size_mb (2.11)
-            default = after.get("large_segment_size_mb", default)
-        try:
-            dropped.append((name, canonical_value(key, default, version, rocm)))
+        try:  # max_non_split_rounding_mb's default follows large_segment_size_mb (2.11)
+            dropped.append((name, canonical_value(key, key.default_in(after), version, rocm)))
         except ValueError:  # AllocConfError, or a list parser given "[] (none)"
             dropped.append((name, None))
     return tuple(dropped)

@@ -88,6 +88,8 @@ class Key:
     # (since version, key): from then on the lowest value is that key's, inclusive (its default
     # where the setting lacks it); torch reads that key first, wherever it stands in the string
     minimum_follows: Optional[Tuple[Version, str]] = None
+    # a key whose value is this one's default where the setting lacks this one (see default_in)
+    default_follows: Optional[str] = None
     maximum: Optional[float] = None
     high_open: bool = False
     choices: Tuple[str, ...] = ()
@@ -113,6 +115,13 @@ class Key:
             if value.isdigit():  # an unreadable one is refused on its own
                 bound = (int(value), False)
         return bound
+
+    def default_in(self, given: Mapping[str, str]) -> str:
+        """This key's default in a setting of the keys ``given``: where it follows another
+        key, that key's value when the setting has it."""
+        if self.default_follows is not None:
+            return given.get(self.default_follows, self.default)
+        return self.default
 
     def followed(self, version: Version) -> Optional[str]:
         """The key whose value is this one's lowest at ``version``, if any."""
@@ -166,7 +175,8 @@ KEYS: Tuple[Key, ...] = (
         maximum=128),
     Key("max_non_split_rounding_mb", INTEGER, "a request may take a cached block up to this "
         "much larger without splitting it", "20", _v("2.6"), minimum=_SPLIT_MINIMUM,
-        minimum_follows=_SPLIT_FOLLOWS, maximum=INT_LIMIT, general=True, native_only=True, backends=_ACCELERATORS),
+        # parseArgs sets it to large_segment_size_ before reading it (2.11+, the key's own start)
+        minimum_follows=_SPLIT_FOLLOWS, default_follows="large_segment_size_mb", maximum=INT_LIMIT, general=True, native_only=True, backends=_ACCELERATORS),
     Key("pinned_use_background_threads", BOOLEAN, "process pinned-memory events on a "
         "background thread", "False", _v("2.6"), general=True, runtime=False,
         runtime_reason="the background thread starts with the first pinned allocation",
