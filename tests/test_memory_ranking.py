@@ -378,29 +378,41 @@ def test_the_rest_on_the_cpu_and_a_gpu_bounds_only_the_gpus_figure():
     assert "(the rest cpu 12 MiB, at least cuda:0 3.00 GiB)" in holders_line(found)  # --quiet's
 
 
-def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_max_non_split_rounding_mb_allows(monkeypatch):
-    """Under max_split_size_mb:128,max_non_split_rounding_mb:256 a cached oversize block is
-    reused for a request up to 256 MiB smaller: 20 activations of 130 MiB, each given a cached
-    380 MiB block, showed "at least 4.49 GiB that no variable reaches", none of it held."""
+def _oversize_blocks(monkeypatch, setting: str, block_mib: int, allowance_mib: int):
+    """20 activations of 130 MiB under ``setting`` (torch's report; no variable set), each
+    given a cached oversize block of ``block_mib``: none of it is "the rest", and 600 MiB more
+    is said, as a lower bound within ``allowance_mib`` a block. The (setting, check) to go on."""
     import torch
 
     from colab_gpu.memory import Reading, _unreached
 
     mib = 1024 ** 2
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"max_split_size": 128 * mib})
-    setting = ["max_split_size_mb:128,max_non_split_rounding_mb:256"]
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: setting[0], raising=False)
+    reported = [setting]
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: reported[0], raising=False)
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         monkeypatch.delenv(name, raising=False)
     activations = {("cuda:0", address): 130 * mib for address in range(1, 21)}
-    assert _unreached([Reading("cuda:0", 20 * 380 * mib)], activations, torch) == ()
+
+    def unreached(block_mib: int, held: int = 0):
+        return _unreached([Reading("cuda:0", 20 * block_mib * mib + held)], activations, torch)
+
+    assert unreached(block_mib) == ()
     held = 600 * mib  # more than any rounding explains: still said
-    rest = _unreached([Reading("cuda:0", 20 * 380 * mib + held)], activations, torch)
-    assert rest and held - 20 * 256 * mib <= rest[0][1] <= held  # a lower bound, within 256 MiB a block
+    rest = unreached(block_mib, held)
+    assert rest and held - 20 * allowance_mib * mib <= rest[0][1] <= held
+    return reported, unreached
+
+
+def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_max_non_split_rounding_mb_allows(monkeypatch):
+    """Under max_split_size_mb:128,max_non_split_rounding_mb:256 a cached oversize block is
+    reused for a request up to 256 MiB smaller: 20 activations of 130 MiB, each given a cached
+    380 MiB block, showed "at least 4.49 GiB that no variable reaches", none of it held."""
+    reported, unreached = _oversize_blocks(monkeypatch, "max_split_size_mb:128,max_non_split_rounding_mb:256", 380, 256)
     # a later string without the key leaves torch's value as it was; the environment has it
-    setting[0] = "max_split_size_mb:128"
+    reported[0] = "max_split_size_mb:128"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128,max_non_split_rounding_mb:256")
-    assert _unreached([Reading("cuda:0", 20 * 380 * mib)], activations, torch) == ()
+    assert unreached(380) == ()
 
 
 def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_large_segment_size_mb_allows(monkeypatch):
@@ -408,26 +420,12 @@ def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_large_segment_size_mb_allo
     large_segment_size_mb:64,max_split_size_mb:128 a cached oversize block is reused for a
     request up to 64 MiB smaller. 20 activations of 130 MiB, each given a cached 194 MiB block,
     showed "at least 880 MiB that no variable reaches", none of it held."""
-    import torch
-
-    from colab_gpu.memory import Reading, _unreached
-
-    mib = 1024 ** 2
-    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"max_split_size": 128 * mib})
-    setting = ["large_segment_size_mb:64,max_split_size_mb:128"]
-    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: setting[0], raising=False)
-    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        monkeypatch.delenv(name, raising=False)
-    activations = {("cuda:0", address): 130 * mib for address in range(1, 21)}
-    assert _unreached([Reading("cuda:0", 20 * 194 * mib)], activations, torch) == ()
-    held = 600 * mib  # more than any rounding explains: still said
-    rest = _unreached([Reading("cuda:0", 20 * 194 * mib + held)], activations, torch)
-    assert rest and held - 20 * 64 * mib <= rest[0][1] <= held  # a lower bound, within 64 MiB a block
+    reported, unreached = _oversize_blocks(monkeypatch, "large_segment_size_mb:64,max_split_size_mb:128", 194, 64)
     # large_segment_size_mb stays from an earlier string (parseArgs never resets it): the environment has it
-    setting[0] = "max_split_size_mb:128"
+    reported[0] = "max_split_size_mb:128"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "large_segment_size_mb:64,max_split_size_mb:128")
-    assert _unreached([Reading("cuda:0", 20 * 194 * mib)], activations, torch) == ()
+    assert unreached(194) == ()
     # max_non_split_rounding_mb set: it, not large_segment_size_mb, is the allowance
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
-    setting[0] = "large_segment_size_mb:64,max_split_size_mb:128,max_non_split_rounding_mb:100"
-    assert _unreached([Reading("cuda:0", 20 * 230 * mib)], activations, torch) == ()
+    reported[0] = "large_segment_size_mb:64,max_split_size_mb:128,max_non_split_rounding_mb:100"
+    assert unreached(230) == ()
