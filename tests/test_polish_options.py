@@ -137,7 +137,7 @@ def test_nan_given_twice_is_one_value_checked_as_usual(magic):
     are the same, instead of the interval's own rule, as for one nan."""
     assert magic("gpu_status", "--live --interval nan --interval nan") == magic("gpu_status", "--live --interval nan")
     assert magic("gpu_status", "--live --interval nan").startswith("--interval must be a positive number of seconds")
-    assert "given twice (nan and 2.0)" in magic("gpu_status", "--live --interval nan --interval 2")
+    assert "given twice (nan and 2)" in magic("gpu_status", "--live --interval nan --interval 2")  # as typed
 
 
 def test_restore_given_twice_restores_both(shell):
