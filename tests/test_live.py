@@ -1116,6 +1116,27 @@ def test_a_script_that_started_the_monitor_is_told_the_python_call_that_stops_it
     assert in_a_thread(lambda: repr(shown[0])).endswith("; %gpu_status --stop leaves its summary and chart")
     run_live(live_config, "--stop")
 
+def test_the_stop_hint_names_the_way_the_one_shown_the_monitor_stops_it(live_config, monkeypatch, capsys):
+    """A monitor a script started with colab_gpu.live.start(), then shown by %gpu_status
+    --live, told the notebook user "colab_gpu.live.stop()" (the hint was fixed when the
+    monitor started); one the magic started, shown by a script, told it "%gpu_status --stop"."""
+    from colab_gpu.live.widget import live_widget
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objects, **kwargs: shown.extend(objects))
+    live.start(demo=True, interval=0.02)
+    run_live(live_config, "--live --cells", live_display="terminal")
+    assert unfolded(capsys.readouterr().out).endswith("%gpu_status --stop ends it\n")
+    run_live(live_config, "--live", live_display="widgets")
+    assert repr(shown[-1]).endswith("; %gpu_status --stop leaves its summary and chart")
+    run_live(live_config, "--live", live_display="page")
+    assert " ".join(repr(shown[-1]).split()).endswith("; %gpu_status --stop leaves its summary and chart")
+    live.stop()
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    assert repr(live_widget(live.running())).endswith("; colab_gpu.live.stop() leaves its summary and chart")
+    run_live(live_config, "--stop")
+
+
 def live_port(url: str) -> int:
     return int(url.rstrip("/").rsplit(":", 1)[1])
 

@@ -7,7 +7,7 @@ from typing import Callable
 from ..options import command
 from ..render import fold, fold_items
 from . import live_url, on_stop, page_server, running, stop
-from .panel import display_text
+from .panel import display_text, stop_command
 
 
 class LiveSession:
@@ -45,7 +45,7 @@ class LiveSession:
             # later cell would ever run to get its --cells line. Sample in the background.
             print(fold_items(f"colab_gpu: the live monitor samples in the background ({sampler.label}, "
                              f"every {sampler.interval:g} s): a line after each cell; "
-                             f"{sampler.stop_command} ends it", 2))
+                             f"{stop_command()} ends it", 2))
         elif kind == "terminal":
             from .terminal import watch
 
@@ -106,9 +106,11 @@ def _page_frame(sampler, url: str):
     "<IPython.lib.display.IFrame at 0x...>"."""
     from IPython.display import IFrame
 
+    stop = stop_command()  # here, in the magic: the IFrame's text may be drawn elsewhere
+
     class LivePage(IFrame):
         def __repr__(self) -> str:
-            return fold(display_text(sampler, url), 2)
+            return fold(display_text(sampler, stop, url), 2)
 
     return LivePage(url, width="100%", height=440)
 

@@ -11,6 +11,7 @@ from html import escape
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..devices.replay import LABEL_PREFIX, ReplaySource, replay_label
+from ..options import command
 from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
 from ..render.html import STYLE, fraction_bar, unbroken_units
 from .sampler import Sample
@@ -39,12 +40,21 @@ def source_title(sampler) -> str:
     return f"live from {sampler.label}"
 
 
-def display_text(sampler, url: Optional[str] = None) -> str:
+def stop_command() -> str:
+    """How the one told now stops the monitor: "%gpu_status --stop" in a magic, else
+    "colab_gpu.live.stop()". Asked when a display is made, not when the monitor started: a
+    script's monitor shown by %gpu_status --live told the notebook user the script's call."""
+    return command("%gpu_status --stop", "colab_gpu.live.stop()")
+
+
+def display_text(sampler, stop: str, url: Optional[str] = None) -> str:
     """The live display's text/plain: all that a front end which cannot draw it shows (a
     notebook saved without its widget state on GitHub, a terminal IPython), never the object's
-    own repr. ``url``: the live page's address, for a display that is that page."""
+    own repr. ``stop``: :func:`stop_command` where the display was made (its text may be drawn
+    in another thread, where as_magic() says nothing); ``url``: the live page's address, for a
+    display that is that page."""
     where = f" at {url}, for a browser on this machine" if url else ""
-    return f"Live GPU monitor ({sampler.label}){where}; {sampler.stop_command} leaves its summary and chart"
+    return f"Live GPU monitor ({sampler.label}){where}; {stop} leaves its summary and chart"
 
 
 def torch_labels(sampler) -> Dict[int, str]:

@@ -18,7 +18,6 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
-from ..options import command
 from ..render import count
 
 THREAD_NAME = "colab_gpu-sampler"
@@ -151,9 +150,6 @@ class Sampler:
         self.error: Optional[str] = None  # why the sampler stopped by itself
         self.stop_reason: Optional[str] = None  # what stopped it on request ("%gpu_status --stop")
         self.listener_error: Optional[str] = None  # why a display was dropped
-        # How its starter stops it, for the hints of displays drawn later in the sampler's or
-        # the page's thread, where as_magic() no longer says whether a magic started it.
-        self.stop_command = command("%gpu_status --stop", "colab_gpu.live.stop()")
         self.gpu_names: Dict[int, str] = {}
         # The first sample's GPUs as the card sees them (cuda:N, hidden from torch): what the
         # displays label them by, read with the CUDA_VISIBLE_DEVICES of the start.

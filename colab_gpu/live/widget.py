@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from .panel import display_text, render_panel
+from .panel import display_text, render_panel, stop_command
 from .sampler import Sampler
 
 # Seconds between two redraws at least. Drawing the panel runs in the sampler thread; at
@@ -25,6 +25,7 @@ def live_widget(sampler: Sampler):
     sampler thread after every sample, however many of them were still on screen."""
     global _shown
     if _shown is not None and _shown[0] is sampler:
+        _shown[1].stop_command = stop_command()  # shown again, maybe by the other of magic and script
         return _shown[1]
     import ipywidgets
 
@@ -33,9 +34,10 @@ def live_widget(sampler: Sampler):
             # The display's text/plain, all that a notebook saved without its widget state
             # (GitHub, nbviewer, a reopened notebook) shows: ipywidgets' own repr was the
             # panel's CSS, "HTML(value='\n<style>\n.cgpu-card{--cgpu-muted:...".
-            return display_text(sampler)
+            return display_text(sampler, self.stop_command)
 
     widget = LivePanel(value=render_panel(sampler))
+    widget.stop_command = stop_command()
     drawn_at = [time.monotonic()]
 
     def update(current: Sampler) -> None:
