@@ -453,8 +453,7 @@ class GPUMagics(Magics):
             raise UsageError(f"cannot start the live monitor: {error}{hint}") from None
         session = self._live_session()
         if not started:
-            print(f"colab_gpu: the live monitor is already running ({sampler.label}, every "
-                  f"{sampler.interval:g} s); %gpu_status --stop ends it")
+            print("colab_gpu: " + live.running_words(sampler, "is already running"))
         hooked = args.cells and session.watch_cells()
         try:
             session.show(sampler, self.live_display, self.live_lines, started)

@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable, List, Optional, Tuple
 
 from ..options import command, option
-from .panel import numbering_note, recording_note, torch_labels
+from .panel import numbering_note, recording_note, running_words, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
 from .sampler import Sampler, SourceError, check_history, check_interval
 
@@ -97,10 +97,8 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
             elif history is not None and history != current.history:  # its charts keep the old number
                 asked = option("history", asked_history)
             if asked is not None:
-                raise AlreadyRunning(
-                    f"the live monitor is already running ({current.label}, every {current.interval:g} s), one "
-                    f"per kernel: {command('%gpu_status --stop', 'colab_gpu.live.stop()')} ends it before "
-                    f"{asked} can start")
+                raise AlreadyRunning(running_words(current, "is already running", ", one per kernel: ",
+                                                  f" before {asked} can start"))
             return current, False
         interval = 1.0 if interval is None else interval
         history = 3600 if history is None else history

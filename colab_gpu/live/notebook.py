@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..options import command
 from ..render import fold, fold_items
 from . import live_url, on_stop, page_server, running, stop
-from .panel import display_text, stop_command
+from .panel import display_text, running_words, stop_command
 
 
 class LiveSession:
@@ -43,9 +42,8 @@ class LiveSession:
         elif kind == "terminal" and self._hooks is not None:
             # A line per sample holds the prompt until Ctrl-C, which stops the monitor: no
             # later cell would ever run to get its --cells line. Sample in the background.
-            print(fold_items(f"colab_gpu: the live monitor samples in the background ({sampler.label}, "
-                             f"every {sampler.interval:g} s): a line after each cell; "
-                             f"{stop_command()} ends it", 2))
+            print(fold_items("colab_gpu: " + running_words(sampler, "samples in the background",
+                                                           ": a line after each cell; "), 2))
         elif kind == "terminal":
             from .terminal import watch
 
@@ -55,9 +53,7 @@ class LiveSession:
             except KeyboardInterrupt:
                 reason = "Ctrl-C"
             if not started and sampler.running:
-                print(fold_items(f"colab_gpu: the live monitor goes on sampling in the background "
-                                 f"({sampler.label}, every {sampler.interval:g} s); "
-                                 f"{command('%gpu_status --stop', 'colab_gpu.live.stop()')} ends it", 2))
+                print(fold_items("colab_gpu: " + running_words(sampler, "goes on sampling in the background"), 2))
                 return
             record = stop(reason)
             if record is not None:

@@ -47,6 +47,13 @@ def stop_command() -> str:
     return command("%gpu_status --stop", "colab_gpu.live.stop()")
 
 
+def running_words(sampler, state: str, between: str = "; ", then: str = "") -> str:
+    """"the live monitor <state> (<label>, every <interval> s)<between><stop_command()> ends
+    it<then>": how each message about a running monitor names it and its end."""
+    return (f"the live monitor {state} ({sampler.label}, every {sampler.interval:g} s){between}"
+            f"{stop_command()} ends it{then}")
+
+
 def display_text(sampler, stop: str, url: Optional[str] = None) -> str:
     """The live display's text/plain: all that a front end which cannot draw it shows (a
     notebook saved without its widget state on GitHub, a terminal IPython), never the object's
