@@ -55,3 +55,22 @@ def test_widget_updates_reach_the_front_end_and_stop_leaves_a_chart(monkeypatch)
     assert [o.output_type for o in reload_output] == ["display_data"]
     assert reload_output[0].data["text/plain"].startswith("Live monitor stopped: ")
     assert "data:image/png;base64," in reload_output[0].data["text/html"]
+
+
+def test_the_saved_widget_text_of_a_long_recording_name_keeps_the_stop_hint(monkeypatch, tmp_path):
+    """ipywidgets (7 and 8) cut a widget's text/plain at 110 characters: a notebook saved
+    without its widget state showed "...; %gpu_status --stop leaves its summary and…" or, for
+    a longer file name, lost the hint how to stop the monitor."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    recording = tmp_path / "resnet50-finetune-a100-lr3e-4-warmup-run3.csv"
+    recording.write_bytes((ROOT / "tests" / "data" / "nvidia-smi-csv" / "v100s-pcie-32gb_miris.csv").read_bytes())
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("%load_ext colab_gpu"),
+        nbformat.v4.new_code_cell(f"%gpu_status --live --from {recording} --interval 0.05"),
+        nbformat.v4.new_code_cell("%gpu_status --stop"),
+    ])
+    nbclient.NotebookClient(notebook, timeout=60, kernel_name="python3").execute()
+    (shown,) = notebook.cells[1].outputs
+    assert shown.data["text/plain"] == (f"Live GPU monitor (replay of {recording.name}); %gpu_status --stop "
+                                        f"leaves its summary and chart")
+    assert shown.data[WIDGET_VIEW]["model_id"]  # still the widget where it can be drawn

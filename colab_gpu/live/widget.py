@@ -30,6 +30,14 @@ def live_widget(sampler: Sampler):
     import ipywidgets
 
     class LivePanel(ipywidgets.HTML):
+        _ipython_display_ = None  # ipywidgets 7's; IPython then asks _repr_mimebundle_, as for 8
+
+        def _repr_mimebundle_(self, **kwargs):
+            """The widget's view and its whole text: ipywidgets 7 and 8 cut the text at 110
+            characters, and a recording's longer name pushed the stop hint out of it."""
+            view = {"version_major": 2, "version_minor": 0, "model_id": self.model_id}  # both versions'
+            return {"text/plain": repr(self), "application/vnd.jupyter.widget-view+json": view}
+
         def __repr__(self) -> str:
             # The display's text/plain, all that a notebook saved without its widget state
             # (GitHub, nbviewer, a reopened notebook) shows: ipywidgets' own repr was the
