@@ -1,6 +1,7 @@
 """The plain Python API as a script author uses it: ``import colab_gpu`` and calls, no magics."""
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -85,6 +86,38 @@ def test_find_batch_refuses_what_is_not_a_function_before_any_trial(fn):
     with pytest.raises(TypeError, match=r"^find_batch\(\) takes a function that runs one step at a "
                                         r"batch size, fn\(batch_size\), not "):
         colab_gpu.find_batch(fn, progress=False)
+
+
+async def _async_step(batch_size):
+    raise AssertionError("never awaited")
+
+
+def _generator_step(batch_size):
+    yield batch_size
+
+
+class _AsyncStep:
+    async def __call__(self, batch_size):
+        raise AssertionError("never awaited")
+
+
+@pytest.mark.parametrize("fn, what", [
+    (_async_step, "_async_step is an async function: _async_step(batch_size) only creates a coroutine"),
+    (functools.partial(_async_step), "fn is an async function: fn(batch_size) only creates a coroutine"),
+    (_AsyncStep(), "fn is an async function"),
+    (_generator_step, "_generator_step is a generator function: _generator_step(batch_size) only "
+                      "creates a generator"),
+])
+def test_find_batch_refuses_a_step_whose_call_runs_nothing(fn, what, recwarn):
+    """An ``async def`` step (or one with ``yield``) only made a coroutine at each call: every
+    trial "fitted" in microseconds and find_batch answered batch_size = 65536, with nothing run."""
+    with pytest.raises(TypeError) as raised:
+        colab_gpu.find_batch(fn, progress=False)
+    assert str(raised.value).startswith("find_batch() takes a function that runs one step at a batch "
+                                        "size; " + what)
+    assert str(raised.value).endswith("runs none of the step, so every size would fit; define it "
+                                      "with a plain def")
+    assert not [warning for warning in recwarn if "never awaited" in str(warning.message)]
 
 
 def test_find_batch_takes_numpy_and_torch_integers_as_sizes():

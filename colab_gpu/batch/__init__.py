@@ -8,10 +8,11 @@ import time.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 import sys
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from ..options import option
 from ..render import count
@@ -154,6 +155,17 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
     return result
 
 
+def _lazy_kind(fn: Callable) -> Optional[Tuple[str, str]]:
+    """What ``fn`` is and what calling it makes, when that runs none of its body (a coroutine
+    or generator function, as a partial or an object's ``__call__`` too), else None."""
+    for function in (fn, getattr(fn, "__call__", None)):
+        if inspect.iscoroutinefunction(function):
+            return "an async function", "a coroutine"
+        if inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(function):
+            return "a generator function", "a generator"
+    return None
+
+
 def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: str = "max",
                start: Optional[int] = None, max: Optional[int] = None, steps: int = 3,
                headroom: Union[str, int, None] = None, multiple_of: int = 1,
@@ -183,6 +195,12 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     if not callable(fn):  # find_batch(train_step(64)): fail here, not as the first trial's error
         raise TypeError(f"find_batch() takes a function that runs one step at a batch size, "
                         f"fn(batch_size), not {fn!r:.80}")
+    lazy = _lazy_kind(fn)
+    if lazy:  # calling it runs nothing: every size would "fit", up to max
+        name = getattr(fn, "__name__", "fn")
+        raise TypeError(f"find_batch() takes a function that runs one step at a batch size; {name:.80} "
+                        f"is {lazy[0]}: {name:.80}(batch_size) only creates {lazy[1]} and runs none of "
+                        f"the step, so every size would fit; define it with a plain def")
     # Keyed as the caller passed them, which messages name: restore, restore[0], restore['model'].
     if restore is None:
         objects = {}  # nothing to restore, as the default says
