@@ -443,14 +443,22 @@ def test_headroom_larger_than_the_device_says_so_after_one_trial():
     assert result.usable == 0 and "capacity: 4.00 GiB, usable with headroom 0 B" in str(result)
 
 
-def test_a_headroom_that_could_not_be_applied_says_so():
+def test_a_headroom_that_could_not_be_applied_says_so(monkeypatch):
     """Where memory cannot be measured (macOS, measure_memory=False) the headroom was dropped
     without a word: the report read as if 10 % had been kept free."""
     result = find_batch(lambda size: None, max=8, headroom="10%", measure_memory=False, progress=False)
     assert result.answer == 8
-    assert ("headroom='10%' was not applied: memory could not be measured here, so only "
+    # measure_memory=False is why, not the machine: "could not be measured here" sent users
+    # looking for what their device lacked
+    assert ("headroom='10%' was not applied: measure_memory=False measures no memory, so only "
             "out-of-memory errors decided what fits") in result.notes
     assert not find_batch(lambda size: None, max=8, measure_memory=False, progress=False).notes
+    from colab_gpu.batch.trial import CpuGauge
+
+    monkeypatch.setattr(CpuGauge, "available", staticmethod(lambda: False))  # macOS
+    result = find_batch(lambda size: None, max=8, headroom="10%", progress=False)
+    assert ("headroom='10%' was not applied: memory could not be measured here, so only "
+            "out-of-memory errors decided what fits") in result.notes
 
 
 def test_the_progress_says_running_and_counts_in_english():

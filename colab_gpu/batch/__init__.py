@@ -141,9 +141,10 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
                                 f"(allocation, optimizer state, autotuning), which weighs most on "
                                 f"small sizes; {option('steps', 3)} or more times warm runs only")
         if not search.headroom.is_zero and search.capacity is None and search.trials:
+            why = "memory could not be measured here" if measure_memory \
+                else f"{option('measure_memory', False)} measures no memory"
             search.notes.append(f"{option('headroom', search.headroom.spec, plain=True)} was not "
-                                f"applied: memory could not be measured here, so only out-of-memory "
-                                f"errors decided what fits")
+                                f"applied: {why}, so only out-of-memory errors decided what fits")
         result = search.result()
         # Ctrl-C still held: the search has ended, and the final report (the chart, matplotlib's
         # first import: a second) is how it stops; raised there, it left the table "still
@@ -182,13 +183,15 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     trial (saved on the CPU): one object, a list or a dict (None: nothing). ``headroom``:
     memory to keep free, bytes (``"512MiB"``) or a share (``"10%"``); by default none, except
     10% on the CPU without an address-space limit, where going past memory gets the process
-    killed (with ``measure_memory=False`` nothing is measured, so nothing is kept free).
+    killed (with ``measure_memory=False`` nothing is measured, so nothing is kept free, a
+    ``headroom`` given included).
     ``multiple_of``: only its multiples are tried (``start`` and ``max`` rounded down to one,
     in a note). ``device``: ``"auto"`` (CUDA once your code has started it, else the CPU),
     ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or N, or a ``torch.device``).
     ``measure_memory=False`` measures no peak memory: the search doubles, then bisects on real
-    failures. ``variable`` only names the size in the report; ``progress=False`` shows no line
-    per trial. The random generators are restored too. Ctrl-C stops the search and returns
+    failures (on a CPU without an address-space limit there are none to bisect on: the first
+    size past memory gets the process killed). ``variable`` only names the size in the
+    report; ``progress=False`` shows no line per trial. The random generators are restored too. Ctrl-C stops the search and returns
     the best size so far. The answer (``result.answer``) is always a size that ran and
     fitted.
     """
