@@ -120,6 +120,20 @@ def test_find_batch_refuses_a_step_whose_call_runs_nothing(fn, what, recwarn):
     assert not [warning for warning in recwarn if "never awaited" in str(warning.message)]
 
 
+def test_a_step_may_refuse_a_size_with_its_own_out_of_memory_error():
+    """As is_out_of_memory() says: the message decides, so a budget check of the user's own
+    counts as a size that does not fit, not as an error that stops the search."""
+    def step(batch_size):
+        if batch_size > 16:
+            raise ValueError(f"{batch_size} rows ran out of memory budget")
+
+    result = colab_gpu.find_batch(step, progress=False)
+    assert result.answer == 16 and colab_gpu.is_out_of_memory(ValueError("ran out of memory budget"))
+    refused = [trial for trial in result.trials if trial.size > 16]
+    assert refused and {trial.outcome for trial in refused} == {"out of memory"}
+    assert refused[-1].error == f"ValueError: {refused[-1].size} rows ran out of memory budget"
+
+
 def test_find_batch_takes_numpy_and_torch_integers_as_sizes():
     """max=np.int64(8) (a size computed with NumPy) was refused with "give a whole number >= 1"."""
     import numpy as np

@@ -105,6 +105,17 @@ def test_a_python_memory_error_is_out_of_memory_and_a_message_may_be_given():
         is_out_of_memory(3)
 
 
+def test_a_cycle_in_the_chain_is_followed_once():
+    """A chain user code tied into a loop (a handler re-raising the error it caught from)
+    is read once round, not forever."""
+    outer, inner = ValueError("training failed"), RuntimeError("CUDA error: out of memory")
+    outer.__cause__, inner.__context__ = inner, outer
+    assert is_out_of_memory(outer) and is_out_of_memory(inner)
+    first, second = ValueError("a"), KeyError("b")
+    first.__context__, second.__context__ = second, first
+    assert classify(first) is ErrorKind.OTHER
+
+
 @pytest.mark.parametrize("text", ["CUDA error: an illegal memory access was encountered",
                                   "CUDA error: device-side assert triggered"])
 def test_broken_device_is_not_oom_even_when_wrapped_around_one(text):

@@ -95,7 +95,9 @@ def is_out_of_memory(error: Union[BaseException, str]) -> bool:
     "DefaultCPUAllocator: can't allocate memory", and Python's own ``MemoryError`` (NumPy's
     "Unable to allocate ..."). Errors that break the device (illegal memory access,
     device-side assert) are not out-of-memory errors. A message (a string) may be given
-    instead of an error.
+    instead of an error. The message decides, whatever the error's type: your own
+    ``ValueError("ran out of memory budget")`` is one too, so a step may raise one to mark a
+    size as too large, and ``find_batch`` tries a smaller one.
     """
     if isinstance(error, str):
         error = RuntimeError(error)
