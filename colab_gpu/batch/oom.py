@@ -51,6 +51,16 @@ def error_chain(error: BaseException) -> Iterator[BaseException]:
         error = error.__cause__ or error.__context__
 
 
+def message(error: BaseException) -> str:
+    """``str(error)``, or "" where the error's own ``__str__`` raises (Python's traceback shows
+    "<exception str() failed>"): raised in the search, it replaced the user's error and left
+    their objects unrestored."""
+    try:
+        return str(error)
+    except Exception:
+        return ""
+
+
 def _oom_classes() -> tuple:
     torch = sys.modules.get("torch")
     if torch is None:
@@ -76,7 +86,7 @@ def classify(error: Optional[BaseException]) -> Optional[ErrorKind]:
     classes = _oom_classes()
     kind = ErrorKind.OTHER
     for link in error_chain(error):
-        text = str(link).lower()
+        text = message(link).lower()
         if any(fragment in text for fragment in BROKEN_FRAGMENTS):
             return ErrorKind.DEVICE_BROKEN
         if isinstance(link, MemoryError) or (classes and isinstance(link, classes)) \

@@ -20,7 +20,7 @@ from typing import Callable, ContextManager, Optional, Tuple
 
 from ..memory import cuda_devices_in_use, empty_cuda_cache, working_device
 from ..runtime import cuda_torch
-from .oom import ErrorKind, classify, error_chain
+from .oom import ErrorKind, classify, error_chain, message
 from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial
 
 
@@ -194,7 +194,7 @@ def _forget_frames(error: BaseException) -> None:
 def describe(error: BaseException) -> str:
     """``Type: message`` in one line: the first line and, after a heading ending in a colon
     (torch's "Error(s) in loading state_dict for Linear:"), the line that says what went wrong."""
-    lines = [line.strip() for line in str(error).strip().splitlines()]
+    lines = [line.strip() for line in message(error).strip().splitlines()]
     text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
     return f"{type(error).__name__}: {text}" if text else type(error).__name__  # Ctrl-C has no message
 
