@@ -5,6 +5,7 @@ import functools
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 
@@ -156,6 +157,30 @@ def test_an_error_whose_message_raises_is_the_users_and_leaves_their_model_resto
     with pytest.raises(_StepError):
         colab_gpu.find_batch(step, restore=model, progress=False)
     assert torch.equal(model.weight, weights)
+
+
+class _PressesCtrlC:
+    """A --restore object whose second restore gets Ctrl-C: pressed between two trials."""
+
+    def __init__(self):
+        self.restores = 0
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        self.restores += 1
+        if self.restores == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_between_trials_reads_as_interrupted():
+    """Held until the state was restored, Ctrl-C cut no trial short: result.interrupted was
+    False while result.stopped said "interrupted (Ctrl-C); the best size so far is the answer"."""
+    result = colab_gpu.find_batch(lambda batch_size: None, restore=_PressesCtrlC(), progress=False)
+    assert [trial.outcome for trial in result.trials] == ["fits", "fits"] and result.answer == 16
+    assert result.stopped == "interrupted (Ctrl-C); the best size so far is the answer"
+    assert result.interrupted
 
 
 def test_find_batch_takes_numpy_and_torch_integers_as_sizes():

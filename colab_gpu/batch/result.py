@@ -13,6 +13,8 @@ DEVICE_BROKEN = "device broken"
 ERROR = "error"
 INTERRUPTED = "interrupted"
 RUNNING = "still running"  # ``stopped`` while the search goes on (the progress table)
+INTERRUPTED_NOTE = "interrupted (Ctrl-C); the best size so far is the answer"  # ``stopped`` by Ctrl-C
+INTERRUPTED_EARLY = "interrupted (Ctrl-C) before any size fitted"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +105,9 @@ class BatchResult:
 
     @property
     def interrupted(self) -> bool:
-        return any(trial.outcome == INTERRUPTED for trial in self.trials)
+        """Ctrl-C stopped the search: in a trial (its row says "interrupted"), or between two,
+        held until the state was put back, where no trial was cut short and no row says so."""
+        return self.stopped in (INTERRUPTED_NOTE, INTERRUPTED_EARLY)
 
     def rows(self):
         """(size, outcome, peak memory, time per step, samples/s) as text, one per trial."""

@@ -27,8 +27,8 @@ from typing import Callable, List, Optional
 
 from ..options import option
 from ..render import count, size as format_size
-from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, OUT_OF_MEMORY, OVER_HEADROOM, RUNNING,
-                     BatchResult, MemoryFit, Trial)
+from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTERRUPTED_NOTE,
+                     OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, BatchResult, MemoryFit, Trial)
 
 MODES = ("max", "throughput")
 DEFAULT_START = 2  # not 1: batch norm refuses a batch of one in training mode
@@ -47,9 +47,6 @@ THROUGHPUT_PATIENCE = 2  # doublings in a row that do not pay before stopping: o
 SMALLEST_BARE_HEADROOM = 1024 ** 2  # a unit-less headroom below 1 MiB is a unit left out
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
-
-
-INTERRUPTED_NOTE = "interrupted (Ctrl-C); the best size so far is the answer"
 
 
 class SearchError(ValueError):
@@ -298,7 +295,7 @@ class Search:
 
     def _interrupted_note(self) -> str:
         """Ctrl-C's stop: "the best size so far is the answer" only when one has fitted."""
-        return INTERRUPTED_NOTE if self.lo is not None else "interrupted (Ctrl-C) before any size fitted"
+        return INTERRUPTED_NOTE if self.lo is not None else INTERRUPTED_EARLY
 
     def fit(self, reach_back: bool = False) -> Optional[MemoryFit]:
         """Memory against size from the two largest measured successes, or None.
