@@ -191,9 +191,9 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     ``measure_memory=False`` measures no peak memory: the search doubles, then bisects on real
     failures (on a CPU without an address-space limit there are none to bisect on: the first
     size past memory gets the process killed). ``variable`` only names the size in the
-    report; ``progress=False`` shows no line per trial. The random generators are restored too. Ctrl-C stops the search and returns
-    the best size so far. The answer (``result.answer``) is always a size that ran and
-    fitted.
+    report; ``progress=False`` shows no line per trial. The random generators are restored
+    too. Ctrl-C stops the search and returns the best size so far. The answer
+    (``result.answer``) is always a size that ran and fitted.
     """
     if not callable(fn):  # find_batch(train_step(64)): fail here, not as the first trial's error
         raise TypeError(f"find_batch() takes a function that runs one step at a batch size, "
