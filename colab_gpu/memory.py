@@ -27,6 +27,7 @@ import sys
 import types
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
+from .allocator.schema import ROUNDUP_INTERVALS
 from .devices import DeviceSource, Snapshot
 from .gpu_status import MemoryBreakdown, breakdown, torch_memory, torch_view
 from .options import command, option
@@ -490,9 +491,6 @@ def _split_limit(torch, device: str) -> Optional[int]:
     return LOWEST_SPLIT_LIMIT if stats.get("oversize_allocations.current", 0) > 0 else None
 
 
-ROUNDUP_INTERVALS = 16  # roundup_power2_divisions: one value per power of two from 1 MiB to 64 GiB
-
-
 def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]]:
     """What CUDA's allocator runs with: torch's own report of its last settings string where it
     has one (2.10+, else None; asked only once CUDA runs, so asking changes nothing), and the
@@ -515,44 +513,23 @@ def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]
     return reported, environment
 
 
-def _roundup_divisions(settings: Mapping[str, str]) -> List[int]:
-    """Per interval of request sizes (index 0: under 2 MiB, i: 2**i MiB up to 2**(i+1), the
-    last: 32 GiB and over), the ``roundup_power2_divisions`` of ``settings``, filled as torch's
-    parseRoundUpPower2Divisions fills it (AllocatorConfig.cpp). All 0 (no rounding) where
-    unset or unreadable."""
-    table = [0] * ROUNDUP_INTERVALS
-    value = settings.get("roundup_power2_divisions")
-    try:
-        if value is None:
-            return table
-        if not value.startswith("["):
-            return [int(value)] * ROUNDUP_INTERVALS
-        last, first = 0, True
-        for interval, divisions in (entry.split(":", 1) for entry in value[1:-1].split(",")):
-            if interval == ">":  # from the last interval named, that one included
-                table[last:] = [int(divisions)] * (ROUNDUP_INTERVALS - last)
-                continue
-            last = min(int(interval).bit_length() - 1, ROUNDUP_INTERVALS - 1)
-            if first:  # the first value holds for every smaller size too
-                table[:last], first = [int(divisions)] * last, False
-            table[last] = int(divisions)
-    except ValueError:
-        return [0] * ROUNDUP_INTERVALS
-    return table
-
-
 def _rounding(torch) -> Tuple[List[int], int]:
-    """The divisions per interval (see _roundup_divisions) and the most an unsplit oversize
+    """The divisions per interval (see allocator.roundup_table) and the most an unsplit oversize
     block may exceed its request (``max_non_split_rounding_mb``, 20 MiB by default; from
     2.11 by default ``large_segment_size_mb``'s, which the allocator schema knows).
 
     Each settings string resets roundup_power2_divisions, so torch's last one tells it all;
     max_non_split_rounding_mb keeps its value from an earlier string, so the larger of what
     torch's last string and the environment say is taken: the rest stays a lower bound."""
+    from .allocator import AllocConfError, roundup_table
     from .allocator.schema import BY_NAME
 
     reported, environment = _allocator_settings(torch)
-    divisions = _roundup_divisions(reported if reported is not None else environment)
+    try:
+        divisions = roundup_table((reported if reported is not None else environment)
+                                  .get("roundup_power2_divisions"))
+    except AllocConfError:  # unreadable: no rounding
+        divisions = [0] * ROUNDUP_INTERVALS
     rounding, key = LARGE_BUFFER, BY_NAME["max_non_split_rounding_mb"]
     for settings in (reported or {}, environment):
         try:

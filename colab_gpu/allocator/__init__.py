@@ -4,8 +4,9 @@
 takes effect and :mod:`.schema` for every key and where its facts come from.
 """
 from .apply import AllocConfResult, alloc_conf, apply_saved, installed_torch_version
-from .parse import AllocConfError, parse, to_torch, validate, version_of
-from .schema import KEYS, PRESETS, Key
+from .parse import AllocConfError, parse, roundup_table, to_torch, validate, version_of
+from .schema import KEYS, PRESETS, ROUNDUP_INTERVALS, Key
 
-__all__ = ["AllocConfError", "AllocConfResult", "KEYS", "Key", "PRESETS", "alloc_conf",
-           "apply_saved", "installed_torch_version", "parse", "to_torch", "validate", "version_of"]
+__all__ = ["AllocConfError", "AllocConfResult", "KEYS", "Key", "PRESETS", "ROUNDUP_INTERVALS", "alloc_conf",
+           "apply_saved", "installed_torch_version", "parse", "roundup_table", "to_torch", "validate",
+           "version_of"]

@@ -15,8 +15,8 @@ from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..options import command
 from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
-                     OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ROCM_ENV_NAMES, ZERO_DIVISIONS, Key,
-                     Version)
+                     OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ROCM_ENV_NAMES, ROUNDUP_INTERVALS,
+                     ZERO_DIVISIONS, Key, Version)
 
 Settings = Tuple[Tuple[str, str], ...]  # (key, canonical value) in the order given
 
@@ -330,6 +330,29 @@ def _divisions(key: Key, value: str, version: Version) -> str:
                                  f"got {divisions!r}")
         entries.append(f"{int(interval) if interval != '>' else '>'}:{int(divisions)}")
     return "[" + ",".join(entries) + "]"
+
+
+def roundup_table(value: Optional[str], version: Optional[Version] = None) -> List[int]:
+    """Per interval of request sizes (index 0: under 2 MiB, i: 2**i MiB up to 2**(i+1), the
+    last: 32 GiB and over), the divisions a ``roundup_power2_divisions`` value gives, filled as
+    torch's parseRoundUpPower2Divisions fills them: all 0 (no rounding) where ``value`` is None,
+    AllocConfError where ``version`` (newest known if None) refuses it."""
+    if value is None:
+        return [0] * ROUNDUP_INTERVALS
+    value = _divisions(BY_NAME["roundup_power2_divisions"], value, _clamp(version))
+    if not value.startswith("["):
+        return [int(value)] * ROUNDUP_INTERVALS
+    table = [0] * ROUNDUP_INTERVALS
+    last, first = 0, True
+    for interval, divisions in _list_entries(value):
+        if interval == ">":  # from the last interval named, that one included
+            table[last:] = [int(divisions)] * (ROUNDUP_INTERVALS - last)
+            continue
+        last = min(int(interval).bit_length() - 1, ROUNDUP_INTERVALS - 1)
+        if first:  # the first value holds for every smaller size too
+            table[:last], first = [int(divisions)] * last, False
+        table[last] = int(divisions)
+    return table
 
 
 def validate(settings: Settings, version: Optional[Version], rocm: bool = False,

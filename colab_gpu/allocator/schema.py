@@ -62,6 +62,8 @@ GENERIC_ENV_SINCE: Version = (2, 10)
 HIP_ENV_SINCE: Version = (2, 8)
 ROCM_ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 INT_LIMIT = 2 ** 31 - 1  # old parsers read integers with stoi: keep every value within int
+# roundup_power2_divisions: one value per power of two of MiB, 1 MiB to 64 GiB (kRoundUpPowerOfTwoIntervals)
+ROUNDUP_INTERVALS = 16
 
 INTEGER = "integer"
 FRACTION = "fraction"
