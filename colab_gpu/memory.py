@@ -521,13 +521,14 @@ def _rounding(torch) -> Tuple[List[int], int]:
     Each settings string resets roundup_power2_divisions, so torch's last one tells it all;
     max_non_split_rounding_mb keeps its value from an earlier string, so the larger of what
     torch's last string and the environment say is taken: the rest stays a lower bound."""
-    from .allocator import AllocConfError, roundup_table
+    from .allocator import AllocConfError, installed_torch_version, roundup_table, version_of
     from .allocator.schema import BY_NAME
 
     reported, environment = _allocator_settings(torch)
     try:
         divisions = roundup_table((reported if reported is not None else environment)
-                                  .get("roundup_power2_divisions"))
+                                  .get("roundup_power2_divisions"),
+                                  version_of(installed_torch_version({"torch": torch})))
     except AllocConfError:  # unreadable: no rounding
         divisions = [0] * ROUNDUP_INTERVALS
     rounding, key = LARGE_BUFFER, BY_NAME["max_non_split_rounding_mb"]

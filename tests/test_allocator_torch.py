@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from IPython.core.error import UsageError
 
-from colab_gpu.allocator import AllocConfError, alloc_conf, parse, to_torch, validate
+from colab_gpu.allocator import AllocConfError, alloc_conf, parse, roundup_table, to_torch, validate
 from colab_gpu.allocator.parse import version_of
 from colab_gpu.allocator.schema import KEYS
 from colab_gpu.runtime import TorchState
@@ -106,6 +107,43 @@ def test_check_accepts_only_what_torchs_parser_accepts(texts):
     assert {text: verdicts[text] is None for text in KNOWN} == KNOWN == \
         {text: ours(text) is not None for text in KNOWN}
     assert 0 < len(accepted) < len(texts)  # both outcomes are exercised
+
+
+# The table torch's allocator rounds with, read back from C++ after each settings string
+# (no Python binding shows it): the installed libc10 and its headers.
+TABLE_PROBE = r"""
+#include <c10/core/AllocatorConfig.h>
+#include <iostream>
+int main(int argc, char** argv) {
+  using c10::CachingAllocator::AcceleratorAllocatorConfig;
+  for (int i = 1; i < argc; i++) {
+    c10::CachingAllocator::setAllocatorSettings(argv[i]);
+    for (size_t divisions : AcceleratorAllocatorConfig::roundup_power2_divisions())
+      std::cout << divisions << " ";
+    std::cout << "\n";
+  }
+}
+"""
+
+
+def test_roundup_table_is_the_table_the_installed_torch_builds(tmp_path):
+    """%clear_cache's "the rest" counts each GPU storage at the block torch makes of it, by the
+    roundup_power2_divisions table: the one the installed torch builds, '>' included."""
+    package = Path(importlib.util.find_spec("torch").origin).parent
+    compiler = shutil.which("g++")
+    assert compiler, "g++ builds the probe of torch's allocator table: install it"
+    (tmp_path / "probe.cpp").write_text(TABLE_PROBE)
+    subprocess.run([compiler, "-std=c++17", "-I", str(package / "include"), "-o", str(tmp_path / "probe"),
+                    str(tmp_path / "probe.cpp"), "-L", str(package / "lib"), "-lc10",
+                    f"-Wl,-rpath,{package / 'lib'}"], check=True, timeout=300)
+    values = ["4", "[256:1,512:2,>:8]", "[>:4]", "[>:4,256:1]", "[256:1]", "[1:2,65536:8]",
+              "[128:4,256:0,>:2]", "[64:8,128:2,256:4,512:2,1024:4,>:1]"]
+    done = subprocess.run([str(tmp_path / "probe")] + [f"roundup_power2_divisions:{value}" for value in values],
+                          capture_output=True, text=True, check=True, timeout=60)
+    built = [[int(n) for n in line.split()] for line in done.stdout.splitlines()]
+    version = version_of((package / "version.py").read_text().split("__version__ = ")[1][1:])
+    assert [roundup_table(value, version) for value in values] == built
+    assert built[1] == [1] * 9 + [2] + [8] * 6  # not the test's own echo
 
 
 # --- torch imported, CUDA not initialized: the real setter ----------------------------------

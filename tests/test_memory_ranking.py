@@ -365,6 +365,33 @@ def test_the_rest_on_a_gpu_is_not_the_power_of_two_rounding(monkeypatch):
     assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
 
 
+def test_the_rest_on_a_gpu_follows_the_installed_torchs_rule_for_greater_than(monkeypatch):
+    """Under roundup_power2_divisions:[256:1,512:2,>:8] torch 2.10+ rounds a 600 MiB request
+    with 2 divisions to a 768 MiB block ('>' starts after 512's interval): 6 such activations
+    showed "at least 762 MiB that no variable reaches", none of it held. Up to 2.9 '>' took
+    512's interval too, and the block was 640 MiB."""
+    import torch
+
+    from colab_gpu.memory import Reading, _unreached
+
+    mib = 1024 ** 2
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # the faked boundary
+    setting = "roundup_power2_divisions:[256:1,512:2,>:8]"
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: setting, raising=False)
+    activations = {("cuda:0", address): 600 * mib for address in range(1, 7)}
+    assert _unreached([Reading("cuda:0", 6 * 768 * mib)], activations, torch) == ()
+    # torch 2.9 (no report of its settings: the environment) made 640 MiB blocks of them
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
+    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", setting)
+    assert _unreached([Reading("cuda:0", 6 * 640 * mib)], activations, torch) == ()
+    assert _unreached([Reading("cuda:0", 6 * 768 * mib)], activations, torch)
+
+
 def test_the_rest_on_the_cpu_and_a_gpu_bounds_only_the_gpus_figure():
     """The rest on both read "at least cpu 12 MiB, cuda:0 3.00 GiB", while the CPU's
     figure is exact (live CPU tensors, each storage once): only the GPU's is a lower bound."""

@@ -14,9 +14,9 @@ import sys
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..options import command
-from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, INT_LIMIT, NEWEST,
-                     OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ROCM_ENV_NAMES, ROUNDUP_INTERVALS,
-                     ZERO_DIVISIONS, Key, Version)
+from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, GREATER_AFTER_LAST,
+                     INT_LIMIT, NEWEST, OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ROCM_ENV_NAMES,
+                     ROUNDUP_INTERVALS, ZERO_DIVISIONS, Key, Version)
 
 Settings = Tuple[Tuple[str, str], ...]  # (key, canonical value) in the order given
 
@@ -339,14 +339,16 @@ def roundup_table(value: Optional[str], version: Optional[Version] = None) -> Li
     AllocConfError where ``version`` (newest known if None) refuses it."""
     if value is None:
         return [0] * ROUNDUP_INTERVALS
-    value = _divisions(BY_NAME["roundup_power2_divisions"], value, _clamp(version))
+    version = _clamp(version)
+    value = _divisions(BY_NAME["roundup_power2_divisions"], value, version)
     if not value.startswith("["):
         return [int(value)] * ROUNDUP_INTERVALS
     table = [0] * ROUNDUP_INTERVALS
     last, first = 0, True
+    after = 1 if version >= GREATER_AFTER_LAST else 0  # '>' from the last interval named, or after it
     for interval, divisions in _list_entries(value):
-        if interval == ">":  # from the last interval named, that one included
-            table[last:] = [int(divisions)] * (ROUNDUP_INTERVALS - last)
+        if interval == ">":
+            table[last + after:] = [int(divisions)] * (ROUNDUP_INTERVALS - last - after)
             continue
         last = min(int(interval).bit_length() - 1, ROUNDUP_INTERVALS - 1)
         if first:  # the first value holds for every smaller size too

@@ -24,7 +24,11 @@ argument for ..." message, or its name in ``getKeys()``), and, from 2.9, ``libc1
 - 2.10: CUDAAllocatorConfig hands the general keys to AcceleratorAllocatorConfig, whose split
   minimums are ">= 20" (``kLargeBuffer / kMB``), and reads PYTORCH_ALLOC_CONF last;
   pinned_reserve_segment_size_mb ("greater than 0") and per_process_memory_fraction ("set it
-  in [0.0, 1.0]") arrive.
+  in [0.0, 1.0]") arrive. AcceleratorAllocatorConfig's ``>`` entry of roundup_power2_divisions fills
+  the intervals after the last one named (``last_index + 1``), where CUDAAllocatorConfig's
+  filled that one too: ``[256:1,512:2,>:8]`` gives 512 MiB..1 GiB requests 2 divisions from
+  2.10, 8 before (the installed 2.13.0+cpu's ``roundup_power2_divisions()`` called from C++,
+  tests/test_allocator_torch.py).
 - 2.11: large_segment_size_mb ("must be > 10 MB", ``kMinLargeAlloc / kMB``); the split
   minimums become >= large_segment_size_mb (``large_segment_size_ / kMB``, 20 by default), which
   ``parseArgs`` reads before every other key: ``large_segment_size_mb:12,max_split_size_mb:15``
@@ -64,6 +68,7 @@ ROCM_ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_
 INT_LIMIT = 2 ** 31 - 1  # old parsers read integers with stoi: keep every value within int
 # roundup_power2_divisions: one value per power of two of MiB, 1 MiB to 64 GiB (kRoundUpPowerOfTwoIntervals)
 ROUNDUP_INTERVALS = 16
+GREATER_AFTER_LAST: Version = (2, 10)  # a '>' entry leaves the last interval named as it is
 
 INTEGER = "integer"
 FRACTION = "fraction"
