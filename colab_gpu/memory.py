@@ -518,9 +518,11 @@ def _rounding(torch) -> Tuple[List[int], int]:
     block may exceed its request (``max_non_split_rounding_mb``, 20 MiB by default; from
     2.11 by default ``large_segment_size_mb``'s, which the allocator schema knows).
 
-    Each settings string resets roundup_power2_divisions, so torch's last one tells it all;
-    max_non_split_rounding_mb keeps its value from an earlier string, so the larger of what
-    torch's last string and the environment say is taken: the rest stays a lower bound."""
+    Each settings string resets roundup_power2_divisions, so torch's last one tells it all.
+    max_non_split_rounding_mb keeps its value from an earlier string up to 2.10; from 2.11
+    each string puts it back to large_segment_size_mb's value, which does keep its own. So
+    the larger of what torch's last string and the environment say is taken: the rest stays
+    a lower bound."""
     from .allocator import AllocConfError, installed_torch_version, roundup_table, version_of
     from .allocator.schema import BY_NAME
 

@@ -436,7 +436,7 @@ def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_max_non_split_rounding_mb_
     reused for a request up to 256 MiB smaller: 20 activations of 130 MiB, each given a cached
     380 MiB block, showed "at least 4.49 GiB that no variable reaches", none of it held."""
     reported, unreached = _oversize_blocks(monkeypatch, "max_split_size_mb:128,max_non_split_rounding_mb:256", 380, 256)
-    # a later string without the key leaves torch's value as it was; the environment has it
+    # a later string without the key: torch up to 2.10 keeps its value, the environment has it
     reported[0] = "max_split_size_mb:128"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128,max_non_split_rounding_mb:256")
     assert unreached(380) == ()
