@@ -494,8 +494,9 @@ def _split_limit(torch, device: str) -> Optional[int]:
 def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]]:
     """What CUDA's allocator runs with: torch's own report of its last settings string where it
     has one (2.10+, else None; asked only once CUDA runs, so asking changes nothing), and the
-    environment, which %alloc_conf keeps in step. What cannot be read is empty."""
-    from .allocator.apply import current_settings, runtime_setter
+    environment, which %alloc_conf keeps in step: the variable torch reads (a ROCm build's
+    PYTORCH_HIP_ALLOC_CONF too). What cannot be read is empty."""
+    from .allocator.apply import current_settings, installed_env_names, runtime_setter
     from .allocator.parse import parse
 
     reported = None
@@ -507,7 +508,7 @@ def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]
         except Exception:  # a string torch took and the parser here does not read
             reported = {}
     try:
-        environment = dict(current_settings(os.environ)[1])
+        environment = dict(current_settings(os.environ, installed_env_names({"torch": torch}))[1])
     except Exception:
         environment = {}
     return reported, environment

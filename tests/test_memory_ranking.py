@@ -392,6 +392,34 @@ def test_the_rest_on_a_gpu_follows_the_installed_torchs_rule_for_greater_than(mo
     assert _unreached([Reading("cuda:0", 6 * 768 * mib)], activations, torch)
 
 
+def test_the_rest_on_a_rocm_gpu_reads_the_variable_rocm_torch_reads(monkeypatch):
+    """A ROCm build of torch 2.9 reads PYTORCH_HIP_ALLOC_CONF when PYTORCH_CUDA_ALLOC_CONF is
+    unset and has no report of its settings: under roundup_power2_divisions:4 set there, 8
+    activations of 1.1 GiB (1.25 GiB blocks) showed "at least 1.19 GiB that no variable
+    reaches", none of it held. A CUDA build never reads that variable."""
+    import torch
+
+    from colab_gpu.memory import Reading, _unreached
+
+    gib = 1024 ** 3
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # the faked boundary
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
+    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
+    monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch, "__version__", "2.9.1+rocm6.4")
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTORCH_HIP_ALLOC_CONF", "roundup_power2_divisions:4")
+    activations = {("cuda:0", address): int(1.1 * gib) for address in range(1, 9)}
+    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
+    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
+
+
 def test_the_rest_on_the_cpu_and_a_gpu_bounds_only_the_gpus_figure():
     """The rest on both read "at least cpu 12 MiB, cuda:0 3.00 GiB", while the CPU's
     figure is exact (live CPU tensors, each storage once): only the GPU's is a lower bound."""

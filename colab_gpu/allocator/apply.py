@@ -165,6 +165,12 @@ def _env_names(version: Optional[Version], rocm: bool) -> Tuple[str, ...]:
     return ROCM_ENV_NAMES if rocm and (version or NEWEST) >= HIP_ENV_SINCE else ENV_NAMES
 
 
+def installed_env_names(modules=sys.modules) -> Tuple[str, ...]:
+    """The variables the installed torch reads, in its order (see _env_names)."""
+    version_text = installed_torch_version(modules)
+    return _env_names(version_of(version_text), is_rocm_build(version_text, modules))
+
+
 class _Setter:
     """torch's run-time settings call of the installed version, with its getter if any."""
 
