@@ -6,7 +6,8 @@ asking it here would load ``libcuda`` into the user's process (and initialize it
 their back). So a child process with the user's ``CUDA_VISIBLE_DEVICES`` and
 ``CUDA_DEVICE_ORDER`` asks the driver (ctypes, no torch) for each CUDA ordinal's PCI bus id
 and UUID, and prints them; the parent matches them to NVML's GPUs. Any failure (no driver
-library, a CUDA error, a slow ``cuInit``, garbage) leaves the numbering unknown.
+library, a CUDA error, a slow ``cuInit``, garbage) leaves the numbering unknown, until CUDA starts in
+this process or the library path changes (:func:`_conditions`).
 
 Run as a script, this file is that child: it imports nothing but the standard library.
 """
@@ -28,9 +29,10 @@ CUDA_ERROR_NO_DEVICE = 100  # cuInit's answer when CUDA_VISIBLE_DEVICES hides ev
 
 Device = Tuple[Optional[str], Optional[str]]  # one CUDA ordinal's (PCI bus id, UUID)
 
-# (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, the GPUs' ids) -> the driver's devices, None when it
-# could not say: one child per process and setting, however often the card or monitor asks.
-_answers: Dict[tuple, Optional[Tuple[Device, ...]]] = {}
+# (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, the GPUs' ids) -> the driver's devices (None when it
+# could not say) and, for a failure, the conditions it failed under (:func:`_conditions`): one
+# child per process and setting, however often the card or monitor asks, unless those change.
+_answers: Dict[tuple, Tuple[Optional[Tuple[Device, ...]], Optional[tuple]]] = {}
 _asking = threading.Lock()
 
 
@@ -41,10 +43,21 @@ def driver_torch_indices(cuda_visible_devices: Optional[str], cuda_device_order:
     the driver could not be asked or a device it lists is none of ``gpus``."""
     key = (cuda_visible_devices, cuda_device_order, frozenset((gpu.uuid, gpu.bus_id) for gpu in gpus))
     with _asking:
-        if key not in _answers:
-            _answers[key] = ask_driver(cuda_visible_devices, cuda_device_order)
-        devices = _answers[key]
+        devices, failed_under = _answers.get(key, (None, None))
+        if key not in _answers or (devices is None and failed_under != _conditions()):
+            devices = ask_driver(cuda_visible_devices, cuda_device_order)
+            _answers[key] = devices, None if devices is not None else _conditions()
     return None if devices is None else match_devices(devices, gpus)
+
+
+def _conditions() -> tuple:
+    """What a failed answer is asked again after a change of: whether this process's CUDA has
+    started since (it keeps the GPUs initialized, so a cuInit that took over :data:`TIMEOUT`
+    then answers at once) and the library path the child finds ``libcuda.so.1`` on. Anything
+    else fails the same way again, at up to :data:`TIMEOUT` a card."""
+    from .runtime import cuda_torch  # here: the child runs this file alone, outside the package
+
+    return cuda_torch() is not None, os.environ.get("LD_LIBRARY_PATH")
 
 
 def ask_driver(cuda_visible_devices: Optional[str], cuda_device_order: str) -> Optional[Tuple[Device, ...]]:

@@ -215,6 +215,39 @@ def test_a_driver_that_cannot_say_leaves_cuda_unknown_and_is_asked_once(shell, c
     assert len(driver.children()) == (0 if case == "no driver library" else 1)
 
 
+def test_a_driver_that_timed_out_is_asked_again_once_cuda_started(shell, capsys, driver, mixed_box, monkeypatch,
+                                                                 cuda_on_cuda0):
+    """Without persistence mode the first card's cuInit outlasted TIMEOUT; the user's code then
+    started CUDA, which keeps the GPUs initialized so cuInit answers at once: every later card
+    still said cuda:?, the failure remembered for good. It is asked again once, and then kept."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(cuda_order, "TIMEOUT", 0.5)
+    broken(monkeypatch, "a cuInit that hangs")
+    assert card_labels(card(shell, capsys)) == {0: UNKNOWN, 1: UNKNOWN}
+    assert card_labels(card(shell, capsys)) == {0: UNKNOWN, 1: UNKNOWN}
+    assert len(driver.children()) == 1  # nothing changed: not asked again
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # the user's code starts CUDA
+    monkeypatch.delenv("FAKE_CUDA_INIT_SECONDS")  # and the driver is warm
+    for _ in range(2):
+        text = card(shell, capsys)
+        assert card_labels(text) == {0: "cuda:1", 1: "cuda:0"} and ASKED in text
+        assert "torch       allocated 10.00 GiB" in text.split("GPU 1  NVIDIA GeForce RTX 3090")[1]
+    assert len(driver.children()) == 2
+
+
+def test_a_driver_library_put_on_the_library_path_is_found(shell, capsys, driver, mixed_box, monkeypatch,
+                                                          fake_driver_library):
+    """No libcuda.so.1 on the library path at the first card; the user adds its folder to
+    LD_LIBRARY_PATH (which the child gets): the next card asks again and numbers the GPUs."""
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert card_labels(card(shell, capsys)) == {0: UNKNOWN, 1: UNKNOWN}
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_driver_library))
+    assert card_labels(card(shell, capsys)) == {0: "cuda:1", 1: "cuda:0"}
+    assert len(driver.children()) == 1
+
+
 def test_the_driver_is_asked_once_per_setting(shell, capsys, live_config, driver, mixed_box, monkeypatch):
     """The card, its --json, status(), %clear_cache and the live monitor share one answer; a
     new CUDA_VISIBLE_DEVICES is asked about once more, and going back asks nothing."""
