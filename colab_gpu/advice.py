@@ -108,6 +108,22 @@ def visible_devices_hide_all(status):
                 f"unset it or list GPU indices or UUIDs, before torch starts CUDA.")
 
 
+def visible_devices_changed(status):
+    if status.visible_devices_changed is None:
+        return None
+    now, certain = status.visible_devices_changed
+
+    def value(visible):
+        return "unset" if visible is None else repr(visible)
+
+    started = value(status.runtime.cuda_visible_devices)
+    read = (f"CUDA started under {started}" if certain else
+            f"it was {started} when colab_gpu first looked, CUDA already started (the GPUs are "
+            f"labelled by that, though it may have changed before)")
+    return (f"CUDA_VISIBLE_DEVICES is {value(now)} now, but {read}: CUDA reads it once, at its start, "
+            f"so torch's cuda:N stay as they were; restart the kernel to use the new value.")
+
+
 def device_order_differs(status):
     if len(gpu_models(status.gpus)) > 1 and status.runtime.cuda_device_order != "PCI_BUS_ID":
         return ("These GPUs differ and CUDA numbers them fastest first, unlike nvidia-smi: "
@@ -366,6 +382,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("no_gpu_found", "warning", no_gpu_found, about_this_machine=True),
     Rule("tpu_runtime", "info", tpu_runtime, about_this_machine=True),
     Rule("visible_devices_hide_all", "warning", visible_devices_hide_all, about_this_machine=True),
+    Rule("visible_devices_changed", "warning", visible_devices_changed, about_this_machine=True),
     Rule("device_order_differs", "warning", device_order_differs, about_this_machine=True),
     Rule("cpu_torch_on_gpu_machine", "warning", cpu_torch_on_gpu_machine, about_this_machine=True),
     Rule("torch_lacks_kernels", "warning", torch_lacks_kernels, about_this_machine=True),

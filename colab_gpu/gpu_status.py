@@ -70,6 +70,9 @@ class Status:
     cuda_numbering_asked: bool = False
     # (NVML index, MIG index) -> torch index of each MIG instance CUDA_VISIBLE_DEVICES names
     mig_torch_index_of: Dict[Tuple[int, int], int] = dataclasses.field(default_factory=dict)
+    # Where CUDA_VISIBLE_DEVICES was changed after this process's CUDA started: (its value now,
+    # whether runtime's, the one CUDA started under, is certain: :func:`visible_at_cuda_start`)
+    visible_devices_changed: Optional[Tuple[Optional[str], bool]] = None
 
     @property
     def gpus(self) -> Tuple[GPU, ...]:
@@ -238,13 +241,38 @@ def torch_view(snapshot: Snapshot, runtime: Runtime) -> Status:
     """The status of ``snapshot`` without torch's figures or advice: how torch numbers each GPU
     under ``runtime``'s CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, which every display labels
     its GPUs by (the card, and the live monitor from its first sample)."""
-    status = Status(runtime=runtime, snapshot=snapshot, torch_index_of={})
+    started_under, certain = visible_at_cuda_start(runtime)
+    changed = None
+    if started_under != runtime.cuda_visible_devices:
+        changed = runtime.cuda_visible_devices, certain
+        runtime = dataclasses.replace(runtime, cuda_visible_devices=started_under)
+    status = Status(runtime=runtime, snapshot=snapshot, torch_index_of={},
+                    visible_devices_changed=None if snapshot.recorded else changed)
     visible = status.visible_devices
     numbering = cuda_numbering(visible, runtime.cuda_device_order, snapshot.gpus, ask_driver=not snapshot.recorded)
     return dataclasses.replace(status, torch_index_of=numbering.torch_index_of,
                                cuda_numbering_known=numbering.known or snapshot.recorded,
                                cuda_numbering_asked=numbering.asked,
                                mig_torch_index_of=mig_torch_indices(visible, snapshot.gpus))
+
+
+# CUDA_VISIBLE_DEVICES as last seen before this process's CUDA started ("before") and as first
+# seen after ("started"); seen at import (the extension's load) and at each torch_view
+_visible_seen: Dict[str, Optional[str]] = {}
+
+
+def visible_at_cuda_start(runtime: Runtime) -> Tuple[Optional[str], bool]:
+    """The CUDA_VISIBLE_DEVICES torch numbers the GPUs by, and whether that is certain. CUDA
+    reads it once, at its start: a value set later changes nothing until a restart. Once CUDA
+    runs, the value first seen then; certain where the last look before the start saw the
+    same, not where CUDA started before colab_gpu first looked or the value changed around it
+    (set in the cell that started CUDA, most likely before it: the value first seen is kept)."""
+    now = runtime.cuda_visible_devices
+    if not runtime.torch.cuda_initialized:
+        _visible_seen["before"] = now
+        return now, True
+    started = _visible_seen.setdefault("started", now)
+    return started, "before" in _visible_seen and _visible_seen["before"] == started
 
 
 class CudaNumbering(NamedTuple):
@@ -270,3 +298,6 @@ def cuda_numbering(cuda_visible_devices: Optional[str], cuda_device_order: str, 
     if asked is None:
         return CudaNumbering(in_bus_order, known=False, asked=False)
     return CudaNumbering(asked, known=True, asked=True)
+
+
+visible_at_cuda_start(detect_runtime(environ=os.environ))

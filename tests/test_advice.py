@@ -262,6 +262,17 @@ def test_mig_mode():
     assert "mig_mode" not in fired(make_status([A100]))
 
 
+def test_visible_devices_changed():
+    """Set after CUDA started: says which value torch keeps, and that a restart takes the new one."""
+    status = dataclasses.replace(make_status([T4, T4], visible="1"), visible_devices_changed=(None, True))
+    message = fired(status)["visible_devices_changed"]
+    assert message.startswith("CUDA_VISIBLE_DEVICES is unset now, but CUDA started under '1'")
+    assert "restart the kernel" in message
+    assert "visible_devices_changed" not in fired(make_status([T4, T4], visible="1"))
+    assert "visible_devices_changed" not in fired(dataclasses.replace(status, snapshot=dataclasses.replace(
+        status.snapshot, recorded=True)))
+
+
 def test_visible_devices_hide_all__not_said_of_mig_instances():
     """CUDA_VISIBLE_DEVICES=MIG-<uuid> names an instance, which NVML's GPU list does not hold."""
     mig = dataclasses.replace(A100, mig_enabled=True)

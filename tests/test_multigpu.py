@@ -70,6 +70,7 @@ def test_identical_gpus_and_uuids_keep_a_known_numbering(clean_env, cuda_on_cuda
     status = colab_gpu.status(box("tesla-t4.xml", "tesla-t4.xml"))
     assert "GPU 1  Tesla T4  (cuda:1," in str(status) and status.torch_memory_of(0).allocated == 10 * GiB
     clean_env.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001,GPU-00000000")
+    colab_gpu.gpu_status._visible_seen.clear()  # another kernel, whose CUDA started under these UUIDs
     status = colab_gpu.status(box("rtx-3060-v12.xml", "rtx-3090-v12.xml"))
     assert "GPU 1  NVIDIA GeForce RTX 3090  (cuda:0," in str(status)
     assert status.torch_memory_of(1).allocated == 10 * GiB
@@ -213,3 +214,54 @@ def test_cuda_visible_devices_is_read_in_the_first_entrys_form_as_torch_reads_it
     assert checked_device("cuda:0") == "cuda:0"
     with pytest.raises(SearchError, match=r"this machine has 1 CUDA device \(cuda:0 to cuda:0\)"):
         checked_device("cuda:1")
+
+
+def started_cuda_on_one_gpu(monkeypatch, started: bool = True) -> None:
+    """torch started CUDA (or not yet) and holds 3 GiB on its one device, cuda:0."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: started)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: {"allocated_bytes.all.current": 3 * GiB,
+                                                                   "reserved_bytes.all.current": 3 * GiB})
+
+
+def visible_changed_advice(status) -> str:
+    return next(advice.message for advice in status.advice if advice.rule == "visible_devices_changed")
+
+
+def test_cuda_visible_devices_set_after_cuda_started_does_not_relabel_the_gpus(clean_env):
+    """CUDA started under CUDA_VISIBLE_DEVICES=1, then the user set it to 0: torch still runs on
+    GPU 1 (CUDA reads the variable once, at its start), but the card called GPU 0 cuda:0 and
+    GPU 1, the one torch uses, "hidden from torch", and put torch's 3 GiB on GPU 0."""
+    from test_live import card_labels
+
+    source = box("tesla-t4.xml", "tesla-t4.xml")
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "1")
+    started_cuda_on_one_gpu(clean_env, started=False)
+    assert card_labels(str(colab_gpu.status(source))) == {0: "hidden from torch", 1: "cuda:0"}
+    started_cuda_on_one_gpu(clean_env)  # the user's code starts CUDA
+    assert card_labels(str(colab_gpu.status(source))) == {0: "hidden from torch", 1: "cuda:0"}
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "0")
+    status = colab_gpu.status(source)
+    text = str(status)
+    assert card_labels(text) == {0: "hidden from torch", 1: "cuda:0"}
+    assert status.torch_memory_of(1).allocated == 3 * GiB and status.torch_memory_of(0) is None
+    assert "CUDA_VISIBLE_DEVICES='1'" in text  # the value in effect, with the new one in the advice
+    assert "CUDA_VISIBLE_DEVICES is '0' now, but CUDA started under '1'" in visible_changed_advice(status)
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "1")  # set back: nothing to say
+    assert "visible_devices_changed" not in {advice.rule for advice in colab_gpu.status(source).advice}
+
+
+def test_a_change_after_cuda_started_before_colab_gpu_looked_is_said_uncertain(clean_env):
+    """CUDA had started before colab_gpu first looked: the value it started under cannot be
+    known, and the advice says the labels take the value first seen rather than claim it."""
+    source = box("tesla-t4.xml", "tesla-t4.xml")
+    started_cuda_on_one_gpu(clean_env)
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert "visible_devices_changed" not in {advice.rule for advice in colab_gpu.status(source).advice}
+    clean_env.delenv("CUDA_VISIBLE_DEVICES")
+    status = colab_gpu.status(source)
+    assert status.torch_index_of == {1: 0}
+    assert ("CUDA_VISIBLE_DEVICES is unset now, but it was '1' when colab_gpu first looked, CUDA already started"
+            in visible_changed_advice(status))
