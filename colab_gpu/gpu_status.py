@@ -241,7 +241,7 @@ def torch_view(snapshot: Snapshot, runtime: Runtime) -> Status:
     """The status of ``snapshot`` without torch's figures or advice: how torch numbers each GPU
     under ``runtime``'s CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, which every display labels
     its GPUs by (the card, and the live monitor from its first sample)."""
-    started_under, certain = visible_at_cuda_start(runtime)
+    started_under, certain = visible_at_cuda_start(runtime.cuda_visible_devices, runtime.torch.cuda_initialized)
     changed = None
     if started_under != runtime.cuda_visible_devices:
         changed = runtime.cuda_visible_devices, certain
@@ -261,14 +261,13 @@ def torch_view(snapshot: Snapshot, runtime: Runtime) -> Status:
 _visible_seen: Dict[str, Optional[str]] = {}
 
 
-def visible_at_cuda_start(runtime: Runtime) -> Tuple[Optional[str], bool]:
+def visible_at_cuda_start(now: Optional[str], cuda_started: bool) -> Tuple[Optional[str], bool]:
     """The CUDA_VISIBLE_DEVICES torch numbers the GPUs by, and whether that is certain. CUDA
     reads it once, at its start: a value set later changes nothing until a restart. Once CUDA
     runs, the value first seen then; certain where the last look before the start saw the
     same, not where CUDA started before colab_gpu first looked or the value changed around it
     (set in the cell that started CUDA, most likely before it: the value first seen is kept)."""
-    now = runtime.cuda_visible_devices
-    if not runtime.torch.cuda_initialized:
+    if not cuda_started:
         _visible_seen["before"] = now
         return now, True
     started = _visible_seen.setdefault("started", now)
@@ -300,4 +299,4 @@ def cuda_numbering(cuda_visible_devices: Optional[str], cuda_device_order: str, 
     return CudaNumbering(asked, known=True, asked=True)
 
 
-visible_at_cuda_start(detect_runtime(environ=os.environ))
+visible_at_cuda_start(os.environ.get("CUDA_VISIBLE_DEVICES"), cuda_torch() is not None)
