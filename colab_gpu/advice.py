@@ -248,11 +248,12 @@ def cpu_torch_on_gpu_machine(status):
 
 def _expandable_segments_set() -> Optional[str]:
     """The variable that sets expandable_segments:True for this process (torch's own reading
-    order; %alloc_conf keeps it saying what the process runs with), else None."""
-    from .allocator.apply import current_settings
+    order, a ROCm build's PYTORCH_HIP_ALLOC_CONF too; %alloc_conf keeps it saying what the
+    process runs with), else None."""
+    from .allocator.apply import current_settings, installed_env_names
 
     try:
-        name, settings = current_settings(os.environ)
+        name, settings = current_settings(os.environ, installed_env_names())
     except Exception:  # unreadable: %alloc_conf says so itself
         return None
     return name if dict(settings).get("expandable_segments") == "True" else None

@@ -148,6 +148,23 @@ def test_fragmentation__with_expandable_segments_already_on_is_not_told_to_resta
         make_status([T4], platform="colab", memory=fragmented))["fragmentation"]
 
 
+def test_fragmentation__on_rocm_reads_expandable_segments_where_rocm_torch_reads_it(monkeypatch):
+    """A ROCm torch 2.9 with expandable_segments:True in PYTORCH_HIP_ALLOC_CONF, the variable
+    it reads: the tip said to restart the runtime and set what was already set."""
+    import torch
+
+    fragmented = [memory(allocated=2 * GiB, reserved=6 * GiB, num_alloc_retries=3)]
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTORCH_HIP_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    monkeypatch.setattr(torch, "__version__", "2.9.1+rocm6.4")
+    assert "already on (PYTORCH_HIP_ALLOC_CONF)" in fired(make_status([T4], memory=fragmented))["fragmentation"]
+    monkeypatch.setattr(torch.version, "hip", None)  # a CUDA build never reads it
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
+    assert "already on" not in fired(make_status([T4], memory=fragmented))["fragmentation"]
+
+
 def test_the_torch_row_says_1_oom_and_1_cache_flush():
     from colab_gpu.render import allocator_summary
 
