@@ -153,6 +153,17 @@ def test_01_gpu_status_shows_this_machine_the_recordings_and_the_live_run(execut
     assert samples.startswith(f"{summary.group(1)} samples")  # history() holds what was shown
 
 
+def test_01_says_where_its_t4_recording_was_made():
+    """The shipped T4 recording is an AWS server's (colab_gpu/data/README.md): driver 515 and a
+    desktop (Xorg) process, which no Colab runtime has. The notebook and the README called it a
+    Colab T4, so a student comparing it with their Colab card looked for a desktop that is not there."""
+    assert "of an AWS Tesla T4" in (ROOT / "colab_gpu" / "data" / "README.md").read_text()
+    notebook = nbformat.read(NOTEBOOKS / "01-gpu-status.ipynb", as_version=4)
+    text = " ".join(" ".join(cell.source.split()) for cell in notebook.cells if cell.cell_type == "markdown")
+    assert "Colab Tesla T4" not in text and "recorded on an AWS server" in text
+    assert "recorded Colab T4" not in (ROOT / "README.md").read_text()
+
+
 def test_01_shows_the_recordings_where_the_package_lies_in_a_folder_with_a_space(tmp_path):
     """A student's checkout or venv under "C:\\Users\\First Last" or "~/ML projects": `--from $T4`
     put the path in unquoted, so the magic read two arguments and refused the second."""
