@@ -99,6 +99,18 @@ def test_an_editable_install_is_followed_by_a_kernel_restart(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_a_notebook_promises_your_real_gpu_only_where_a_cell_reads_it(name):
+    """02 told a student to pick a T4 runtime because "the same cells show your real GPU", but none
+    of its cells reads a GPU or starts CUDA (its settings belong before that): on the T4 it showed
+    what it shows without one."""
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    top = " ".join(" ".join(cell.source.split()) for cell in notebook.cells[:2] if cell.cell_type == "markdown")
+    code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+    if "show your real GPU" in top:
+        assert "%gpu_status" in code or '"cuda" if torch.cuda.is_available()' in code, top
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_top_to_bottom_without_unexpected_errors(executed, name):
     notebook = executed(name)
     for index, cell in enumerate(notebook.cells):
