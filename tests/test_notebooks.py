@@ -110,6 +110,20 @@ def test_a_notebook_promises_your_real_gpu_only_where_a_cell_reads_it(name):
         assert "%gpu_status" in code or '"cuda" if torch.cuda.is_available()' in code, top
 
 
+def test_04_promises_no_memory_fit_its_model_cannot_give_on_a_t4():
+    """04 told a T4 student the search there "predicts the limit from measured memory", but its
+    model's step at --max 4096 grows memory by a few tens of MiB, under the growth a fit needs
+    on a T4 (its noise floor): there too the search strides 8x to --max, with no fit."""
+    from colab_gpu.batch.search import noise_floor
+
+    notebook = nbformat.read(NOTEBOOKS / "04-find-batch.ipynb", as_version=4)
+    assert code_cell(notebook, "%%find_batch --var batch_size --max 4096 ")
+    images, hidden = 4096 * 28 * 28 * 4, 4096 * 256 * 4  # float32 input, one hidden layer's output
+    assert images + 4 * hidden < noise_floor(int(14.56 * 2 ** 30))  # + ReLU's, and both gradients
+    top = " ".join(" ".join(cell.source.split()) for cell in notebook.cells[:2] if cell.cell_type == "markdown")
+    assert "predicts the limit from measured memory" not in top and "no memory fit" in top
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_notebook_runs_top_to_bottom_without_unexpected_errors(executed, name):
     notebook = executed(name)
