@@ -316,6 +316,28 @@ def test_every_field_query_gpu_csv_of_real_captures(capture, tmp_path):
     assert quiet.pcie_width_max == 16
 
 
+@pytest.mark.parametrize("capture", sorted(CAPTURES.glob("*.txt")), ids=lambda path: path.name.split("__")[1])
+def test_a_whole_capture_replays_its_query_gpu_logs(capture, tmp_path):
+    """An nvidia_gpu_exporter capture holds the table, `nvidia-smi -q` and two --query-gpu logs
+    (idle, then load): `--from` it said 'it is the `nvidia-smi` table, which has too little to
+    replay'. Its logs are its time steps; the card shows the last, under load."""
+    load = tmp_path / "load.csv"
+    load.write_text(section(capture, "load :: query-gpu (csv"))
+    idle, busy = load_frames(capture)
+    assert busy.gpus == ReplaySource(load).snapshot().gpus and idle.gpus[0].utilization_gpu < 10
+    final = ReplaySource(capture).snapshot()
+    assert final.ok and final.gpus == busy.gpus
+    assert final.source == (f"replay of {capture.name} (read from its --query-gpu CSV logs; its other "
+                            f"nvidia-smi outputs left out)")
+
+
+def test_the_h200_capture_on_the_card():
+    text = str(colab_gpu.status(next(CAPTURES.glob("*h200*"))))
+    assert "GPU 0  NVIDIA H200  (cuda:0, compute capability 9.0)" in text
+    assert "31.60 GiB used / 140.40 GiB, 108.20 GiB free" in text  # 32362 of 143771 MiB, 110796 free
+    assert "627.4 W of 700 W   temperature 52 °C   state P0" in text and "No GPU read" not in text
+
+
 @pytest.mark.parametrize("title, expected", [
     ("load :: query-compute-apps", "it is a per-process log (`nvidia-smi --query-compute-apps` or "
                                    "`--query-accounted-apps`): its rows are processes, not GPUs"),

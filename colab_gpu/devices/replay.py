@@ -559,11 +559,30 @@ def _parse(data: bytes, label: str, fallback_time: float) -> Tuple[Snapshot, ...
         raise RecordingError("is empty")
     if stripped.startswith("<"):
         return _xml_frames(stripped, label, fallback_time)
-    if "NVIDIA-SMI" in text and "+----" in text:
+    table, query = "NVIDIA-SMI" in text and "+----" in text, "==NVSMI LOG==" in text
+    logs = _query_gpu_logs(text) if table or query else ""
+    if logs:  # a capture of several outputs (nvidia_gpu_exporter's) was called "the table"
+        return tuple(_with_note(frame, "read from its --query-gpu CSV logs; its other nvidia-smi outputs left out")
+                     for frame in _csv_frames(logs, label, fallback_time))
+    if table:
         raise RecordingError("is the `nvidia-smi` table, which has too little to replay")
-    if "==NVSMI LOG==" in text:
+    if query:
         raise RecordingError("is `nvidia-smi -q` text; save `nvidia-smi -q -x` (XML) instead")
     return _csv_frames(text, label, fallback_time)
+
+
+def _query_gpu_logs(text: str) -> str:
+    """The `--query-gpu` CSV logs in a file that holds several nvidia-smi outputs (the table,
+    `nvidia-smi -q`, `--query-compute-apps` ...), each a header and its rows under `#` comment
+    lines, joined (a repeated header is skipped as in a log appended to twice); "" if none."""
+    logs = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+        header = [_column_name(cell) for cell in next(csv.reader(lines[:1], skipinitialspace=True), [])]
+        if len(header) > 1 and any(name in _COLUMNS for name in header) \
+                and not any(name in _NOT_GPU_ROWS for name in header):
+            logs.append("\n".join(lines))
+    return "\n".join(logs) + "\n" if logs else ""
 
 
 LABEL_PREFIX = "replay of "
