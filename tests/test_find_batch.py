@@ -1438,7 +1438,7 @@ def test_a_cell_with_a_syntax_error_is_one_line_naming_its_line_not_the_magics_t
     result = shell.run_cell(f"%%find_batch --max 8\n{cell}\n")
     shown = capsys.readouterr()
     assert f"UsageError: {message}\n" in shown.out + shown.err
-    assert "magics.py" not in shown.out + shown.err
+    assert "colab_gpu/magics" not in shown.out + shown.err
     assert shell.user_ns["batch_size"] == 7 and shell.user_ns["seen"] == [] and result.error_in_exec
 
 
@@ -1580,8 +1580,8 @@ def test_throughput_times_the_cell_not_the_hiding_of_its_output(shell, monkeypat
     # look faster than they are. On a clock of the test's own, the cell takes no time and
     # setting its output aside, or putting it back, takes one second: the time of a step is
     # the cell's alone, 0, whatever the machine's load.
-    from colab_gpu import magics
     from colab_gpu.batch import trial
+    from colab_gpu.magics import later_runs
 
     now = [0.0]
     monkeypatch.setattr(trial, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
@@ -1592,8 +1592,8 @@ def test_throughput_times_the_cell_not_the_hiding_of_its_output(shell, monkeypat
             return hiding(*args)
         return hide
 
-    monkeypatch.setattr(magics, "_figures_aside", taking_a_second(magics._figures_aside))
-    monkeypatch.setattr(magics, "_figures_back", taking_a_second(magics._figures_back))
+    monkeypatch.setattr(later_runs, "_figures_aside", taking_a_second(later_runs._figures_aside))
+    monkeypatch.setattr(later_runs, "_figures_back", taking_a_second(later_runs._figures_back))
     result = shell.run_cell_magic("find_batch", "--max 8 -o", "print(batch_size)")
     assert now[0] > 0 and [tried.seconds_per_step for tried in result.trials] == [0] * len(result.trials)
 

@@ -60,6 +60,8 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
                  "colab_gpu/data/LICENSE.telegraf", "colab_gpu/data/LICENSE.miris",
                  "colab_gpu/live/page.html"):
         assert data in names
+    for module in ("__init__", "arguments", "cell", "later_runs"):  # a subpackage, found by include
+        assert f"colab_gpu/magics/{module}.py" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), "no MIT licence text"
 
 

@@ -2,143 +2,28 @@
 
 Options are declared with IPython's ``magic_arguments``, so ``%gpu_status?`` shows them;
 settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%config``.
+How the options are read is in ``arguments.py``; %%find_batch's handling of the cell, in
+``cell.py`` (checked before the search) and ``later_runs.py`` (the output of runs after the first).
 """
 from __future__ import annotations
 
-import argparse
 import ast
-import contextlib
 import copy
 import dataclasses
 import functools
-import io
-import numbers
-import re
-import shlex
 import sys
 import time
-from collections.abc import Iterator
-from typing import Callable, Dict, List, Set, Tuple
+from typing import Callable, List
 
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments as ipython_magic_arguments
+from IPython.core.magic_arguments import argument
 from traitlets import Enum, Float, Int, TraitError, validate
 
-from .options import as_magic
-
-
-class magic_arguments(ipython_magic_arguments):
-    """IPython's decorator, with abbreviated options refused: argparse took ``--jso`` for
-    ``--json``, and such a word would silently change meaning once an option added later
-    starts the same way. (IPython's parser takes no ``allow_abbrev`` argument.)"""
-
-    def __call__(self, func):
-        func = super().__call__(func)
-        func.parser.allow_abbrev = False
-        return func
-
-
-def _number(kind: type, words: str) -> Callable[[str], object]:
-    """An option's type: argparse's own "invalid int value: '2.5'" does not say what is accepted."""
-    def convert(text: str):
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {words}") from None
-    return convert
-
-
-_WHOLE_NUMBER = _number(int, "a whole number")
-
-
-def _int_or_float(text: str):
-    """A number as typed: ``--interval 2`` is read back in a message as 2, not as 2.0."""
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
-
-_GIVEN = "_given_once"  # where _Once keeps the values given so far, until _parse drops it
-
-
-class _Once(argparse.Action):
-    """An option that takes one value, refused when given twice with two values: argparse
-    kept the last of ``--preset fragmentation --preset reclaim`` and dropped the first
-    without a word. The same value twice is harmless and accepted."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        given = namespace.__dict__.setdefault(_GIVEN, {})
-        earlier = given.get(self.dest, values)
-        # nan != nan: a nan given once, or twice, is one value, left to the option's own check
-        if earlier != values and not (earlier != earlier and values != values):
-            raise argparse.ArgumentError(self, f"given twice ({earlier} and {values}); "
-                                               f"give it once")
-        given[self.dest] = values
-        setattr(namespace, self.dest, values)
-
-
-# A word that starts like a negative number ("-10%", "-1e3", "-.5"): a value, as no option
-# starts with a digit. argparse reads only plain negative numbers as values: for the others it
-# answered "expected one argument" instead of the option's own check ("cannot be negative").
-_NEGATIVE = re.compile(r"-\.?\d")
-
-
-def _values_attached(argv: List[str]) -> Tuple[List[str], Dict[str, str]]:
-    """``--headroom -10%`` as ``--headroom=-10%``, which argparse gives the option as its value;
-    and each word so made -> the words as typed, for argparse's messages."""
-    attached: List[str] = []
-    typed: Dict[str, str] = {}
-    for word in argv:
-        option = attached[-1] if attached else ""
-        takes_it = option.startswith("-") and "=" not in option and not _NEGATIVE.match(option)
-        if takes_it and _NEGATIVE.match(word):
-            attached[-1] = f"{option}={word}"
-            typed[attached[-1]] = f"{option} {word}"
-        else:
-            attached.append(word)
-    return attached, typed
-
-
-def _without_comment(line: str) -> str:
-    """The line up to a ``#`` that starts a word outside quotes, as a shell reads a comment:
-    ``%alloc_conf expandable_segments=True  # fights fragmentation``, as the README writes its
-    examples, is the setting alone; a ``#`` inside a word or quotes stays."""
-    quote = None
-    for index, char in enumerate(line):
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char == "#" and (index == 0 or line[index - 1].isspace()):
-            return line[:index]
-    return line
-
-
-def _parse(magic: Callable, line: str):
-    """The magic's options, with shell quoting understood: ``--headroom "10%"`` means 10%, and
-    a trailing ``# comment`` ignored.
-
-    IPython's own parse_argstring keeps the quotes in the values. Backslashes are not
-    escapes here, so Windows paths (``--from C:\\logs\\gpu.csv``) pass through whole.
-    """
-    line = _without_comment(line)
-    lexer = shlex.shlex(line, posix=True)
-    lexer.whitespace_split, lexer.escape, lexer.commenters = True, "", ""
-    try:
-        argv, typed = _values_attached(list(lexer))
-    except ValueError as error:  # an unclosed quote
-        raise UsageError(f"{error.args[0][0].lower()}{error.args[0][1:]} in {line!r}") from None
-    try:
-        # intermixed: names and settings may follow an option (`%clear_cache a --quiet b`)
-        args = magic.parser.parse_intermixed_args(argv)
-    except UsageError as error:  # argparse says what was wrong; add what is accepted
-        message = functools.reduce(lambda text, made: text.replace(*made), typed.items(), str(error))
-        usage = " ".join(magic.parser.format_usage().split()[1:])
-        raise UsageError(f"{message} (usage: {usage}; {usage.split()[0]}? explains each option)") from None
-    vars(args).pop(_GIVEN, None)
-    return args
+from ..options import as_magic
+from .arguments import _WHOLE_NUMBER, _int_or_float, _number, _Once, _parse, magic_arguments
+from .cell import _a_number, _checked_names, _pipes_its_commands, _syntax_error
+from .later_runs import _LaterRuns
 
 
 def _run_cell(code, namespace: dict) -> None:
@@ -177,7 +62,7 @@ def _friendly_errors(method: Callable) -> Callable:
         except Exception as error:
             if not type(error).__name__.startswith("NVMLError") or _raised_in_cell(error):
                 raise
-            from .devices.nvml import describe_nvml_error
+            from ..devices.nvml import describe_nvml_error
 
             print(f"colab_gpu: {describe_nvml_error(error)}", file=sys.stderr)
 
@@ -219,7 +104,7 @@ class GPUMagics(Magics):
     @validate("live_interval")
     def _check_live_interval(self, proposal):
         """Refuse a bad value at %config, by the monitor's own rule, not at the next --live."""
-        from .live.sampler import check_interval
+        from ..live.sampler import check_interval
 
         try:
             return check_interval(proposal.value, "GPUMagics.live_interval")
@@ -229,7 +114,7 @@ class GPUMagics(Magics):
     @validate("live_history")
     def _check_live_history(self, proposal):
         """traitlets' Int takes True as a whole number; the monitor refused it at the next --live."""
-        from .live.sampler import check_history
+        from ..live.sampler import check_history
 
         try:
             return check_history(proposal.value, "GPUMagics.live_history")
@@ -292,15 +177,15 @@ class GPUMagics(Magics):
         ``%alloc_conf`` is safe. torch's allocator view appears only once your own code
         has started CUDA.
         """
-        from .gpu_status import status
+        from ..gpu_status import status
 
         args = _parse(self.gpu_status, line)
         if args.path is not None and not args.path.strip():  # `--from ""`, `--from {path}` of an empty path
-            from .devices.replay import ACCEPTED
+            from ..devices.replay import ACCEPTED
 
             raise UsageError(f"--from {args.path!r}: give the recording's file name; {ACCEPTED}")
         if args.interval is not None:  # a wrong value is wrong with or without --live
-            from .live.sampler import check_interval
+            from ..live.sampler import check_interval
 
             try:
                 check_interval(args.interval, "--interval")  # kept as typed, for start()'s messages
@@ -343,7 +228,7 @@ class GPUMagics(Magics):
         frees cuBLAS's workspaces, empty_cache() and ipc_collect(). Then ranks your
         variables by the tensor memory they still hold. Never initializes CUDA.
         """
-        from .memory import ClearCacheError, clear_cache, memory_holders
+        from ..memory import ClearCacheError, clear_cache, memory_holders
 
         args = _parse(self.clear_cache, line)
         if args.vars and (args.names or args.history):
@@ -390,7 +275,7 @@ class GPUMagics(Magics):
         before CUDA starts, through torch's run-time setter afterwards (listing the keys
         that cannot change any more).
         """
-        from .allocator import AllocConfError, alloc_conf, installed_torch_version, version_of
+        from ..allocator import AllocConfError, alloc_conf, installed_torch_version, version_of
 
         args = _parse(self.alloc_conf, line)
         if args.keys:
@@ -398,7 +283,7 @@ class GPUMagics(Magics):
                    if name != "keys"):
                 raise UsageError("--keys lists every key and takes no other option: "
                                  "%alloc_conf --keys")
-            from .allocator.render import render_keys
+            from ..allocator.render import render_keys
 
             print(render_keys(version_of(installed_torch_version())))
             return
@@ -415,7 +300,7 @@ class GPUMagics(Magics):
 
     def _live(self, args) -> None:
         """--live / --stop: check the options, then start (or reuse) and show the monitor."""
-        from . import live
+        from .. import live
 
         if args.stop:
             if args.live or args.json or args.demo or args.cells or args.path or args.interval is not None:
@@ -447,7 +332,7 @@ class GPUMagics(Magics):
         except ValueError as error:  # the source cannot be read: no driver, a bad recording
             hint = "" if args.demo or args.path else "; %gpu_status --live --demo replays a recorded trace"
             if hint and _colab_without_gpu(self.shell):  # the card's own advice, in short
-                from .advice import COLAB_GPU_MENU
+                from ..advice import COLAB_GPU_MENU
 
                 hint = f"; for a GPU: {COLAB_GPU_MENU}" + hint
             raise UsageError(f"cannot start the live monitor: {error}{hint}") from None
@@ -467,7 +352,7 @@ class GPUMagics(Magics):
     def _live_session(self):
         """This shell's live session, created once and stopped on unload."""
         if self._session is None:
-            from .live.notebook import LiveSession
+            from ..live.notebook import LiveSession
 
             self._session = LiveSession(self.shell, self._show)
         return self._session
@@ -476,7 +361,7 @@ class GPUMagics(Magics):
         """%unload_ext / %reload_ext end the monitor: show the summary --stop would have shown.
         Also one a script started with colab_gpu.live.start(), which made no LiveSession; never
         imported, the live package has no monitor to stop."""
-        live = sys.modules.get(f"{__package__}.live")
+        live = sys.modules.get(f"{__package__.rpartition('.')[0]}.live")
         record = live.stop("%unload_ext or %reload_ext colab_gpu") if live is not None else None
         if record is not None:
             self._show(record)
@@ -519,11 +404,11 @@ class GPUMagics(Magics):
         after every trial; Ctrl-C stops and keeps the best size so far. A cell error
         other than out-of-memory stops the search and is shown.
         """
-        from .batch import RestoreError, SearchError, check_options, search_batch
-        from .batch.progress import NotebookProgress, TerminalProgress, in_notebook
-        from .batch.search import check_variable
-        from .batch.state import Snapshot
-        from .render import count, with_article
+        from ..batch import RestoreError, SearchError, check_options, search_batch
+        from ..batch.progress import NotebookProgress, TerminalProgress, in_notebook
+        from ..batch.search import check_variable
+        from ..batch.state import Snapshot
+        from ..render import count, with_article
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = _parse(self.find_batch, line)
@@ -599,192 +484,12 @@ class GPUMagics(Magics):
             self._show(result)
 
 
-def _a_number(value) -> bool:
-    """A value a batch-size variable may hold before the search writes its answer over it: a
-    number other than a flag, also a torch or NumPy scalar (``torch.tensor(64)``, a 0-d array),
-    which only the answer's int replaces; not a model, a tensor of many values or a string."""
-    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
-        try:
-            value = value.item()  # a 0-d tensor or array: the number it holds
-        except Exception:  # a meta tensor has no value to read
-            return False
-    return isinstance(value, numbers.Number) and not isinstance(value, bool)
-
-
 def _colab_without_gpu(shell) -> bool:
     """A Colab runtime with no NVIDIA driver: a CPU or TPU runtime, where a GPU is a menu away."""
-    from .devices.nvml import nvidia_driver_present
-    from .runtime import COLAB, detect_platform
+    from ..devices.nvml import nvidia_driver_present
+    from ..runtime import COLAB, detect_platform
 
     return detect_platform(shell) == COLAB and not nvidia_driver_present()
-
-
-def _syntax_error(error: SyntaxError, source: str, below: int = 0) -> UsageError:
-    """The cell's syntax error in one line, numbered as in the cell (the %%find_batch line is
-    line 1), instead of a traceback through the magic's insides; nothing has run."""
-    line = (error.lineno or 0) + below  # in the cell; the compiler gives no text for some errors
-    where = f" on line {line} of the cell" if error.lineno else ""
-    lines = [""] + source.splitlines()
-    text = (error.text or (lines[line - 1] if 1 < line <= len(lines) else "")).strip()
-    return UsageError(f"{type(error).__name__}{where}: {error.msg}" + (f": {text}" if text else "")
-                      + "; nothing ran")
-
-
-def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> List[str]:
-    """Refuses a cell that binds ``variable`` itself; the warnings for a cell that never
-    mentions ``variable`` or takes items from an iterator of the notebook."""
-    from .batch.state import assigned_names, mentioned_names
-
-    if variable in assigned_names(tree, nested=False):
-        raise UsageError(f"the cell assigns {variable} itself, so every trial would run at the cell's "
-                         f"value, not the size tried; remove that assignment")
-    assigned, mentioned = assigned_names(tree), mentioned_names(tree) | _words_in_ipython_lines(tree)
-    warnings = []
-    if variable not in mentioned:
-        warnings.append(f"the cell never mentions {variable}; unless a function it calls reads "
-                        f"it, every size is the same work (--var names the variable)")
-    shared_iterators = sorted(name for name in mentioned - assigned
-                              if isinstance(namespace.get(name), Iterator))
-    if shared_iterators:  # a generator, a DataLoader's iter(), a file: no state to save
-        warnings.append(f"{', '.join(shared_iterators)}: every run of the cell takes items from "
-                        f"this iterator and the search cannot put them back; create it again afterwards")
-    return warnings
-
-
-def _words_in_ipython_lines(tree: ast.AST) -> Set[str]:
-    """The words of the cell's magic and shell lines, which IPython turned into calls with
-    the line as a string (``%time x = f(bs)``: ``get_ipython().run_line_magic('time', 'x =
-    f(bs)')``; ``!ls {path}``: ``get_ipython().system('ls {path}')``), the names they read
-    among them. The magic's own name is left out."""
-    words: Set[str] = set()
-    for method, lines in _ipython_lines(tree):
-        lines = lines[1:] if method.startswith("run_") else lines
-        words.update(word for line in lines for word in re.findall(r"[^\W\d]\w*", line))
-    return words
-
-
-def _ipython_lines(tree: ast.AST) -> Iterator[Tuple[str, List[str]]]:
-    """(the shell's method, its string arguments) of each ``get_ipython().method(...)`` call:
-    ``!ls`` is ``("system", ["ls"])``, ``%time f(bs)`` ``("run_line_magic", ["time", "f(bs)"])``."""
-    for node in ast.walk(tree):
-        called = getattr(node, "func", None)
-        if isinstance(called, ast.Attribute) and isinstance(called.value, ast.Call) \
-                and getattr(called.value.func, "id", None) == "get_ipython":
-            yield called.attr, [arg.value for arg in node.args
-                                if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
-
-
-def _pipes_its_commands(tree: ast.AST) -> bool:
-    """Whether later runs may run the cell's ``!cmd`` lines piped: none runs in the background,
-    which IPython's piped ``system`` refuses (a terminal's own runs it)."""
-    return not any(method == "system" and any(line.rstrip().endswith("&") for line in lines)
-                   for method, lines in _ipython_lines(tree))
-
-
-class _LaterRuns:
-    """Drops what the cell prints or displays after its first run, counting the runs that did.
-
-    Entered by the search outside the timed region (a fixed cost per run would make larger
-    sizes look faster in throughput mode); one display publisher serves every run all the
-    same: IPython's ``capture_output`` builds one per run (a traitlets object, 50-90 µs).
-
-    A terminal IPython runs ``!cmd`` with ``system_raw``, whose command writes to the terminal
-    itself, past ``sys.stdout``: with ``piped``, later runs run it with ``system_piped``, which
-    writes its output to ``sys.stdout``, as a kernel's ``!cmd`` does.
-    """
-
-    def __init__(self, shell, piped: bool = True):
-        from IPython.core.displaypub import CapturingDisplayPublisher
-
-        self.shell, self.publisher, self.piped = shell, CapturingDisplayPublisher(), piped
-        self.first_done, self.with_output = False, 0
-        self.handlers = None  # logging's, found at the first later run: the first may set them up
-
-    def around_run(self):
-        """Nothing for the first run, whose output the user sees; silenced() for the others."""
-        if self.first_done:
-            return self.silenced()
-        self.first_done = True
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def silenced(self):
-        from .batch.trial import stops_the_search
-
-        streams, publisher = (sys.stdout, sys.stderr), self.shell.display_pub
-        if self.handlers is None:
-            self.handlers = _logging_handlers(streams)
-        sys.stdout, sys.stderr = out, err = io.StringIO(), io.StringIO()
-        for handler, stream in self.handlers.items():
-            handler.setStream(err if stream is streams[1] else out)
-        self.shell.display_pub = self.publisher
-        raw = self.piped and getattr(self.shell.system, "__func__", None) is InteractiveShell.system_raw
-        if raw:  # a bound method, called from the cell's frame: IPython expands {name} there
-            system = vars(self.shell).get("system")  # None: the class's
-            self.shell.system = self.shell.system_piped
-        aside = _figures_aside()
-        try:
-            yield
-        finally:
-            if raw and system is None:
-                del self.shell.system
-            elif raw:
-                self.shell.system = system
-            sys.stdout, sys.stderr = streams
-            for handler, stream in self.handlers.items():
-                handler.setStream(stream)
-            self.shell.display_pub = publisher
-            opened = _figures_back(aside)
-            if stops_the_search(sys.exc_info()[1]):  # what it printed leads up to the error shown next
-                sys.stdout.write(out.getvalue())
-                sys.stderr.write(err.getvalue())
-                for output in self.publisher.outputs:
-                    publisher.publish(**output)
-            else:
-                self.with_output += bool(out.getvalue() or err.getvalue() or self.publisher.outputs or opened)
-            self.publisher.outputs.clear()
-
-
-def _logging_handlers(streams) -> Dict:
-    """logging's handlers that write to one of ``streams`` (the cell's output), with the stream
-    each holds: ``logging.basicConfig(stream=sys.stderr)`` or a library's own handler
-    (transformers, Lightning) keeps the stream it was given, and later runs' records went to
-    the notebook. Every logger is walked once per search, not once per run."""
-    import logging
-
-    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
-    return {handler: handler.stream for logger in loggers for handler in getattr(logger, "handlers", ())
-            if isinstance(handler, logging.StreamHandler)
-            and any(getattr(handler, "stream", None) is stream for stream in streams)}
-
-
-def _figures_aside():
-    """pyplot's figures set aside while a later run draws, as (pyplot's registry, the user's
-    figures); None before the user imported pyplot.
-
-    A figure pyplot opened is shown when the cell ends (the inline backend), not published
-    now: kept, every later run added its own under the report. And ``plt.plot(losses)``
-    draws on the current figure: every run added its line to the one figure the user then
-    saw. Each run now draws on figures of its own; the user's, and which is current, stay."""
-    helpers = sys.modules.get("matplotlib._pylab_helpers")
-    if helpers is None or "matplotlib.pyplot" not in sys.modules:
-        return None
-    figures = helpers.Gcf.figs
-    kept = dict(figures)  # in order: the last one is the current figure
-    figures.clear()
-    return figures, kept
-
-
-def _figures_back(aside) -> List[int]:
-    """Close the figures the run opened and put the user's back; the numbers of those closed."""
-    if aside is None:
-        return []
-    figures, kept = aside
-    opened = list(figures)
-    if opened:
-        sys.modules["matplotlib.pyplot"].close("all")  # only the run's: the user's are aside
-    figures.update(kept)
-    return opened
 
 
 def _loaded(shell) -> "GPUMagics | None":
