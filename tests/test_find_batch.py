@@ -1581,19 +1581,20 @@ def test_throughput_times_the_cell_not_the_hiding_of_its_output(shell, monkeypat
     # setting its output aside, or putting it back, takes one second: the time of a step is
     # the cell's alone, 0, whatever the machine's load.
     from colab_gpu.batch import trial
-    from colab_gpu.magics import later_runs
+    from colab_gpu.magics.later_runs import _LaterRuns
 
     now = [0.0]
     monkeypatch.setattr(trial, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    silenced = _LaterRuns.silenced
 
-    def taking_a_second(hiding):
-        def hide(*args):
-            now[0] += 1
-            return hiding(*args)
-        return hide
+    @contextlib.contextmanager
+    def taking_a_second_each_way(self):
+        now[0] += 1
+        with silenced(self):
+            yield
+        now[0] += 1
 
-    monkeypatch.setattr(later_runs, "_figures_aside", taking_a_second(later_runs._figures_aside))
-    monkeypatch.setattr(later_runs, "_figures_back", taking_a_second(later_runs._figures_back))
+    monkeypatch.setattr(_LaterRuns, "silenced", taking_a_second_each_way)
     result = shell.run_cell_magic("find_batch", "--max 8 -o", "print(batch_size)")
     assert now[0] > 0 and [tried.seconds_per_step for tried in result.trials] == [0] * len(result.trials)
 

@@ -16,10 +16,7 @@ class _LaterRuns:
     Entered by the search outside the timed region (a fixed cost per run would make larger
     sizes look faster in throughput mode); one display publisher serves every run all the
     same: IPython's ``capture_output`` builds one per run (a traitlets object, 50-90 µs).
-
-    A terminal IPython runs ``!cmd`` with ``system_raw``, whose command writes to the terminal
-    itself, past ``sys.stdout``: with ``piped``, later runs run it with ``system_piped``, which
-    writes its output to ``sys.stdout``, as a kernel's ``!cmd`` does.
+    ``piped``: whether later runs may run the cell's ``!cmd`` lines piped (_pipes_its_commands).
     """
 
     def __init__(self, shell, piped: bool = True):
@@ -38,32 +35,24 @@ class _LaterRuns:
 
     @contextlib.contextmanager
     def silenced(self):
+        """Each output channel set aside for the run and put back after it; then what the run
+        printed is counted, or shown when its error stops the search."""
         from ..batch.trial import stops_the_search
 
-        streams, publisher = (sys.stdout, sys.stderr), self.shell.display_pub
+        out, err, opened, publisher = io.StringIO(), io.StringIO(), [], self.shell.display_pub
         if self.handlers is None:
-            self.handlers = _logging_handlers(streams)
-        sys.stdout, sys.stderr = out, err = io.StringIO(), io.StringIO()
-        for handler, stream in self.handlers.items():
-            handler.setStream(err if stream is streams[1] else out)
-        self.shell.display_pub = self.publisher
-        raw = self.piped and getattr(self.shell.system, "__func__", None) is InteractiveShell.system_raw
-        if raw:  # a bound method, called from the cell's frame: IPython expands {name} there
-            system = vars(self.shell).get("system")  # None: the class's
-            self.shell.system = self.shell.system_piped
-        aside = _figures_aside()
+            self.handlers = _logging_handlers((sys.stdout, sys.stderr))
         try:
-            yield
+            with contextlib.ExitStack() as channels:
+                channels.enter_context(_logging_to(self.handlers, (out, err)))
+                channels.enter_context(contextlib.redirect_stdout(out))
+                channels.enter_context(contextlib.redirect_stderr(err))
+                channels.enter_context(_displays_to(self.shell, self.publisher))
+                if self.piped:
+                    channels.enter_context(_commands_piped(self.shell))
+                channels.enter_context(_figures_of_its_own(opened))
+                yield
         finally:
-            if raw and system is None:
-                del self.shell.system
-            elif raw:
-                self.shell.system = system
-            sys.stdout, sys.stderr = streams
-            for handler, stream in self.handlers.items():
-                handler.setStream(stream)
-            self.shell.display_pub = publisher
-            opened = _figures_back(aside)
             if stops_the_search(sys.exc_info()[1]):  # what it printed leads up to the error shown next
                 sys.stdout.write(out.getvalue())
                 sys.stderr.write(err.getvalue())
@@ -72,6 +61,50 @@ class _LaterRuns:
             else:
                 self.with_output += bool(out.getvalue() or err.getvalue() or self.publisher.outputs or opened)
             self.publisher.outputs.clear()
+
+
+@contextlib.contextmanager
+def _logging_to(handlers: Dict, captures):
+    """``handlers`` (see _logging_handlers) write to ``captures``, stdout's and stderr's, as
+    the streams they hold are stdout or stderr."""
+    streams = sys.stdout, sys.stderr
+    for handler, stream in handlers.items():
+        handler.setStream(captures[1] if stream is streams[1] else captures[0])
+    try:
+        yield
+    finally:
+        for handler, stream in handlers.items():
+            handler.setStream(stream)
+
+
+@contextlib.contextmanager
+def _displays_to(shell, publisher):
+    """``display()`` publishes to ``publisher``, which keeps the outputs."""
+    shown, shell.display_pub = shell.display_pub, publisher
+    try:
+        yield
+    finally:
+        shell.display_pub = shown
+
+
+@contextlib.contextmanager
+def _commands_piped(shell):
+    """``!cmd`` runs with ``system_piped``, which writes its output to ``sys.stdout`` as a
+    kernel's ``!cmd`` does, where the shell (a terminal IPython) runs it with ``system_raw``,
+    whose command writes to the terminal itself, past ``sys.stdout``."""
+    if getattr(shell.system, "__func__", None) is not InteractiveShell.system_raw:
+        yield
+        return
+    # a bound method, called from the cell's frame: IPython expands {name} there
+    system = vars(shell).get("system")  # None: the class's
+    shell.system = shell.system_piped
+    try:
+        yield
+    finally:
+        if system is None:
+            del shell.system
+        else:
+            shell.system = system
 
 
 def _logging_handlers(streams) -> Dict:
@@ -87,9 +120,10 @@ def _logging_handlers(streams) -> Dict:
             and any(getattr(handler, "stream", None) is stream for stream in streams)}
 
 
-def _figures_aside():
-    """pyplot's figures set aside while a later run draws, as (pyplot's registry, the user's
-    figures); None before the user imported pyplot.
+@contextlib.contextmanager
+def _figures_of_its_own(opened: List[int]):
+    """pyplot's figures set aside while the run draws; those it opened are closed and their
+    numbers put in ``opened``. Nothing before the user imported pyplot.
 
     A figure pyplot opened is shown when the cell ends (the inline backend), not published
     now: kept, every later run added its own under the report. And ``plt.plot(losses)``
@@ -97,20 +131,15 @@ def _figures_aside():
     saw. Each run now draws on figures of its own; the user's, and which is current, stay."""
     helpers = sys.modules.get("matplotlib._pylab_helpers")
     if helpers is None or "matplotlib.pyplot" not in sys.modules:
-        return None
+        yield
+        return
     figures = helpers.Gcf.figs
     kept = dict(figures)  # in order: the last one is the current figure
     figures.clear()
-    return figures, kept
-
-
-def _figures_back(aside) -> List[int]:
-    """Close the figures the run opened and put the user's back; the numbers of those closed."""
-    if aside is None:
-        return []
-    figures, kept = aside
-    opened = list(figures)
-    if opened:
-        sys.modules["matplotlib.pyplot"].close("all")  # only the run's: the user's are aside
-    figures.update(kept)
-    return opened
+    try:
+        yield
+    finally:
+        opened.extend(figures)
+        if opened:
+            sys.modules["matplotlib.pyplot"].close("all")  # only the run's: the user's are aside
+        figures.update(kept)
