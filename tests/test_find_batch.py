@@ -1554,6 +1554,22 @@ def test_a_cell_that_logs_shows_its_records_for_its_first_run_only(shell, capsys
         logging.getLogger("trainer").handlers.clear()
 
 
+def test_a_handler_the_cell_makes_in_a_later_run_shows_the_records_after_the_search(shell, capsys):
+    """A handler made by the cell in a later run (``logging.basicConfig()`` the first run did not
+    reach, a handler added once) took that run's hidden buffer for sys.stderr and kept it: the
+    user's records after the search were shown nowhere."""
+    shell.run_cell("import logging\nlog = logging.getLogger('made_in_a_run')\nlog.propagate = False\n"
+                   "log.setLevel(logging.INFO)")
+    try:
+        shell.run_cell("%%find_batch --max 4\nif batch_size > 2 and not log.handlers:\n"
+                       "    log.addHandler(logging.StreamHandler())\nlog.info('loss at %d', batch_size)")
+        assert "loss at" not in capsys.readouterr().err  # made in a later run: hidden in every one
+        shell.run_cell("log.info('after the search')")
+        assert "after the search" in capsys.readouterr().err
+    finally:
+        logging.getLogger("made_in_a_run").handlers.clear()
+
+
 def test_a_cell_that_plots_on_the_current_figure_draws_on_it_once(shell, capsys):
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")

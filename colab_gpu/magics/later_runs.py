@@ -66,15 +66,25 @@ class _LaterRuns:
 @contextlib.contextmanager
 def _logging_to(handlers: Dict, captures):
     """``handlers`` (see _logging_handlers) write to ``captures``, stdout's and stderr's, as
-    the streams they hold are stdout or stderr."""
+    the streams they hold are stdout or stderr. A handler the run made holds its capture
+    (``logging.basicConfig()`` takes the ``sys.stderr`` of the moment): it is given the real
+    stream back and joins ``handlers``. Kept, the user's records after the search went into
+    the run's buffer, shown nowhere."""
     streams = sys.stdout, sys.stderr
     for handler, stream in handlers.items():
-        handler.setStream(captures[1] if stream is streams[1] else captures[0])
+        handler.setStream(_counterpart(stream, streams, captures))
     try:
         yield
     finally:
+        handlers.update((handler, _counterpart(capture, captures, streams))
+                        for handler, capture in _logging_handlers(captures).items())
         for handler, stream in handlers.items():
             handler.setStream(stream)
+
+
+def _counterpart(stream, streams, others):
+    """The stream of ``others`` (stdout's, stderr's) in the place ``stream`` has in ``streams``."""
+    return others[1] if stream is streams[1] else others[0]
 
 
 @contextlib.contextmanager
@@ -111,7 +121,8 @@ def _logging_handlers(streams) -> Dict:
     """logging's handlers that write to one of ``streams`` (the cell's output), with the stream
     each holds: ``logging.basicConfig(stream=sys.stderr)`` or a library's own handler
     (transformers, Lightning) keeps the stream it was given, and later runs' records went to
-    the notebook. Every logger is walked once per search, not once per run."""
+    the notebook. Every logger is walked once at the first later run, and after each later run
+    for the handlers it made (outside the timed region)."""
     import logging
 
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
