@@ -203,6 +203,16 @@ def test_an_empty_from_is_refused_saying_what_is_accepted(magic, shell, capsys, 
     assert capsys.readouterr().out == "colab_gpu: the live monitor is not running\n"  # none started
 
 
+@pytest.mark.parametrize("line", ["--from /tmp/rec dir/my t4.xml", "--from /tmp/rec dir/my t4.xml --json",
+                                  "--from=/tmp/rec dir/my t4.xml"])
+def test_a_path_cut_at_its_spaces_is_told_to_go_in_quotes(magic, line):
+    """An unquoted path with spaces was "unrecognized arguments: dir/my t4.xml", which did not
+    say that --from had taken only /tmp/rec, nor how to give the whole path."""
+    assert magic("gpu_status", line).startswith(
+        'unrecognized arguments: dir/my t4.xml; a path with spaces goes in quotes: --from "/tmp/rec dir/my t4.xml"')
+    assert "quotes" not in magic("gpu_status", "--json extra")  # no path to quote
+
+
 WORDS = ["--json", "--demo", "--cells", "--interval", "--from", "--unset", "--reset", "--check", "--preset",
          "--keys", "--history", "--vars", "--quiet", "--var", "--start", "--max", "--steps", "--headroom",
          "--multiple-of", "--mode", "--restore", "--device", "-o", "-h", "--", "-", "=", "#", "'", '"', "$x",

@@ -119,6 +119,25 @@ def _parse(magic: Callable, line: str):
     except UsageError as error:  # argparse says what was wrong; add what is accepted
         message = functools.reduce(lambda text, made: text.replace(*made), typed.items(), str(error))
         usage = " ".join(magic.parser.format_usage().split()[1:])
+        message += _quote_hint(magic.parser, argv, message)
         raise UsageError(f"{message} (usage: {usage}; {usage.split()[0]}? explains each option)") from None
     vars(args).pop(_GIVEN, None)
     return args
+
+
+def _quote_hint(parser, argv: List[str], message: str) -> str:
+    """Where the words argparse refused follow a FILE option's value (``--from /tmp/my gpu.csv``),
+    how to give a path with spaces: in quotes. "unrecognized arguments: gpu.csv" alone did not
+    say that the path had been cut at its space."""
+    prefix = "unrecognized arguments: "
+    if not message.startswith(prefix):
+        return ""
+    refused = message[len(prefix):].split()
+    files = {option for action in parser._actions if action.metavar == "FILE" for option in action.option_strings}
+    for index, word in enumerate(argv):
+        option, _, attached = word.partition("=")
+        value = [attached] if attached else argv[index + 1:index + 2]
+        after = index + 2 - bool(attached)
+        if option in files and value and argv[after:after + len(refused)] == refused:
+            return f"; a path with spaces goes in quotes: {option} \"{' '.join(value + refused)}\""
+    return ""
