@@ -384,6 +384,21 @@ def test_settings_only_in_pytorch_alloc_conf_are_said_to_be_in_effect_only_where
                  w.endswith("they are now in every variable")]) != in_effect
 
 
+@pytest.mark.parametrize("version, held", [("2.9.1", False), ("2.10.0", True)])
+def test_a_saved_setting_only_in_pytorch_alloc_conf_is_held_only_where_torch_reads_it(env, version, held):
+    """torch 2.9 (CUDA) never reads PYTORCH_ALLOC_CONF: with the saved setting there alone,
+    %reload_ext once CUDA ran said it was "already in this process's setting", so the user
+    never learnt that a restart was needed for it to apply."""
+    os.makedirs(env["COLAB_GPU_CONFIG_DIR"])
+    with open(os.path.join(env["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt"), "w") as file:
+        file.write("expandable_segments:True\n")
+    env["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+    started = TorchState(imported=True, version=version, cuda_version="12.1", cuda_initialized=True)
+    message = apply_saved(environ=env, modules=_torch(version), state=started)
+    assert ("already in this process's setting (PYTORCH_ALLOC_CONF holds it)" in message) == held
+    assert ("not applied: CUDA is already running" in message) != held
+
+
 BAD_CALLS = [
     dict(settings=["max_split_size=128"]),
     dict(settings=["expandable_segments=true"]),

@@ -272,6 +272,24 @@ def test_an_unset_key_goes_back_to_its_default_in_torch_too(shell, torch_env):
     assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:30"
 
 
+@pytest.mark.parametrize("version, already", [("2.9.1+cu128", False), ("2.10.0+cu128", True)])
+def test_the_fragmentation_tip_reads_pytorch_alloc_conf_only_where_torch_reads_it(torch_env, monkeypatch,
+                                                                                  version, already):
+    """A CUDA torch 2.9 never reads PYTORCH_ALLOC_CONF (pytorch#183387): with
+    expandable_segments:True there alone, the tip said "already on" and sent the user to
+    %clear_cache instead of telling how to turn it on."""
+    from test_advice import T4, fired, make_status, memory
+
+    from colab_gpu.devices import GiB
+
+    monkeypatch.setattr(torch_env, "__version__", version)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    fragmented = [memory(allocated=2 * GiB, reserved=6 * GiB, num_alloc_retries=3)]
+    tip = fired(make_status([T4], platform="colab", memory=fragmented))["fragmentation"]
+    assert ("expandable_segments already on (PYTORCH_ALLOC_CONF)" in tip) == already
+    assert ("after a runtime restart run %alloc_conf expandable_segments=True" in tip) != already
+
+
 def cuda_started(torch, monkeypatch=None) -> TorchState:
     """The state once CUDA has started, and what its start does to torch: it parses the
     variables (this CPU build cannot start CUDA, and read them long ago, in an earlier test).

@@ -165,10 +165,18 @@ def _env_names(version: Optional[Version], rocm: bool) -> Tuple[str, ...]:
     return ROCM_ENV_NAMES if rocm and (version or NEWEST) >= HIP_ENV_SINCE else ENV_NAMES
 
 
+def _read_names(names: Sequence[str], version: Optional[Version]) -> Tuple[str, ...]:
+    """Those of ``names`` that torch reads: PYTORCH_ALLOC_CONF only from 2.10 (up to 2.9 CUDA's
+    own parser never reads it, pytorch#183387), though every change writes it too."""
+    known = version if version is not None else NEWEST
+    return tuple(name for name in names if name != "PYTORCH_ALLOC_CONF" or known >= GENERIC_ENV_SINCE)
+
+
 def installed_env_names(modules=sys.modules) -> Tuple[str, ...]:
-    """The variables the installed torch reads, in its order (see _env_names)."""
+    """The variables the installed torch reads, in its order (see _env_names, _read_names)."""
     version_text = installed_torch_version(modules)
-    return _env_names(version_of(version_text), is_rocm_build(version_text, modules))
+    version = version_of(version_text)
+    return _read_names(_env_names(version, is_rocm_build(version_text, modules)), version)
 
 
 class _Setter:
@@ -243,7 +251,7 @@ def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Opti
     was empty (--reset, or every key unset), so every variable is now unset."""
     known = version if version is not None else NEWEST
     torch = f"torch {format_version(version)}" if version is not None else "torch"
-    order = [name for name in env_before if name != "PYTORCH_ALLOC_CONF" or known >= GENERIC_ENV_SINCE]
+    order = _read_names(tuple(env_before), version)
     read = next((name for name in order if env_before[name] is not None), None)
     found, change = [], command("%alloc_conf", "colab_gpu.alloc_conf()")
     for name, value in env_before.items():
@@ -772,7 +780,7 @@ def _holding(saved: str, environ, modules) -> Optional[str]:
     version_text = installed_torch_version(modules)
     version, rocm = version_of(version_text), is_rocm_build(version_text, modules)
     try:
-        source, current = current_settings(environ, _env_names(version, rocm))
+        source, current = current_settings(environ, installed_env_names(modules))
         held = set(validate(current, version, rocm))
         return source if set(validate(parse(saved), version, rocm)) <= held else None
     except AllocConfError:
