@@ -260,8 +260,9 @@ def test_the_fix_for_a_refused_variable_works_after_import_torch(tmp_path, held,
 
 
 def test_an_unset_key_goes_back_to_its_default_in_torch_too(shell, torch_env):
-    """torch's parser resets only max_split_size_mb, roundup_power2_divisions and
-    garbage_collection_threshold per string: a key merely left out keeps its value."""
+    """torch's parser resets only max_split_size_mb, roundup_power2_divisions,
+    garbage_collection_threshold and (2.11+) max_non_split_rounding_mb per string: a key
+    merely left out keeps its value."""
     shell.run_line_magic("alloc_conf", "large_segment_size_mb=64 pinned_max_cached_size_mb=8 --json")
     result = alloc_conf(unset=["large_segment_size_mb", "pinned_max_cached_size_mb"])
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
@@ -465,6 +466,21 @@ def test_a_split_size_below_the_segment_size_torch_keeps_waits_for_the_restart(t
     assert "max_split_size_mb" not in dict(alloc_conf(["large_segment_size_mb=12 max_split_size_mb=64"],
                                                       state=started).deferred)
     assert torch_env._C._accelerator_getAllocatorSettings() == "expandable_segments:True,max_split_size_mb:64"
+
+
+def test_reset_once_cuda_runs_with_a_large_segment_size_leaves_the_rounding_to_torch(shell, torch_env, monkeypatch,
+                                                                                    capsys):
+    """From 2.11 torch puts max_non_split_rounding_mb back to the large_segment_size_mb it holds
+    at every settings string. %alloc_conf --reset once CUDA ran (large_segment_size_mb:30 kept
+    until a restart) wrote max_non_split_rounding_mb:20 to torch's setter, which refused it
+    (must be >= 30): the way out of a setting failed with "nothing was changed"."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "large_segment_size_mb:30,max_non_split_rounding_mb:40"
+    cuda_started(torch_env, monkeypatch)
+    shell.run_line_magic("alloc_conf", "--reset --json")
+    assert json.loads(capsys.readouterr().out)["deferred"] == {
+        "large_segment_size_mb": "segments already made keep their size; set it before CUDA starts"}
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "large_segment_size_mb:30"  # until the restart
+    assert torch_env._C._accelerator_getAllocatorSettings() == ""
 
 
 def test_unsetting_the_segment_size_torch_keeps_says_the_next_start_refuses(shell, torch_env, monkeypatch):

@@ -29,10 +29,21 @@ from .schema import (BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, HIP_ENV_SINCE, NEWES
 SAVED_NAME = "alloc_conf.txt"
 
 # torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
-# from 2.10) puts only these keys back to their defaults for each new settings string: every
-# other key keeps the last value a string gave it, so a key dropped from the setting is written
-# to the run-time setter at its default (see _dropped_defaults).
+# from 2.10) puts only these keys back to their defaults for each new settings string, and from
+# 2.11 max_non_split_rounding_mb to large_segment_size_mb's value (a key whose default follows
+# another, see _reset_by_every_string): every other key keeps the last value a string gave it,
+# so a key dropped from the setting is written to the run-time setter at its default (see
+# _dropped_defaults).
 _RESET_BY_EVERY_STRING = ("max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold")
+
+
+def _reset_by_every_string(name: str, version: Version) -> bool:
+    """Whether torch puts ``name`` back to its default at each settings string: the keys above,
+    and one whose default follows a key the version has (to the value torch holds for that key,
+    which may wait for a restart, so writing our default could be refused)."""
+    key = BY_NAME.get(name)
+    follows = key.default_follows if key is not None else None
+    return name in _RESET_BY_EVERY_STRING or (follows is not None and BY_NAME[follows].available(version))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -554,10 +565,10 @@ def _dropped_defaults(current: Settings, new: Settings, version: Version, rocm: 
     after, dropped = dict(new), []
     for name in dict(current):
         key = BY_NAME.get(name)
-        if name in after or name in _RESET_BY_EVERY_STRING or key is None or not key.available(version):
+        if name in after or _reset_by_every_string(name, version) or key is None or not key.available(version):
             continue
-        try:  # max_non_split_rounding_mb's default follows large_segment_size_mb (2.11)
-            dropped.append((name, canonical_value(key, key.default_in(after), version, rocm)))
+        try:
+            dropped.append((name, canonical_value(key, key.default, version, rocm)))
         except ValueError:  # AllocConfError, or a list parser given "[] (none)"
             dropped.append((name, None))
     return tuple(dropped)
