@@ -59,7 +59,12 @@ Version = Tuple[int, int]
 
 OLDEST: Version = (1, 13)
 NEWEST: Version = (2, 15)
-ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # torch 2.10+ reads them in this order
+# torch 2.10+ reads them in this order: CUDAAllocatorConfig::instance() (CUDA's keys) and
+# AcceleratorAllocatorConfig (the general ones) each parse the first one set, never both
+# (2.10.0 to 2.13.0's CUDAAllocatorConfig.h and libc10.so, probed with both set). The latter also
+# reads PYTORCH_HIP_ALLOC_CONF before PYTORCH_ALLOC_CONF on CUDA builds; every change writes
+# PYTORCH_CUDA_ALLOC_CONF, which both read first.
+ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 # up to 2.9, CUDA reads no PYTORCH_ALLOC_CONF (2.9's CUDAAllocatorConfig ignores it, pytorch#183387)
 GENERIC_ENV_SINCE: Version = (2, 10)
 # ROCm builds read PYTORCH_HIP_ALLOC_CONF when PYTORCH_CUDA_ALLOC_CONF is unset (2.8+)
