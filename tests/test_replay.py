@@ -5,7 +5,9 @@ that reads the wrong field, the wrong unit or the wrong schema version fails her
 """
 from __future__ import annotations
 
+import datetime
 import pathlib
+import re
 
 import pytest
 
@@ -18,6 +20,7 @@ from conftest import DATA, ROOT
 XML = DATA / "nvidia-smi-xml"
 CSV = DATA / "nvidia-smi-csv"
 CAPTURES = DATA / "nvidia-smi-captures"
+TABLES = DATA / "nvidia-smi-text"
 RECORDINGS = sorted(XML.glob("*.xml")) + sorted(CSV.glob("*.csv"))
 
 
@@ -382,6 +385,150 @@ def test_a_log_without_the_cuda_version_does_not_call_it_n_a(tmp_path):
     assert "Driver 515.105.01, CUDA driver 11.7" in pretty(t4) and "driver 515.105.01, CUDA 11.7" in t4._repr_html_()
 
 
+# What each plain `!nvidia-smi` screen shows, read off the file: name, bus id, temperature, state,
+# power draw / cap (W), memory used / total (MiB), utilization (%), driver, CUDA, the date line.
+TABLE_FIGURES = {
+    "15ada0ae26da": ("Tesla T4", "00000000:00:1E.0", 43, "P0", 25, 70, 3420, 15109, 0, "440.33.01", "11.3",
+                     "Fri Sep 16 19:04:38 2022"),
+    "f9c38dd4d5d1": ("Tesla T4", "00000000:00:1E.0", 27, "P8", 8, 70, 0, 15109, 0, "440.33.01", "11.3",
+                     "Fri Sep 16 09:45:13 2022"),
+    "54b991e34fdd": ("Tesla T4", "00000000:00:04.0", 45, "P8", 12, 70, 0, 15360, 0, "525.105.17", "12.0",
+                     "Wed Aug  9 01:51:20 2023"),
+    "5012d5020452": ("Tesla T4", "00000000:00:04.0", 70, "P8", 11, 70, 0, 15360, 0, "525.105.17", "12.0",
+                     "Wed Nov 22 09:02:12 2023"),
+    "6b1afba82b31": ("Tesla T4", "00000000:00:04.0", 49, "P8", 9, 70, 0, 15360, 0, "525.105.17", "12.0",
+                     "Thu Nov 23 06:47:16 2023"),
+    "1b6ac4832730": ("Tesla V100-SXM2...", "00000000:00:04.0", 42, "P0", 27, 300, 0, 16160, 0, "460.32.03", "11.2",
+                     "Thu Sep  8 18:58:28 2022"),
+    "1c0b3816bde0": ("Tesla V100-SXM2...", "00000000:00:1D.0", 38, "P0", 39, 300, 4, 16384, 0, "510.108.03", "11.6",
+                     "Thu Apr  6 08:49:04 2023"),
+}
+TABLE_NOTE = ("read from the `nvidia-smi` table: memory used / total only (no free or driver-reserved column); "
+              "no clocks, PCIe link, UUID or memory-bus use")
+
+
+def test_every_table_screen_is_known():
+    assert sorted(path.name.rsplit("__", 1)[1][:-4] for path in TABLES.glob("*.txt")) == sorted(TABLE_FIGURES)
+
+
+@pytest.mark.parametrize("path", sorted(TABLES.glob("*.txt")), ids=lambda path: path.stem)
+def test_every_nvidia_smi_table_replays_with_its_figures(path):
+    """The `!nvidia-smi` table Colab and Kaggle users paste was refused as 'too little to replay',
+    though it holds memory, power, temperature and utilization per GPU (drivers 440 to 525)."""
+    (name, bus_id, temperature, state, draw, cap, used, total, utilization, driver, cuda,
+     date) = TABLE_FIGURES[path.name.rsplit("__", 1)[1][:-4]]
+    (frame,) = load_frames(path)
+    (gpu,) = frame.gpus
+    assert (gpu.index, gpu.name, gpu.bus_id, gpu.temperature, gpu.performance_state) == (0, name, bus_id, temperature, state)
+    assert (gpu.power_draw, gpu.power_limit, gpu.utilization_gpu) == (draw, cap, utilization)
+    assert (gpu.memory_used, gpu.memory_total) == (used * MiB, total * MiB)  # "15360MiB" is MiB
+    # no free column: unknown, as in a --query-gpu log of total and used (total - used is not free)
+    assert gpu.memory_free is None and gpu.memory_reserved is None
+    assert (gpu.sm_clock, gpu.uuid, gpu.pcie_generation, gpu.utilization_memory) == (None, None, None, None)
+    assert gpu.processes == ()  # "No running processes found", or an empty processes table
+    assert (frame.driver_version, frame.cuda_driver_version) == (driver, cuda)
+    assert frame.timestamp == datetime.datetime.strptime(date, "%a %b %d %H:%M:%S %Y").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+    assert frame.source.startswith(f"replay of {path.name} ({TABLE_NOTE}")
+    assert ("names cut short by the table are shown as given" in frame.source) == name.endswith("...")
+
+
+def test_the_newest_table_layout_of_a_capture_replays_with_its_processes(tmp_path):
+    """Drivers 590 / 595: wider cells, and a GI / CI column in the processes table."""
+    from IPython.lib.pretty import pretty
+
+    path = tmp_path / "h200.txt"
+    path.write_text(section(next(CAPTURES.glob("*h200*")), "load :: nvidia-smi (default table)"))
+    status = colab_gpu.status(path)
+    (gpu,) = status.snapshot.gpus
+    assert (gpu.name, gpu.bus_id, gpu.mig_enabled, gpu.compute_capability) == ("NVIDIA H200", "00000000:83:00.0", False, (9, 0))
+    assert (gpu.memory_used, gpu.memory_total, gpu.memory_free) == (32362 * MiB, 143771 * MiB, None)
+    assert (gpu.power_draw, gpu.power_limit, gpu.temperature, gpu.utilization_gpu) == (628, 700, 52, 100)
+    assert [(p.pid, p.name, p.used_memory, p.kind) for p in gpu.processes] == [
+        (10291, "/root/tools/memhog", 2566 * MiB, "compute"), (10293, "/root/tools/memhog", 1542 * MiB, "compute"),
+        (10309, "./gpu_burn", 28234 * MiB, "compute")]
+    shown = pretty(status)
+    assert "  memory      31.60 GiB used / 140.40 GiB, n/a free" in shown  # the same 32362 of 143771 MiB as its CSV
+    assert "  process       10309   27.57 GiB  ./gpu_burn" in shown
+    rtx = tmp_path / "rtx.txt"
+    rtx.write_text(section(next(CAPTURES.glob("*4080*")), "idle :: nvidia-smi (default table)"))
+    (gpu,) = ReplaySource(rtx).snapshot().gpus
+    assert gpu.name == "NVIDIA GeForce RTX 4080 ..." and gpu.mig_enabled is None  # MIG M. "N/A"
+    assert [(p.pid, p.kind) for p in gpu.processes][:2] == [(2165, "compute"), (2496, "graphics")]  # C+G, G
+
+
+def _two_gpus(table: str) -> str:
+    """A two-GPU table constructed from a one-GPU one: its GPU block repeated as GPU 1 on bus
+    00000000:00:05.0, 123MiB used, and a process of GPU 1 added."""
+    lines = table.splitlines()
+    top = next(number for number, line in enumerate(lines) if line.startswith("|="))
+    end = next(number for number in range(top + 1, len(lines)) if lines[number].startswith("+"))
+    block = "\n".join(lines[top + 1:end + 1])
+    second = re.sub(r"\|   0  ", "|   1  ", block).replace(":00:04.0", ":00:05.0").replace("     0MiB /", "   123MiB /")
+    text = "\n".join(lines[:end + 1] + second.splitlines() + lines[end + 1:])
+    return text.replace("|  No running processes found ",
+                        "|    1   N/A  N/A      4242      C   python3                          120MiB |\n|")
+
+
+def test_a_table_of_two_gpus_gives_each_its_figures_and_processes(tmp_path):
+    path = tmp_path / "two.txt"
+    path.write_text(_two_gpus((TABLES / "Tesla-T4__drv525.105.17__captured-2023-08-09__54b991e34fdd.txt").read_text()))
+    (frame,) = load_frames(path)
+    first, second = frame.gpus
+    assert [(gpu.index, gpu.bus_id, gpu.memory_used) for gpu in frame.gpus] == [
+        (0, "00000000:00:04.0", 0), (1, "00000000:00:05.0", 123 * MiB)]
+    assert first.processes == () and [(p.pid, p.name, p.used_memory) for p in second.processes] == [(4242, "python3", 120 * MiB)]
+    assert first.memory_total == second.memory_total == 15360 * MiB
+
+
+def test_an_nvidia_smi_l_file_of_two_tables_is_two_time_steps_crlf_too(tmp_path):
+    """`nvidia-smi -l 5 > smi.txt` appends a table a step under its date line; saved on Windows,
+    its lines end in CRLF."""
+    capture = next(CAPTURES.glob("*h100*"))
+    idle, load = (section(capture, f"{step} :: nvidia-smi (default table)") for step in ("idle", "load"))
+    path = tmp_path / "smi.txt"
+    path.write_bytes((idle + "\n" + load).replace("\n", "\r\n").encode())
+    first, second = load_frames(path)
+    assert second.timestamp - first.timestamp == 15  # Tue Jul 14 08:12:38, then 08:12:53 2026
+    assert (first.gpus[0].utilization_gpu, second.gpus[0].utilization_gpu) == (0, 100)
+    assert (first.gpus[0].processes, len(second.gpus[0].processes)) == ((), 3)
+    final = ReplaySource(path).snapshot()
+    assert final.gpus == second.gpus and final.gpus[0].memory_used == 19818 * MiB
+
+
+def test_a_mig_devices_section_gives_the_instances(tmp_path):
+    """Constructed: the H100's table with MIG on and the MIG devices section nvidia-smi prints
+    then (two 3g.40gb instances), before its processes table."""
+    table = section(next(CAPTURES.glob("*h100*")), "idle :: nvidia-smi (default table)")
+    mig = """
++-----------------------------------------------------------------------------------------+
+| MIG devices:                                                                            |
++------------------+----------------------------------+-----------+-----------------------+
+| GPU  GI  CI  MIG |                     Memory-Usage |        Vol|        Shared         |
+|      ID  ID  Dev |                       BAR1-Usage | SM     Unc| CE ENC  DEC  OFA  JPG |
+|                  |                                  |        ECC|                       |
+|==================+==================================+===========+=======================|
+|  0    1   0   0  |              44MiB / 40320MiB    | 60      0 |  3   0    3    0    3 |
+|                  |                 0MiB / 65535MiB  |           |                       |
++------------------+----------------------------------+-----------+-----------------------+
+|  0    2   0   1  |            1044MiB / 40320MiB    | 60      0 |  3   0    3    0    3 |
+|                  |                 0MiB / 65535MiB  |           |                       |
++------------------+----------------------------------+-----------+-----------------------+
+"""
+    table = table.replace("            Disabled |", "             Enabled |")
+    cut = table.index("\n\n+")  # the blank line between the GPUs and the processes
+    path = tmp_path / "mig.txt"
+    path.write_text(table[:cut] + "\n" + mig + table[cut:])
+    (gpu,) = ReplaySource(path).snapshot().gpus
+    assert gpu.mig_enabled is True and gpu.memory_total == 81559 * MiB
+    assert [(m.index, m.gpu_instance_id, m.compute_instance_id, m.multiprocessors, m.memory_used, m.memory_total)
+            for m in gpu.mig_instances] == [(0, 1, 0, 60, 44 * MiB, 40320 * MiB), (1, 2, 0, 60, 1044 * MiB, 40320 * MiB)]
+    assert gpu.processes == ()
+    plain = tmp_path / "plain.txt"  # MIG off, no section: no instances, as from the XML
+    plain.write_text(section(next(CAPTURES.glob("*h100*")), "idle :: nvidia-smi (default table)"))
+    assert ReplaySource(plain).snapshot().gpus[0].mig_instances is None
+
+
 def test_follow_mode_steps_through_every_frame_and_loops():
     path = CSV / "v100s-pcie-32gb_miris.csv"
     frames = load_frames(path)
@@ -412,8 +559,9 @@ def _malformed():
         ("latin1.csv", "temp\xe9rature\n".encode("latin-1"), "it is not UTF-8 text"),
         ("cut.xml", t4[: len(t4) // 2], "it is not well-formed XML (unclosed token: line 213"),
         ("other.xml", b"<html><body>hi</body></html>", "it is XML but not from `nvidia-smi -q -x` (its root element is <html>"),
-        ("table.txt", section(capture, "idle :: nvidia-smi (default table)").encode(),
-         "it is the `nvidia-smi` table, which has too little to replay"),
+        # a table pasted without its GPU rows (the table itself replays: see the table tests)
+        ("table.txt", "\n".join(section(capture, "idle :: nvidia-smi (default table)").splitlines()[:7]).encode(),
+         "it is the `nvidia-smi` table but holds no GPU rows"),
         ("query.txt", section(capture, "idle :: query (-q)").encode(), "it is `nvidia-smi -q` text"),
         ("header-only.csv", (miris[0] + "\n").encode(), "it has a CSV header but no rows"),
         # `nvidia-smi -L > gpus.txt` on a one-GPU runtime: one line, which is no CSV header
