@@ -713,3 +713,18 @@ def test_a_recorded_t4_gets_the_fp16_advice():
     status = colab_gpu.status(path=str(XML / "tesla-t4.xml"))
     assert status.gpus[0].compute_capability == (7, 5)
     assert [advice.rule for advice in status.advice] == ["turing_fp16"]
+
+
+def test_a_recording_without_uuids_shows_no_uuid_line_but_its_bus():
+    """The table (and a log with pci.bus_id) records a bus id and no UUID: the card showed
+    "uuid n/a", as if the read had failed, since the uuid row was left out only with the PCIe facts."""
+    from IPython.lib.pretty import pretty
+
+    import colab_gpu
+
+    for source in (TABLES / "Tesla-T4__drv525.105.17__captured-2023-11-22__5012d5020452.txt",):
+        status = colab_gpu.status(source)
+        shown, card = pretty(status), status._repr_html_()
+        assert "bus 00000000:00:04.0" in shown and "uuid" not in shown
+        assert "00000000:00:04.0" in card and ">uuid<" not in card
+    assert "  uuid        GPU-" in pretty(colab_gpu.status(XML / "tesla-t4.xml"))  # recorded: shown

@@ -202,13 +202,12 @@ def unrecorded_rows(snapshot, gpu) -> set:
     as a line of n/a. From the live driver, n/a says a read failed, so they stay."""
     if not snapshot.recorded:
         return set()
-    pcie = (gpu.pcie_generation, gpu.pcie_width, gpu.bus_id, gpu.uuid)  # the uuid row is read with them
     fields = {"memory": (gpu.memory_total, gpu.memory_used, gpu.memory_free, gpu.memory_reserved),
               "busy": (gpu.utilization_gpu, gpu.utilization_memory),
               "power": (gpu.power_draw, gpu.power_limit, gpu.temperature, gpu.performance_state),
               "clocks": (gpu.sm_clock, gpu.sm_clock_max, gpu.memory_clock, gpu.memory_clock_max,
                          gpu.clock_event_reasons),
-              "PCIe": pcie, "uuid": pcie,
+              "PCIe": (gpu.pcie_generation, gpu.pcie_width, gpu.bus_id), "uuid": (gpu.uuid,),
               "processes": (gpu.processes,)}
     return {row for row, values in fields.items() if all(value is None for value in values)}
 
