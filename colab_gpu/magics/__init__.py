@@ -165,8 +165,9 @@ class GPUMagics(Magics):
                    "(none after a cell too short to be sampled). In a terminal the monitor then "
                    "samples in the background instead of printing a line per sample.")
     @argument("--from", action=_Once, dest="path", metavar="FILE",
-              help="Show the status recorded in an `nvidia-smi -q -x` XML file or an "
-                   "`nvidia-smi --query-gpu=... --format=csv` log instead of the live GPUs; "
+              help="Show the status recorded in an `nvidia-smi -q -x` XML file, an "
+                   "`nvidia-smi --query-gpu=... --format=csv` log or a saved `nvidia-smi` table "
+                   "instead of the live GPUs; "
                    "with --live, replay it one time step per sample.")
     @line_magic
     @_friendly_errors
