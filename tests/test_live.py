@@ -311,6 +311,36 @@ def test_the_run_record_summarises_and_draws_the_whole_run():
 
 IDLE_8GPU = DATA / "nvidia-smi-csv" / "8gpu-80gb-idle_gpu-glasses.csv"
 
+# What each recording never holds (its header says so): the summary and the chart leave it out.
+UNRECORDED = {"20gb-noheader_plato.csv": set(), "8gpu-80gb-idle_gpu-glasses.csv": {"busy"},
+              "8gpu-training_nanogpt-pr643.csv": {"memory"}, "v100s-pcie-32gb_miris.csv": {"power"}}
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in (DATA / "nvidia-smi-csv").glob("*.csv")))
+def test_the_summary_and_chart_of_a_recording_leave_out_what_it_never_recorded(live_config, capsys, name):
+    """nanoGPT's log has no memory: --stop printed "memory peak n/a of n/a" for each of its 8
+    GPUs (and the chart an empty "not reported" panel), where the card leaves the row out."""
+    run_live(live_config, f"--live --from {DATA / 'nvidia-smi-csv' / name} --interval 0.005",
+             live_display="widgets")
+    sampler = live.running()
+    sampler.wait(5, timeout=10)
+    capsys.readouterr()
+    run_live(live_config, "--stop")
+    summary = unfolded(capsys.readouterr().out)
+    left_out = UNRECORDED[name]
+    gpu_lines = [line for line in summary.splitlines() if line.startswith("GPU ")]
+    assert gpu_lines and "n/a" not in summary, summary
+    parts = {"busy": " on average, peak ", "memory": "memory peak ", "power": "power peak ",
+             "temperature": "temperature peak "}
+    for part, words in parts.items():
+        assert all((words in line) == (part not in left_out) for line in gpu_lines), (part, summary)
+    record = live.record_of(sampler)  # what --stop showed
+    titles = [axes.get_title().split(" (")[0] for axes in record.chart_figure().axes]
+    assert titles == [part for part in ("busy", "memory used", "power", "temperature")
+                      if part.split()[0] not in left_out]
+    if left_out:  # from the live driver, n/a says a read failed: it stays
+        assert "n/a" in str(dataclasses.replace(record, recorded=False))
+
 
 def test_the_final_chart_draws_a_gpu_busy_100_percent_inside_its_panel_not_on_the_frame():
     sampler, _ = live.start(path=str(NANOGPT), interval=0.005)  # 8 GPUs at 100 % busy

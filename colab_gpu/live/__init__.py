@@ -177,7 +177,7 @@ def record_of(sampler: Sampler) -> RunRecord:
                      stopped_at=sampler.stopped_at, error=sampler.error, count=sampler.count,
                      display_error=sampler.listener_error, torch_labels=torch_labels(sampler),
                      numbering_note=numbering_note(sampler), recording_note=recording_note(sampler),
-                     totals=sampler.totals())
+                     totals=sampler.totals(), recorded=sampler.recorded)
 
 
 def history(frame: Optional[bool] = None):

@@ -50,13 +50,22 @@ class GPURunSummary:
     power_peak: Optional[float]
     temperature_peak: Optional[float]
     torch_label: Optional[str] = None  # "cuda:0", "hidden from torch", as the card says
+    recorded: bool = False  # replayed from a recording (Snapshot.recorded), not read from a driver
 
     def line(self) -> str:
+        """A part a recording never held is left out, as the card leaves out its row: nanoGPT's
+        log has no memory and read "memory peak n/a of n/a". From the live driver, n/a says a
+        read failed, so it stays."""
         label = f" ({self.torch_label})" if self.torch_label else ""
-        return (f"GPU {self.index} {self.name}{label}: busy {number(self.utilization_mean, '%')} on average, "
-                f"peak {number(self.utilization_peak, '%')}; memory peak {size(self.memory_peak)} "
-                f"of {size(self.memory_total)}; power peak {number(self.power_peak, ' W', 1)}; "
-                f"temperature peak {celsius(self.temperature_peak)}")
+        parts = [((self.utilization_mean, self.utilization_peak),
+                  f"busy {number(self.utilization_mean, '%')} on average, peak {number(self.utilization_peak, '%')}"),
+                 ((self.memory_peak, self.memory_total),
+                  f"memory peak {size(self.memory_peak)} of {size(self.memory_total)}"),
+                 ((self.power_peak,), f"power peak {number(self.power_peak, ' W', 1)}"),
+                 ((self.temperature_peak,), f"temperature peak {celsius(self.temperature_peak)}")]
+        shown = [text for values, text in parts
+                 if not self.recorded or any(value is not None for value in values)]
+        return f"GPU {self.index} {self.name}{label}: " + ("; ".join(shown) or "nothing recorded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +87,7 @@ class RunRecord:
     # GPU index -> its RunTotals over every sample taken, also those the buffer dropped;
     # without them (a record built from samples alone) the summary reads the samples kept.
     totals: Dict[int, RunTotals] = dataclasses.field(default_factory=dict)
+    recorded: bool = False  # replayed from a recording: what it never held is left out
 
     @property
     def duration(self) -> float:
@@ -95,7 +105,8 @@ class RunRecord:
                 index=index, name=self.gpu_names[index], utilization_mean=run.busy_mean,
                 utilization_peak=peaks["utilization"], memory_peak=peaks["memory_used"],
                 memory_total=peaks["memory_total"], power_peak=peaks["power"],
-                temperature_peak=peaks["temperature"], torch_label=self.torch_labels.get(index)))
+                temperature_peak=peaks["temperature"], torch_label=self.torch_labels.get(index),
+                recorded=self.recorded))
         return tuple(result)
 
     def headline(self) -> str:
@@ -172,8 +183,6 @@ class RunRecord:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        figure = Figure(figsize=(10, 5), dpi=dpi)
-        FigureCanvasAgg(figure)
         # The run's start, not the oldest sample kept: after the buffer overflowed, the
         # x axis still reads as time since the monitor started.
         start = self.started_at or (self.samples[0].time if self.samples else 0.0)
@@ -182,13 +191,22 @@ class RunRecord:
         panels = (("busy (%)", 100), ("memory used (GiB)", max(totals) / 1024 ** 3 if totals else None),
                   ("power (W)", None), ("temperature (°C)", None))
         x, values = self._series(start, unit)
-        axes_grid = figure.subplots(2, 2, sharex=True)
-        # Fixed margins: a constrained layout measured every tick label twice, half the drawing time.
-        figure.subplots_adjust(left=0.06, right=0.86 if len(self.gpu_names) > 1 else 0.97, top=0.88,
-                               bottom=0.1, wspace=0.2, hspace=0.3)
+        fields = list(range(len(panels)))
+        if self.recorded:  # a panel a recording never held is left out, as its summary part is
+            fields = [field for field in fields if not numpy.isnan(values[:, :, field]).all()] or fields
+        rows = 2 if len(fields) == 4 else 1  # three panels in a row, not a 2 x 2 grid with a hole
+        height = 5.0 if rows == 2 else 3.0
+        figure = Figure(figsize=(10, height), dpi=dpi)
+        FigureCanvasAgg(figure)
+        axes_grid = figure.subplots(rows, len(fields) // rows, sharex=True, squeeze=False)
+        # Fixed margins (in inches, whatever the height): a constrained layout measured every
+        # tick label twice, half the drawing time.
+        figure.subplots_adjust(left=0.06, right=0.86 if len(self.gpu_names) > 1 else 0.97, top=1 - 0.6 / height,
+                               bottom=0.5 / height, wspace=0.2, hspace=0.3)
         span = (x[0], x[-1]) if len(x) else (0.0, 0.0)
         legend = {}  # a line per GPU, from whichever panel has one: each GPU has one colour
-        for field, (axes, (title, top)) in enumerate(zip(axes_grid.flat, panels)):
+        for axes, field in zip(axes_grid.flat, fields):
+            title, top = panels[field]
             highest, columns = 0.0, int(axes.get_position().width * figure.get_figwidth() * dpi)  # its pixels
             for position, index in enumerate(sorted(self.gpu_names)):
                 y = values[:, position, field]
@@ -209,10 +227,10 @@ class RunRecord:
             axes.set_ylim(-0.03 * top, 1.05 * top)
             axes.set_title(title, fontsize=10)
             axes.grid(alpha=0.3)
-        for axes in axes_grid[1]:
+        for axes in axes_grid[-1]:
             axes.set_xlabel(f"{unit_name} since start")
         if len(legend) > 1:  # beside the panels, never over the lines (or empty: a warning)
-            axes_grid[0][1].legend([legend[i] for i in sorted(legend)], [f"GPU {i}" for i in sorted(legend)],
+            axes_grid[0][-1].legend([legend[i] for i in sorted(legend)], [f"GPU {i}" for i in sorted(legend)],
                                    fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
         figure.suptitle(self.label, fontsize=11)
         return figure
