@@ -1724,6 +1724,32 @@ def test_ctrl_c_anywhere_in_a_stop_never_hangs_and_a_second_stop_ends_the_monito
     wait_until(lambda: not live_threads(), timeout=5)
 
 
+def test_a_stop_cut_short_by_ctrl_c_is_not_called_a_run_that_stopped_by_itself(live_config, monkeypatch, capsys):
+    """A Ctrl-C in --stop after the sampler thread ended (waiting for it, closing the source)
+    left a run that was not running and not closed: the next --live printed "the last live run
+    stopped by itself", as after a lost GPU, though the user had stopped it."""
+    run_live(live_config, "--live --demo --cells --interval 0.01", live_display="widgets")
+    sampler = live.running()
+    sampler.wait(3, timeout=10)
+    close = sampler.source.close
+
+    def interrupted_close():  # the Ctrl-C lands while the stop closes the recording
+        monkeypatch.setattr(sampler.source, "close", close)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sampler.source, "close", interrupted_close)
+    with pytest.raises(KeyboardInterrupt):
+        run_live(live_config, "--stop")
+    assert not sampler.running and not sampler.closed
+    capsys.readouterr()
+    run_live(live_config, "--live --demo --interval 0.01")
+    out = unfolded(capsys.readouterr().out)
+    assert "stopped by itself" not in out and "Live monitor stopped" not in out, out
+    assert sampler.closed and cell_hooks(live_config) == []  # the cut-short stop was finished
+    assert live.running() is not sampler
+    run_live(live_config, "--stop")
+
+
 @pytest.mark.parametrize("name, note", [
     ("20gb-noheader_plato.csv", "no header: columns read from their units as timestamp, utilization.gpu"),
     ("8gpu-80gb-idle_gpu-glasses.csv", "its index column repeats within one time step, so GPUs are numbered in row order"),

@@ -141,12 +141,15 @@ def stop(reason: Optional[str] = None) -> Optional[RunRecord]:
 
 def stopped_by_itself() -> Optional[RunRecord]:
     """The record of the last run if it stopped by itself (a lost GPU) and no stop() has ended
-    it since, which this does now; else None. A new start() would replace that run unseen."""
+    it since, which this does now; else None. A new start() would replace that run unseen.
+    A stop() that Ctrl-C cut short after the thread ended is finished here too, but that run
+    was stopped on request: its sampler has no error, as its page and summary say."""
     with _lock:
         sampler = _sampler
         if sampler is None or sampler.running or sampler.closed:
             return None
-    return stop()  # as any end of a run: its --cells lines went on into the next run
+    record = stop()  # as any end of a run: its --cells lines went on into the next run
+    return record if sampler.error is not None else None
 
 
 def page_server():
