@@ -509,6 +509,26 @@ def test_the_rolling_chart_of_a_value_the_source_lacks_says_not_reported():
     assert "not reported" not in chart_svg((), "busy %", _utilization)  # nothing sampled yet
 
 
+@pytest.mark.parametrize("name", sorted(UNRECORDED))
+def test_the_live_panel_of_a_recording_leaves_out_the_columns_and_charts_it_never_recorded(live_config, name):
+    """nanoGPT's log has no memory: each GPU's row in the live widget said "n/a / n/a" beside
+    an empty bar, under an empty "memory used %" chart; the card leaves the row out."""
+    from colab_gpu.live import widget
+
+    run_live(live_config, f"--live --from {DATA / 'nvidia-smi-csv' / name} --interval 0.005",
+             live_display="widgets")
+    live.running().wait(5, timeout=10)
+    run_live(live_config, "--stop")  # the widget keeps its last state
+    panel = widget._shown[1].value
+    left_out = UNRECORDED[name]
+    header = re.search(r"<tr class='cgpu-muted'>(.*?)</tr>", panel).group(1)
+    assert re.findall(r"<td>([a-z ]+)</td>", header) == [
+        column for column in ("busy", "memory used", "power", "temperature") if column.split()[0] not in left_out]
+    assert re.findall(r"aria-label='([^']*)'", panel) == [
+        title for title in ("busy %", "memory used %") if title.split()[0] not in left_out]
+    assert "n/a" not in panel and "not reported" not in panel
+
+
 def test_the_chart_names_each_gpu_when_utilization_is_not_reported(monkeypatch):
     """8 idle A100s whose log has no utilization: the legend sat on the empty "busy" panel, so
     the eight lines went unnamed and matplotlib printed "No artists with labels found"."""
@@ -959,7 +979,7 @@ def test_the_widget_value_changes_as_samples_arrive():
     sampler, _ = live.start(path=str(NANOGPT), interval=0.01)
     widget = live_widget(sampler)
     first = widget.value
-    assert "REPLAY of a recorded trace" in first and first.count("<svg") == 2
+    assert "REPLAY of a recorded trace" in first and first.count("<svg") == 1  # busy: the log has no memory
     sampler.wait(sampler.count + 3, timeout=10)
     wait_until(lambda: widget.value != first)
     live.stop()

@@ -100,21 +100,36 @@ def state_words(sampler, now: float) -> str:
     return f"stopped at {clock}{f' by {sampler.stop_reason}' if sampler.stop_reason else ''}, {span}"
 
 
-def _gpu_row(index: int, name: str, label: Optional[str], reading, colour: str) -> str:
+COLUMNS = {"busy": ("utilization",), "memory used": ("memory_used", "memory_total"), "power": ("power",),
+           "temperature": ("temperature",)}  # the table's columns, and the readings each shows
+
+
+def unrecorded_columns(sampler) -> set:
+    """The columns a recording has held nothing for over the whole run: left out, with their
+    chart, as the card leaves out such a row (nanoGPT's log showed "n/a / n/a" memory beside
+    an empty chart). From the live driver, n/a says a read failed, so they stay."""
+    if not sampler.recorded:
+        return set()
+    totals = sampler.totals().values()
+    return {column for column, fields in COLUMNS.items()
+            if all(run.peaks[field] is None for run in totals for field in fields)}
+
+
+def _gpu_row(index: int, name: str, label: Optional[str], reading, colour: str, shown: Sequence[str]) -> str:
     named = f"GPU&nbsp;{index} <span class='cgpu-muted'>{escape(name)}{f' &middot; {escape(label)}' if label else ''}</span>"
     if reading is None:
-        return f"<tr><td>{named}</td><td colspan='4'>not in the latest sample</td></tr>"
+        return f"<tr><td>{named}</td><td colspan='{len(shown)}'>not in the latest sample</td></tr>"
     busy = None if reading.utilization is None else reading.utilization / 100
     used = None
     if reading.memory_used is not None and reading.memory_total:
         used = reading.memory_used / reading.memory_total
-    return (
-        f"<tr><td><b style='color:{colour}'>&#9632;</b> {named}</td>"
-        f"<td>{fraction_bar(busy)}<span class='cgpu-util'>{number(reading.utilization, '%')}</span></td>"
-        f"<td>{fraction_bar(used)}{escape(size(reading.memory_used))} / {escape(size(reading.memory_total))}</td>"
-        f"<td>{escape(number(reading.power, ' W', 1))}</td>"
-        f"<td>{escape(celsius(reading.temperature))}</td></tr>"
-    )
+    cells = {"busy": f"{fraction_bar(busy)}<span class='cgpu-util'>{number(reading.utilization, '%')}</span>",
+             "memory used": f"{fraction_bar(used)}{escape(size(reading.memory_used))} / "
+                            f"{escape(size(reading.memory_total))}",
+             "power": escape(number(reading.power, ' W', 1)),
+             "temperature": escape(celsius(reading.temperature))}
+    return (f"<tr><td><b style='color:{colour}'>&#9632;</b> {named}</td>"
+            + "".join(f"<td>{cells[column]}</td>" for column in shown) + "</tr>")
 
 
 def _polyline(points: List[str], colour: str, dashed: bool) -> str:
@@ -177,7 +192,7 @@ def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
         _polyline([f"{xs[i]:.0f},{_y(ys[i], height):.1f}" for i in min_max_per_column(xs, ys, width, (0, width))],
                   PALETTE[index % len(PALETTE)], False)
         for index, (xs, ys) in sorted(lines.items()))
-    if samples and not lines:  # e.g. a log without memory: say so, as the final chart does
+    if samples and not lines:  # NVML could not read it (a recording leaves the chart out): say so
         body = f"<text x='{width / 2:g}' y='{height / 2:g}' text-anchor='middle'>not reported</text>"
     return (
         f"<svg class='cgpu-chart' width='{width}' height='{height + 14}' "
@@ -210,19 +225,22 @@ def render_panel(sampler, now: float = None) -> str:
              f"<span class='cgpu-muted cgpu-state'>&middot; {escape(state_words(sampler, now))}</span></div>"]
     if sampler.error:
         parts.append(f"<p class='cgpu-error'>Stopped: {escape(sampler.error)}</p>")
-    parts.append("<table><tr class='cgpu-muted'><td></td><td>busy</td><td>memory used</td>"
-                 "<td>power</td><td>temperature</td></tr>")
+    left_out = unrecorded_columns(sampler)
+    shown = [column for column in COLUMNS if column not in left_out]
+    parts.append("<table><tr class='cgpu-muted'><td></td>" + "".join(f"<td>{column}</td>" for column in shown)
+                 + "</tr>")
     labels = torch_labels(sampler)
     for index in sorted(sampler.gpu_names):
         parts.append(_gpu_row(index, sampler.gpu_names[index], labels.get(index), latest.get(index),
-                              PALETTE[index % len(PALETTE)]))
+                              PALETTE[index % len(PALETTE)], shown))
     parts.append("</table>")
     for note in (numbering_note(sampler), recording_note(sampler)):
         if note:
             parts.append(f"<div class='cgpu-muted'>{escape(note)}</div>")
     # Ten samples at least: at --interval 600 a 300 s window held one point, no line at all.
     seconds = max(CHART_SECONDS, 10 * sampler.interval)
-    parts.append(chart_svg(samples, "busy %", _utilization, seconds=seconds))
-    parts.append(chart_svg(samples, "memory used %", _memory_percent, seconds=seconds))
+    for column, title, value in (("busy", "busy %", _utilization), ("memory used", "memory used %", _memory_percent)):
+        if column not in left_out:
+            parts.append(chart_svg(samples, title, value, seconds=seconds))
     parts.append("</div>")
     return unbroken_units("".join(parts))
