@@ -1770,6 +1770,31 @@ def test_a_stop_cut_short_by_ctrl_c_is_not_called_a_run_that_stopped_by_itself(l
     run_live(live_config, "--stop")
 
 
+def test_a_stop_cut_short_after_the_sampler_closed_ends_its_cells_lines_before_the_next_run(
+        live_config, monkeypatch, capsys):
+    """A Ctrl-C in --stop once the sampler had closed (while the summary was read) left the
+    --cells hooks on: the next --live, without --cells, still printed a line after each cell."""
+    run_live(live_config, "--live --demo --cells --interval 0.01", live_display="widgets")
+    sampler = live.running()
+    sampler.wait(3, timeout=10)
+    record_of = live.record_of
+
+    def interrupted(sampler):  # the Ctrl-C lands while the stop reads the run's record
+        monkeypatch.setattr(live, "record_of", record_of)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(live, "record_of", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_live(live_config, "--stop")
+    assert sampler.closed
+    run_live(live_config, "--live --demo --interval 0.01")
+    live.running().wait(3, timeout=10)
+    capsys.readouterr()
+    live_config.run_cell("import time; time.sleep(0.1)")
+    assert "cell GPU memory" not in capsys.readouterr().out and cell_hooks(live_config) == []
+    run_live(live_config, "--stop")
+
+
 @pytest.mark.parametrize("name, note", [
     ("20gb-noheader_plato.csv", "no header: columns read from their units as timestamp, utilization.gpu"),
     ("8gpu-80gb-idle_gpu-glasses.csv", "its index column repeats within one time step, so GPUs are numbered in row order"),

@@ -146,7 +146,8 @@ def stopped_by_itself() -> Optional[RunRecord]:
     was stopped on request: its sampler has no error, as its page and summary say."""
     with _lock:
         sampler = _sampler
-        if sampler is None or sampler.running or sampler.closed:
+        # Closed with its --cells hooks or page left: a stop cut short after the sampler's.
+        if sampler is None or sampler.running or (sampler.closed and not _cleanups and _server is None):
             return None
     record = stop()  # as any end of a run: its --cells lines went on into the next run
     return record if sampler.error is not None else None
