@@ -14,7 +14,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from ..options import command, option
 from .panel import numbering_note, recording_note, running_words, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
-from .sampler import Sampler, SourceError, check_history, check_interval
+from .sampler import DEFAULT_HISTORY, DEFAULT_INTERVAL, Sampler, SourceError, check_history, check_interval
 
 # How long the live page is still served after a stop: an open page polls at least once a
 # second, so it shows when and why the run stopped instead of "sampling" and a lost server.
@@ -100,8 +100,8 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
                 raise AlreadyRunning(running_words(current, "is already running", ", one per kernel: ",
                                                   f" before {asked} can start"))
             return current, False
-        interval = 1.0 if interval is None else interval
-        history = 3600 if history is None else history
+        interval = DEFAULT_INTERVAL if interval is None else interval
+        history = DEFAULT_HISTORY if history is None else history
         if _sampler is not None:  # stopped by itself: nothing may stay registered at exit
             _sampler.stop()
         if demo or path is not None:

@@ -10,6 +10,7 @@ import time
 from html import escape
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..devices import used_fraction
 from ..devices.replay import LABEL_PREFIX, ReplaySource, replay_label
 from ..options import command
 from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
@@ -120,9 +121,7 @@ def _gpu_row(index: int, name: str, label: Optional[str], reading, colour: str, 
     if reading is None:
         return f"<tr><td>{named}</td><td colspan='{len(shown)}'>not in the latest sample</td></tr>"
     busy = None if reading.utilization is None else reading.utilization / 100
-    used = None
-    if reading.memory_used is not None and reading.memory_total:
-        used = reading.memory_used / reading.memory_total
+    used = used_fraction(reading.memory_used, reading.memory_total)
     cells = {"busy": f"{fraction_bar(busy)}<span class='cgpu-util'>{number(reading.utilization, '%')}</span>",
              "memory used": f"{fraction_bar(used)}{escape(size(reading.memory_used))} / "
                             f"{escape(size(reading.memory_total))}",
@@ -209,9 +208,8 @@ def _utilization(reading):
 
 
 def _memory_percent(reading):
-    if reading.memory_used is None or not reading.memory_total:
-        return None
-    return reading.memory_used / reading.memory_total * 100
+    used = used_fraction(reading.memory_used, reading.memory_total)
+    return None if used is None else used * 100
 
 
 def render_panel(sampler, now: float = None) -> str:

@@ -24,6 +24,8 @@ THREAD_NAME = "colab_gpu-sampler"
 # An hour: slower sampling cannot follow a notebook's cells, and far longer waits overflow
 # threading's timeouts (threading.TIMEOUT_MAX), which killed the sampler thread.
 MAX_INTERVAL = 3600.0
+DEFAULT_INTERVAL = 1.0  # seconds between two samples, when neither --interval nor %config says
+DEFAULT_HISTORY = 3600  # samples kept: an hour at the default interval
 # How often a display waiting for a sample that is due looks again (wait() polls: see
 # Sampler.__init__); until it is due, it sleeps.
 POLL_SECONDS = 0.01
@@ -141,7 +143,7 @@ class Sampler:
     afterwards. Listeners added with :meth:`add_listener` run in the thread after each sample.
     """
 
-    def __init__(self, source: DeviceSource, interval: float = 1.0, history: int = 3600,
+    def __init__(self, source: DeviceSource, interval: float = DEFAULT_INTERVAL, history: int = DEFAULT_HISTORY,
                  close_source: bool = False):
         check_history(history)
         self.source = source
