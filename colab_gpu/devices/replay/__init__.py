@@ -27,8 +27,8 @@ import threading
 import xml.etree.ElementTree as ElementTree
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from . import GPU, GPUProcess, MiB, MigInstance, Snapshot, known_compute_capability
-from .nvml import decode_clock_event_reasons
+from .. import GPU, GPUProcess, MiB, MigInstance, Snapshot, known_compute_capability
+from ..nvml import decode_clock_event_reasons
 
 ACCEPTED = ("accepted: an `nvidia-smi -q -x` XML file, an "
             "`nvidia-smi --query-gpu=... --format=csv` log or the `nvidia-smi` table")
