@@ -62,6 +62,8 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
         assert data in names
     for module in ("__init__", "arguments", "cell", "later_runs"):  # a subpackage, found by include
         assert f"colab_gpu/magics/{module}.py" in names
+    for module in ("__init__", "values", "nvsmi_xml", "csv_log", "table"):  # --from's readers
+        assert f"colab_gpu/devices/replay/{module}.py" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), "no MIT licence text"
 
 

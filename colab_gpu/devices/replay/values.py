@@ -1,0 +1,129 @@
+"""Values as nvidia-smi writes them, shared by the three readers of a recording.
+
+nvidia-smi prints numbers with their units ("26.78 W", "1032 MiB", "16x"), times in a few
+layouts, and words in place of the values it could not read ("N/A", "[Not Supported]", ...):
+those become ``None`` here, so a value nvidia-smi lacked reads as unknown, never as 0. Here too
+are what every reader needs besides: the one error a recording that cannot be replayed raises,
+the process kinds, and the note that says in a snapshot's source how a file was read.
+"""
+from __future__ import annotations
+
+import calendar
+import dataclasses
+import datetime
+import re
+from typing import Dict, Optional, Tuple
+
+from .. import MiB, Snapshot
+from ..nvml import decode_clock_event_reasons
+
+UNKNOWN_NAME = "name not recorded"
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be replayed; the message is one line for the user."""
+
+
+_UNIT_BYTES = {"B": 1, "KiB": 1024, "MiB": MiB, "GiB": 1024 * MiB}
+_NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
+
+
+def _number(text: Optional[str]) -> Optional[Tuple[float, str]]:
+    """(value, unit) of "26.78 W" / "16x" / "40"; None for "N/A", "[Not Supported]" ..."""
+    if text is None:
+        return None
+    match = _NUMBER.match(text)
+    if match is None:
+        return None
+    return float(match.group(1)), match.group(2)
+
+
+def _float(text: Optional[str]) -> Optional[float]:
+    parsed = _number(text)
+    return None if parsed is None else parsed[0]
+
+
+def _int(text: Optional[str]) -> Optional[int]:
+    parsed = _number(text)
+    return None if parsed is None else int(parsed[0])
+
+
+def _bytes(text: Optional[str], default_unit: str = "MiB") -> Optional[int]:
+    """Bytes from "1032 MiB" (nvidia-smi's unit) or a bare number in ``default_unit``."""
+    parsed = _number(text)
+    if parsed is None:
+        return None
+    value, unit = parsed
+    scale = _UNIT_BYTES.get(unit or default_unit)
+    return None if scale is None else int(round(value * scale))
+
+
+def _text(text: Optional[str]) -> Optional[str]:
+    """Text as recorded; None for nvidia-smi's placeholders ("N/A", "[Not Supported]" ...)."""
+    if text is None:
+        return None
+    text = text.strip()
+    bare = text.strip("[]")
+    if not text or bare in ("N/A", "Not Supported", "Unknown Error", "Insufficient Permissions",
+                            "Requested functionality has been deprecated", "GPU is lost"):
+        return None
+    return text
+
+
+def _enabled(text: Optional[str]) -> Optional[bool]:
+    """nvidia-smi's "Enabled" / "Disabled"; None for "N/A" (a GPU without the feature)."""
+    text = _text(text)
+    return None if text is None else text == "Enabled"
+
+
+def _epoch(text: str) -> Optional[float]:
+    """Seconds since the epoch of a recorded time; zone-less times are taken as UTC."""
+    text = text.strip()
+    moment = None
+    for layout in ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%a %b %d %H:%M:%S %Y"):
+        try:
+            moment = datetime.datetime.strptime(text, layout)
+            break
+        except ValueError:
+            continue
+    if moment is None:
+        try:
+            moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if moment.tzinfo is not None:
+        return moment.timestamp()
+    return calendar.timegm(moment.timetuple()) + moment.microsecond / 1e6
+
+
+# Bits of NVML's clocks-event mask by the suffix nvidia-smi gives each reason.
+_REASON_BITS = {
+    "gpu_idle": 0x001,
+    "applications_clocks_setting": 0x002,
+    "sw_power_cap": 0x004,
+    "hw_slowdown": 0x008,
+    "sync_boost": 0x010,
+    "sw_thermal_slowdown": 0x020,
+    "hw_thermal_slowdown": 0x040,
+    "hw_power_brake_slowdown": 0x080,
+    "display_clocks_setting": 0x100,
+}
+
+
+def _reasons(states: Dict[str, Optional[str]]) -> Optional[Tuple[str, ...]]:
+    """Decoded reasons from nvidia-smi's per-reason "Active" / "Not Active" words."""
+    known = {name: state for name, state in states.items() if name in _REASON_BITS and state}
+    if not known:
+        return None
+    mask = sum(_REASON_BITS[name] for name, state in known.items() if state.strip() == "Active")
+    return decode_clock_event_reasons(mask)
+
+
+def _process_kind(kind: str) -> str:
+    """nvidia-smi's process type: C, C+G, M+C (MPS) run kernels; G alone only draws."""
+    return "compute" if "C" in kind else "graphics"
+
+
+def _with_note(frame: Snapshot, note: str) -> Snapshot:
+    """Say in the snapshot's source how a file that does not describe itself was read."""
+    return dataclasses.replace(frame, source=f"{frame.source} ({note})")
