@@ -164,6 +164,15 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
         yield obj.__cause__
         yield obj.__context__
     if issubclass(kind, types.TracebackType):
+        # The frame that caught the exception keeps its callers' frames alive once they have
+        # returned, locals and all (`errors.append(e)` in a step keeps the train() that called
+        # it). Followed while they run in the same module, as a notebook's functions do, never
+        # into IPython's own; a frame still running is alive anyway, and so are its callers.
+        caller, running = obj.tb_frame.f_back, _running_frames()
+        while (caller is not None and id(caller) not in running
+               and caller.f_globals is obj.tb_frame.f_globals and caller.f_locals is not caller.f_globals):
+            yield from caller.f_locals.values()
+            caller = caller.f_back
         while obj is not None:
             frame = obj.tb_frame
             if frame.f_locals is not frame.f_globals:  # a module frame's locals are a namespace
@@ -184,6 +193,16 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
                     yield object.__getattribute__(obj, slot)
                 except Exception:
                     pass
+
+
+def _running_frames() -> Set[int]:
+    """The ids of the frames some thread is running, and of their callers."""
+    running = set()
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            running.add(id(frame))
+            frame = frame.f_back
+    return running
 
 
 def _node_children(node: Any, saved: Tuple[str, ...]) -> Iterable[Any]:

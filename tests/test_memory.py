@@ -302,6 +302,37 @@ def test_vars_names_the_output_and_the_error_that_hold_what_no_variable_does(she
     assert not alive(shell)
 
 
+def test_a_kept_exception_is_named_with_the_locals_of_the_functions_that_called_its_catcher(shell, capsys):
+    """A step that stored its error (`errors.append(e)`) kept train()'s 61 MiB alive through
+    the frame that caught it, and --vars said no variable holds a tensor."""
+    from colab_gpu.render import size
+
+    run(shell, f"""
+import torch, weakref
+def step(errors):
+    try:
+        raise ValueError("bad batch")
+    except ValueError as error:
+        errors.append(error)
+def train():
+    weights = torch.ones({SIZE})
+    global ref
+    ref = weakref.ref(weights)
+    errors = []
+    step(errors)
+    return errors
+errs = train()
+""")
+    gc.collect()
+    assert alive(shell), "the caught exception's frame should keep train()'s frame alive"
+    capsys.readouterr()
+    shell.run_line_magic("clear_cache", "--vars")
+    found = rows(capsys.readouterr().out, "Who holds memory")
+    assert found["errs"].startswith(f"{size(4 * SIZE)} in 1 tensor")
+    shell.run_line_magic("clear_cache", "errs --quiet")
+    assert not alive(shell)
+
+
 @pytest.mark.parametrize("holder", ["sys.last_value", "sys.last_traceback", "sys.last_exc",
                                     "shell.last_execution_result", "shell.InteractiveTB.tb",
                                     "shell.InteractiveTB.pdb"])
