@@ -324,7 +324,7 @@ class Elsewhere:
     an output (``Out[3]``, ``_``) or the last error (its traceback's frames, a ``%debug``)."""
 
     name: str
-    nbytes: int  # distinct storage bytes it reaches and no variable does
+    nbytes: int  # distinct storage bytes it reaches and no variable, nor an output before it, does
     by_device: Tuple[Tuple[str, int], ...]
     tensors: int  # the tensors it reaches whose storage no variable reaches
     truncated: bool = False
@@ -471,14 +471,16 @@ def _other_roots(shell: Any, namespace: Mapping[str, Any],
 
 def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], int],
                max_objects: int) -> Tuple[Tuple[Elsewhere, ...], Dict[Tuple[str, int], int]]:
-    """The outputs and the last error, by the storages they reach that no variable does (the
-    ones ``union`` lacks), and those storages; ``union`` gains them. One walk per root."""
+    """The outputs and the last error, by the storages they reach that no variable (the
+    ones ``union`` lacks) nor one before them does, and those storages; ``union`` gains them.
+    One walk per root."""
     not_yours: Dict[Tuple[str, int], int] = {}
     found = []
     for name, root in _other_roots(shell, *_namespaces(shell)):
         reach = _walk(root, torch, skip, max_objects, known=union)
         del root
-        own = {key: n for key, n in reach.storages.items() if key not in union}
+        # each storage in one row only: the rows add up to what no variable holds
+        own = {key: n for key, n in reach.storages.items() if key not in union and key not in not_yours}
         not_yours.update(own)
         if own:
             found.append(Elsewhere(name, sum(own.values()), _by_device(own), reach.tensors - reach.shared,

@@ -831,3 +831,21 @@ def test_an_outputs_row_counts_only_the_tensors_clearing_it_would_free(shell, ca
     finally:
         run(shell, "del weights")
         shell.run_line_magic("clear_cache", "--quiet")
+
+
+def test_an_output_shown_twice_is_counted_once(shell, capsys):
+    """A tensor shown, then shown again by `_`, read "Out[N] 30.5 MiB" and "Out[N+1] 30.5 MiB"
+    under "Held by none of your variables: cpu 30.5 MiB": the rows added up to twice the total."""
+    from colab_gpu.render import size
+
+    run(shell, f"import torch\ntorch.ones({SIZE // 2})")
+    number = shell.execution_count - 1
+    run(shell, "_")
+    try:
+        capsys.readouterr()
+        shell.run_line_magic("clear_cache", "--vars")
+        found = rows(capsys.readouterr().out, "Held by none of your variables")
+        assert found[f"Out[{number}]"] == f"cpu {size(2 * SIZE)} in 1 tensor - %clear_cache clears it"
+        assert f"Out[{number + 1}]" not in found
+    finally:
+        shell.run_line_magic("clear_cache", "--quiet")
