@@ -113,6 +113,7 @@ def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch, part: bool = 
 
 
 _CONTAINERS = (list, tuple, set, frozenset, collections.deque)
+_LRU_CACHE = getattr(functools, "_lru_cache_wrapper", None)  # C's: its cache is no attribute
 
 
 def _children(obj: Any, kind: type) -> Iterable[Any]:
@@ -183,16 +184,22 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
         attributes = object.__getattribute__(obj, "__dict__")
     except Exception:
         attributes = None
-    if isinstance(attributes, dict):
+    shown = isinstance(attributes, dict)  # a Python object's references are its attributes
+    if shown:
         yield from attributes.values()
     for cls in kind.__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
             if slot not in ("__dict__", "__weakref__"):
+                shown = True
                 try:
                     yield object.__getattribute__(obj, slot)
                 except Exception:
                     pass
+    if not shown or kind is _LRU_CACHE:
+        # A built-in object keeps what no attribute shows (an iterator its list, zip its
+        # iterators, an lru_cache its results): what the garbage collector sees, no user code run.
+        yield from gc.get_referents(obj)
 
 
 def _running_frames() -> Set[int]:

@@ -207,6 +207,26 @@ def test_a_partial_and_a_paused_generator_hold_what_they_keep_alive():
     assert by_name["step"].nbytes == nbytes(model.weight) and by_name["keyword"].nbytes == 1_200
 
 
+def test_an_iterator_zip_and_an_lru_cache_hold_what_they_keep_alive():
+    """`it = iter(batches)` then `del batches`, a zip and an @lru_cache'd function's results
+    kept their tensors alive, and --vars said "No variable of yours holds a tensor": built-in
+    objects show none of what they keep as attributes."""
+    import functools
+
+    batches = [torch.ones(1_000), torch.ones(2_000)]
+
+    @functools.lru_cache
+    def embed(i):
+        return torch.ones(500) * i
+
+    embed(1), embed(2)
+    by_name, order, _ = ranked(it=iter(batches), pairs=zip([torch.ones(300)], [1]), embed=embed,
+                               position=torch.device("cpu"))
+    assert order == ["it", "embed", "pairs"]
+    assert by_name["it"].nbytes == nbytes(*batches) and by_name["it"].tensors == 2
+    assert by_name["embed"].nbytes == 4_000 and by_name["pairs"].nbytes == 1_200
+
+
 def test_ranking_a_paused_generator_does_not_keep_what_it_later_drops():
     """Python 3.11 and 3.12 cache a frame's ``f_locals`` on the frame: read once by the ranking,
     a generator's ``data`` stayed alive after the generator's own ``del data``, until it ended,
