@@ -106,51 +106,57 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
     steps = whole_number("steps", steps)
     device = checked_device(device)
     errors = []
-    with CtrlC() as ctrl_c:
-        def run(size: int) -> Trial:
-            if ctrl_c.pressed:  # held since the last trial ended: stop before the next one
-                raise KeyboardInterrupt
-            trial, error = run_trial(step, size, steps, device, measure_memory, ctrl_c,
-                                     min_timed=THROUGHPUT_TIMED if mode == "throughput" else 0.0,
-                                     around=around_run)
-            try:
-                snapshot.restore()
-            finally:  # freed also when a --restore object cannot be put back
-                if trial.outcome != DEVICE_BROKEN:
-                    release_memory(device)
-            search.device = device_label(device)
-            if error is not None:
-                errors.append(error)
-            return trial
+    try:
+        with CtrlC() as ctrl_c:
+            def run(size: int) -> Trial:
+                if ctrl_c.pressed:  # held since the last trial ended: stop before the next one
+                    raise KeyboardInterrupt
+                trial, error = run_trial(step, size, steps, device, measure_memory, ctrl_c,
+                                         min_timed=THROUGHPUT_TIMED if mode == "throughput" else 0.0,
+                                         around=around_run)
+                try:
+                    snapshot.restore()
+                finally:  # freed also when a --restore object cannot be put back
+                    if trial.outcome != DEVICE_BROKEN:
+                        release_memory(device)
+                search.device = device_label(device)
+                if error is not None:
+                    errors.append(error)
+                return trial
 
-        search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
-                        multiple_of=multiple_of, headroom=headroom, tolerance=tolerance,
-                        device=device_label(device), on_trial=progress or (lambda search: None))
-        try:
-            search.run()
-        except RestoreError as error:  # it cannot go on: the progress ends saying why
-            search.stopped = str(error)
+            search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
+                            multiple_of=multiple_of, headroom=headroom, tolerance=tolerance,
+                            device=device_label(device), on_trial=progress or (lambda search: None))
+            try:
+                search.run()
+            except RestoreError as error:  # it cannot go on: the progress ends saying why
+                search.stopped = str(error)
+                if progress is not None:
+                    progress.finish(search.result())
+                raise
+            # With --steps 1 the first run is timed too: alone, or as half of a median of two.
+            warm_up_timed = steps == 1 and any(trial.fits and trial.runs <= 2 for trial in search.trials)
+            if mode == "throughput" and warm_up_timed:
+                search.notes.append(f"{option('steps', 1)}: a step of {THROUGHPUT_TIMED / 2:g} s or more "
+                                    f"ran once or twice, so its time includes the trial's warm-up "
+                                    f"(allocation, optimizer state, autotuning), which weighs most on "
+                                    f"small sizes; {option('steps', 3)} or more times warm runs only")
+            if not search.headroom.is_zero and search.capacity is None and search.trials:
+                why = "memory could not be measured here" if measure_memory \
+                    else f"{option('measure_memory', False)} measures no memory"
+                search.notes.append(f"{option('headroom', search.headroom.spec, plain=True)} was not "
+                                    f"applied: {why}, so only out-of-memory errors decided what fits")
+            result = search.result()
+            # Ctrl-C still held: the search has ended, and the final report (the chart, matplotlib's
+            # first import: a second) is how it stops; raised there, it left the table "still
+            # running" over a KeyboardInterrupt and the answer unassigned.
             if progress is not None:
-                progress.finish(search.result())
-            raise
-        # With --steps 1 the first run is timed too: alone, or as half of a median of two.
-        warm_up_timed = steps == 1 and any(trial.fits and trial.runs <= 2 for trial in search.trials)
-        if mode == "throughput" and warm_up_timed:
-            search.notes.append(f"{option('steps', 1)}: a step of {THROUGHPUT_TIMED / 2:g} s or more "
-                                f"ran once or twice, so its time includes the trial's warm-up "
-                                f"(allocation, optimizer state, autotuning), which weighs most on "
-                                f"small sizes; {option('steps', 3)} or more times warm runs only")
-        if not search.headroom.is_zero and search.capacity is None and search.trials:
-            why = "memory could not be measured here" if measure_memory \
-                else f"{option('measure_memory', False)} measures no memory"
-            search.notes.append(f"{option('headroom', search.headroom.spec, plain=True)} was not "
-                                f"applied: {why}, so only out-of-memory errors decided what fits")
-        result = search.result()
-        # Ctrl-C still held: the search has ended, and the final report (the chart, matplotlib's
-        # first import: a second) is how it stops; raised there, it left the table "still
-        # running" over a KeyboardInterrupt and the answer unassigned.
-        if progress is not None:
-            progress.finish(result)
+                progress.finish(result)
+    finally:
+        # run() and the search refer to each other (search._run, run's `search`): kept, that
+        # cycle held the step, what it closes over and the CPU copies of the restored objects
+        # until Python's next garbage collection.
+        search = None
     if errors and result.trials[-1].outcome != DEVICE_BROKEN:
         raise errors[-1]
     return result
