@@ -431,7 +431,7 @@ def test_gpu_status_shows_unsupported_fields_as_n_a(shell, capsys, live):
          .fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_NOT_SUPPORTED)
          .fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_FUNCTION_NOT_FOUND))
     text = run_status(shell, capsys)
-    assert "  power       n/a of 70 W   temperature 40 °C   state P0" in text.splitlines()
+    assert "  power       n/a of 70 W, temperature 40 °C, state P0" in text.splitlines()
     assert "memory      n/a used / n/a" in text
     assert "GPU 0  Tesla T4  (cuda:0, compute capability 7.5)" in text.splitlines()
 

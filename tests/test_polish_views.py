@@ -244,5 +244,5 @@ def test_the_text_view_keeps_plain_spaces(gpu_status_cards):
     text = str(gpu_status_cards["tesla-t4.xml"])
     assert "\xa0" not in text and "&nbsp;" not in text
     assert "  memory      1.01 GiB used / 15.00 GiB, 13.61 GiB free,\n              388 MiB reserved by the driver" in text
-    assert "1.01&nbsp;GiB used of 15.00&nbsp;GiB (13.61&nbsp;GiB free, 388&nbsp;MiB reserved by the driver)" in \
+    assert "1.01&nbsp;GiB used / 15.00&nbsp;GiB, 13.61&nbsp;GiB free, 388&nbsp;MiB reserved by the driver" in \
         gpu_status_cards["tesla-t4.xml"]._repr_html_()

@@ -214,7 +214,7 @@ def test_a_log_without_power_temperature_or_state_shows_no_power_row(tmp_path):
     assert shown.count("  busy        ") == 2
     temperature_only = tmp_path / "temperature.csv"
     temperature_only.write_text("index, temperature.gpu\n0, 71\n")
-    assert "  power       n/a   temperature 71 °C   state n/a" in pretty(colab_gpu.status(temperature_only))
+    assert "  power       n/a, temperature 71 °C, state n/a" in pretty(colab_gpu.status(temperature_only))
 
 
 def test_mig_mode_is_read_and_shown():
@@ -234,14 +234,14 @@ def test_a_link_without_its_maximum_shows_the_current_link_alone():
     from IPython.lib.pretty import pretty
 
     status = colab_gpu.status(XML / "gtx-1070-ti.xml")
-    assert "  PCIe        gen 1 x16   bus 00000000:01:00.0" in pretty(status)
+    assert "  PCIe        gen 1 x16; bus 00000000:01:00.0" in pretty(status)
     assert "gen 1 x16; bus 00000000:01:00.0" in status._repr_html_()
     # a live GPU whose link cannot be read: both cards say n/a, not "gen n/a xn/a"
     from colab_gpu.devices import GPU
     from colab_gpu.render import pcie_link
     assert pcie_link(GPU(0, "Tesla T4")) == "n/a"
     # nor power as "n/a of n/a" where neither draw nor limit is recorded
-    assert "  power       n/a   temperature" in pretty(status)
+    assert "  power       n/a, temperature" in pretty(status)
     assert "n/a of n/a" not in status._repr_html_()
 
 
@@ -338,7 +338,7 @@ def test_the_h200_capture_on_the_card():
     text = str(colab_gpu.status(next(CAPTURES.glob("*h200*"))))
     assert "GPU 0  NVIDIA H200  (cuda:0, compute capability 9.0)" in text
     assert "31.60 GiB used / 140.40 GiB, 108.20 GiB free" in text  # 32362 of 143771 MiB, 110796 free
-    assert "627.4 W of 700 W   temperature 52 °C   state P0" in text and "No GPU read" not in text
+    assert "627.4 W of 700 W, temperature 52 °C, state P0" in text and "No GPU read" not in text
 
 
 @pytest.mark.parametrize("title, expected", [

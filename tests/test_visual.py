@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
+
+import pytest
 
 import colab_gpu
 from colab_gpu import live
@@ -125,5 +128,42 @@ def test_alloc_conf_warnings_are_labelled_as_in_the_status_card():
 def test_the_status_card_names_temperature_and_state_as_the_text_report_does():
     """The card's power row read "26.8 W of 70 W, 40 °C, P0": a bare P0 means nothing to a student."""
     status = colab_gpu.status(path=str(XML / "tesla-t4.xml"))
-    assert "temperature 40 °C   state P0" in str(status)
+    assert "temperature 40 °C, state P0" in str(status)
     assert "26.8&nbsp;W of 70&nbsp;W, temperature 40&nbsp;°C, state P0" in status._repr_html_()
+
+
+def card_rows(status):
+    """Each GPU's rows, {label: value}, as the text report and as the HTML card show them (a
+    folded text row unfolded, the HTML's tags and no-break spaces dropped)."""
+    from test_polish_views import Text
+
+    text_rows, rows = [], None
+    for line in str(status).splitlines():
+        if line.startswith("GPU "):
+            rows = {}
+            text_rows.append(rows)
+        elif rows is not None and line.startswith(" " * 14):
+            rows[label] += " " + line.strip()
+        elif rows is not None and line.startswith("  ") and line[2] != " ":
+            label = line[2:13].strip()
+            rows[label] = line[14:]
+        else:
+            rows = None
+    row = re.compile(r"<tr><td class='cgpu-muted cgpu-label'>(.*?)</td><td>(.*?)</td></tr>")
+    html_rows = [{label: str(Text(value)).replace("\xa0", " ").strip() for label, value in row.findall(gpu)}
+                 for gpu in status._repr_html_().split("<h4>")[1:]]
+    return text_rows, html_rows
+
+
+@pytest.mark.parametrize("source", [*sorted(path.name for path in XML.glob("*.xml")), "NVML"])
+def test_the_text_report_and_the_card_word_every_gpu_row_alike(source):
+    """The two renderers wrote the rows each their own way and drifted apart: "1.01 GiB used /
+    15.00 GiB" in the text, "used of" in the card; "slowed by:" and "slowed by"; "bus" and "; bus"."""
+    status = colab_gpu.status(box("tesla-t4.xml", "rtx-3090-v12.xml")) if source == "NVML" else \
+        colab_gpu.status(path=str(XML / source))
+    text_rows, html_rows = card_rows(status)
+    assert len(text_rows) == len(html_rows) == len(status.snapshot.gpus)
+    for text, html in zip(text_rows, html_rows):
+        listed = {"process", "processes", "where"}  # laid out as columns in the text, a list or a bar in HTML
+        assert {label: value for label, value in text.items() if label not in listed} == \
+            {label: value for label, value in html.items() if label not in listed}

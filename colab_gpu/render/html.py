@@ -17,9 +17,9 @@ import re
 from html import escape
 from typing import List
 
-from . import (DRIVER_NUMBERING_NOTE, NA, allocator_summary, capability, celsius, driver_versions,
-               mig_instance_summary, number, outside_torch_label, pcie_link, power, process_name, ratio, seen_as,
-               size, torch_summary, this_process, unrecorded_rows, words)
+from . import (DRIVER_NUMBERING_NOTE, NA, allocator_summary, capability, driver_versions, outside_torch_label,
+               process_name, seen_as, size, torch_summary, this_process)
+from .card import gpu_rows
 
 STYLE = """
 <style>
@@ -89,35 +89,19 @@ def _gpu(status, gpu) -> str:
     title = f"GPU {gpu.index} &middot; {escape(gpu.name)}"
     if gpu.error:
         return f"<h4>{title}</h4><p>{escape(gpu.error)}</p>"
-    busy = None if gpu.utilization_gpu is None else gpu.utilization_gpu / 100
-    processes = NA if gpu.processes is None else (
-        "<br>".join(f"{p.pid} <span title='{escape(p.name or NA)}'>{escape(process_name(p.name))}</span> "
-                    f"&middot; {size(p.used_memory)}{this_process(status, p)}" for p in gpu.processes)
-        or "none visible")
-    rows = [
-        ("memory", fraction_bar(gpu.memory_used_fraction) + escape(
-            f"{size(gpu.memory_used)} used of {size(gpu.memory_total)} ({size(gpu.memory_free)} free, "
-            f"{size(gpu.memory_reserved)} reserved by the driver)")),
-        ("busy", fraction_bar(busy) + escape(f"{number(gpu.utilization_gpu, '%')} compute, "
-                                     f"{number(gpu.utilization_memory, '%')} memory bus")),
-        ("power", escape(f"{power(gpu.power_draw, gpu.power_limit)}, temperature "
-                         f"{celsius(gpu.temperature)}, state {gpu.performance_state or NA}")),
-        ("clocks", escape(f"SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
-                          f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by "
-                          f"{words(gpu.clock_event_reasons)}")),
-        ("PCIe", escape(f"{pcie_link(gpu)}; bus {gpu.bus_id or NA}")),
-        ("uuid", escape(gpu.uuid or NA)),  # what CUDA_VISIBLE_DEVICES=GPU-... takes
-        ("processes", processes),
-    ]
-    left_out = unrecorded_rows(status.snapshot, gpu)
-    rows = [(label, value) for label, value in rows if label not in left_out]
-    rows += [(f"MIG {mig.index}", fraction_bar(mig.memory_used_fraction) + escape(mig_instance_summary(status, gpu, mig)))
-             for mig in gpu.mig_instances or ()]
-    memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
-    if memory:
-        rows.append(("torch", escape(allocator_summary(memory))))
-    if part:
-        rows.append(("where", _breakdown_bar(part)))
+    bars = {"memory": gpu.memory_used_fraction,
+            "busy": None if gpu.utilization_gpu is None else gpu.utilization_gpu / 100,
+            **{f"MIG {mig.index}": mig.memory_used_fraction for mig in gpu.mig_instances or ()}}
+
+    def cell(label, value) -> str:
+        if value is None:  # the processes listed, each whole command line on hover
+            return "<br>".join(f"{p.pid} <span title='{escape(p.name or NA)}'>{escape(process_name(p.name))}</span> "
+                               f"&middot; {size(p.used_memory)}{this_process(status, p)}" for p in gpu.processes)
+        if label == "where":
+            return _breakdown_bar(status.breakdown_of(gpu.index))
+        return fraction_bar(bars.get(label)) + escape(value)
+
+    rows = [(label, cell(label, value)) for label, value in gpu_rows(status, gpu)]
     return (f"<h4>{title} <span class='cgpu-muted'>{escape(seen_as(status, gpu))}, "
             f"{capability(gpu)}</span></h4>" + rows_table(rows))
 

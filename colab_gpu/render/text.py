@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import List
 
-from . import (DRIVER_NUMBERING_NOTE, FASTEST_FIRST_NOTE, NA, WIDTH, allocator_summary, breakdown_summary,
-               capability, celsius, driver_versions, fold, fold_items, labelled_row, mig_instance_summary, number,
-               pcie_link, power, process_name, ratio, seen_as, size, this_process, torch_summary, unrecorded_rows,
-               words)
+from . import (DRIVER_NUMBERING_NOTE, FASTEST_FIRST_NOTE, WIDTH, allocator_summary, capability, driver_versions, fold,
+               fold_items, labelled_row, process_name, seen_as, size, this_process, torch_summary)
+from .card import gpu_rows
 
 LABEL = 11  # a GPU row's label column ("  memory      "): its values start at column 14
 
@@ -30,32 +29,12 @@ def _gpu_lines(status, gpu) -> List[str]:
     title = f"GPU {gpu.index}  "
     if gpu.error:
         return [fold(f"{title}{gpu.name}: {gpu.error}", len(title))]
-    memory = f"{size(gpu.memory_used)} used / {size(gpu.memory_total)}, {size(gpu.memory_free)} free, " \
-             f"{size(gpu.memory_reserved)} reserved by the driver"
-    rows = [
-        ("", fold_items(f"{title}{gpu.name}  ({seen_as(status, gpu, short=True)}, {capability(gpu)})", len(title))),
-        ("memory", _row("memory", memory)),
-        ("busy", _row("busy", f"{number(gpu.utilization_gpu, '%')} compute, "
-                              f"{number(gpu.utilization_memory, '%')} memory bus")),
-        ("power", f"  power       {power(gpu.power_draw, gpu.power_limit)}"
-                  f"   temperature {celsius(gpu.temperature)}   state {gpu.performance_state or NA}"),
-        ("clocks", _row("clocks", f"SM {ratio(gpu.sm_clock, gpu.sm_clock_max, 'MHz')}, memory "
-                                  f"{ratio(gpu.memory_clock, gpu.memory_clock_max, 'MHz')}; slowed by: "
-                                  f"{words(gpu.clock_event_reasons)}")),
-        ("PCIe", f"  PCIe        {pcie_link(gpu)}   bus {gpu.bus_id or NA}"),
-        ("uuid", f"  uuid        {gpu.uuid or NA}"),
-        ("processes", f"  processes   {NA if gpu.processes is None else 'none visible'}"
-         if not gpu.processes else None),
-    ]
-    rows += [("processes", _process(status, process)) for process in gpu.processes or ()]
-    left_out = unrecorded_rows(status.snapshot, gpu)
-    lines = [line for row, line in rows if line is not None and row not in left_out]
-    lines += [_row(f"MIG {mig.index}", mig_instance_summary(status, gpu, mig)) for mig in gpu.mig_instances or ()]
-    memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
-    if memory:
-        lines.append(_row("torch", allocator_summary(memory)))
-    if part:
-        lines.append(_row("where", breakdown_summary(part)))
+    lines = [fold_items(f"{title}{gpu.name}  ({seen_as(status, gpu, short=True)}, {capability(gpu)})", len(title))]
+    for label, value in gpu_rows(status, gpu):
+        if value is None:  # the processes listed: a row each, in columns
+            lines += [_process(status, process) for process in gpu.processes]
+        else:
+            lines.append(_row(label, value))
     return lines
 
 
