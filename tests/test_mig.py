@@ -171,10 +171,10 @@ def instance_rows(text: str) -> list:
 def test_gpu_status_from_the_recording_shows_one_row_per_instance(shown, clean_env):
     text, html = shown(f"--from {A100}")
     rows = instance_rows(text)
-    assert rows == [f"  MIG {index}       12 MiB used of 19.50 GiB, GPU instance {gi}, compute instance 0, 14 SMs"
+    assert rows == [f"  MIG {index}       12 MiB used / 19.50 GiB, GPU instance {gi}, compute instance 0, 14 SMs"
                     for index, gi in enumerate((3, 4, 5, 6))]
     assert html.count("MIG ") >= 4 and \
-        "12&nbsp;MiB used of 19.50&nbsp;GiB, GPU instance 6, compute instance 0, 14 SMs" in html
+        "12&nbsp;MiB used / 19.50&nbsp;GiB, GPU instance 6, compute instance 0, 14 SMs" in html
     assert "uuid" not in "".join(rows)  # nvidia-smi's XML has none: not a row of n/a
 
 
@@ -239,7 +239,7 @@ def test_a_full_instance_of_another_user_is_not_advised_on(shown, clean_env, mon
     live(with_instances(recorded_a100(), filled(3)), monkeypatch)
     clean_env.setenv("CUDA_VISIBLE_DEVICES", UUIDS[1])
     text, _ = shown()
-    assert "  MIG 3       18.53 GiB used of 19.50 GiB" in text  # read, and not this kernel's slice
+    assert "  MIG 3       18.53 GiB used / 19.50 GiB" in text  # read, and not this kernel's slice
     assert "full" not in text
 
 
@@ -257,4 +257,4 @@ def test_a_recording_with_a_full_instance_is_advised_on(shown, clean_env, tmp_pa
     assert ("tip: MIG instance 3 of GPU 0 was 95% full when recorded: on that machine little more fits "
             "until the processes holding it free memory or stop.") in " ".join(out.split())  # folded at 80
     assert "%clear_cache" not in out and "%clear_cache" not in html
-    assert "  MIG 3       18.53 GiB used of 19.50 GiB" in out and "MIG instance 3 of GPU 0 was 95% full" in html
+    assert "  MIG 3       18.53 GiB used / 19.50 GiB" in out and "MIG instance 3 of GPU 0 was 95% full" in html

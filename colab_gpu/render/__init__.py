@@ -171,7 +171,7 @@ def short_uuid(uuid: Optional[str]) -> str:
 
 def mig_instance_summary(status, gpu, mig) -> str:
     """One MIG instance: its memory, ids and size, its UUID and whether torch runs on it."""
-    parts = [f"{size(mig.memory_used)} used of {size(mig.memory_total)}",
+    parts = [f"{size(mig.memory_used)} used / {size(mig.memory_total)}",
              f"GPU instance {number(mig.gpu_instance_id)}, compute instance {number(mig.compute_instance_id)}"]
     if mig.multiprocessors is not None:
         parts.append(f"{mig.multiprocessors} SMs")
