@@ -93,7 +93,7 @@ def check_options(*, variable: str = "batch_size", mode: str = "max", start: Opt
 def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
                  steps: int = 3, headroom=None, multiple_of: int = 1, device: str = "auto",
-                 measure_memory: bool = True, tolerance: float = 0.05, progress=None,
+                 measure_memory: bool = True, progress=None,
                  around_run: Callable[[], Any] = contextlib.nullcontext) -> BatchResult:
     """Search with ``step(size)``, restoring ``snapshot`` and freeing memory after every trial.
 
@@ -125,7 +125,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
                 return trial
 
             search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
-                            multiple_of=multiple_of, headroom=headroom, tolerance=tolerance,
+                            multiple_of=multiple_of, headroom=headroom,
                             device=device_label(device), on_trial=progress or (lambda search: None))
             try:
                 search.run()

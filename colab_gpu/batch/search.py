@@ -4,7 +4,7 @@ Max mode. When peak memory and capacity are measured, fit memory against batch s
 two small successes and jump most of the way to the predicted largest size (curves bend
 upwards, so a long extrapolation overshoots), then refit from the two largest successes and
 aim just under the new, short-range prediction so that one verifying run lands within
-``tolerance`` of it. A fit is refused while memory has not grown measurably; when it stays
+TOLERANCE (5 %) of it. A fit is refused while memory has not grown measurably; when it stays
 flat over a FLAT_RANGE (512x) range (a cell that ignores the variable) the search falls back
 for good to doubling, as it does where memory cannot be measured. A failed prediction steps
 just under the failure, then bisects between the largest success and the smallest failure;
@@ -13,7 +13,7 @@ A --start above what fits halves to a first success, then measures a size BELOW 
 smaller, so that the fit, not blind bisection, places the rest. Throughput mode doubles from
 the start and stops when two doublings in a row gain less than 5 % samples/s over the best;
 a size that fails is not the end: it bisects between the largest success and the failure
-until within tolerance of it, under the same rule.
+until within TOLERANCE of it, under the same rule.
 
 The answer is always a size that ran and fitted: never an interpolated one.
 """
@@ -42,6 +42,7 @@ FLAT_RANGE = 512  # memory flat (< FLAT_BYTES) over this size ratio: the cell ig
 FLAT_BYTES = 256 * 1024  # 256 bytes a sample over that range: less than any real input row
 SECOND = 8  # the second size, far enough from the first for memory to grow measurably
 BELOW = 4  # from above: the size measured under the first success (near enough for a local fit)
+TOLERANCE = 0.05  # max mode stops once the answer is proven within 5 % of the largest size that fits
 THROUGHPUT_GAIN = 1.05  # a doubling must pay at least 5 % samples/s to go on
 THROUGHPUT_PATIENCE = 2  # doublings in a row that do not pay before stopping: one slow trial is noise
 SMALLEST_BARE_HEADROOM = 1024 ** 2  # a unit-less headroom below 1 MiB is a unit left out
@@ -130,17 +131,17 @@ def noise_floor(capacity: int) -> int:
     return max(8 * 1024 ** 2, capacity // 200)
 
 
-def aim_after_success(lo: int, predicted: int, fit_span: int, tolerance: float) -> float:
+def aim_after_success(lo: int, predicted: int, fit_span: int) -> float:
     """Where to go from the largest success ``lo`` when the fit predicts ``predicted``.
 
     A long extrapolation (from two small sizes) goes AIM of the way. A short one (within
     SHORT_RANGE fit spans of ``lo``) goes NEAR the prediction, so one run verifies it. When
-    ``lo`` is already within (1 - tolerance)^2 of the prediction, probe ``lo / (1 - tolerance)``:
-    a failure there proves ``lo`` within tolerance, and a success is most likely within
-    tolerance of the refitted prediction.
+    ``lo`` is already within (1 - TOLERANCE)^2 of the prediction, probe ``lo / (1 - TOLERANCE)``:
+    a failure there proves ``lo`` within TOLERANCE, and a success is most likely within
+    TOLERANCE of the refitted prediction.
     """
-    if lo >= (1 - tolerance) ** 2 * predicted:
-        return min(lo / (1 - tolerance), predicted)
+    if lo >= (1 - TOLERANCE) ** 2 * predicted:
+        return min(lo / (1 - TOLERANCE), predicted)
     candidate = lo + AIM * (predicted - lo)
     if predicted - lo <= SHORT_RANGE * fit_span:
         candidate = max(candidate, NEAR * predicted)
@@ -189,7 +190,7 @@ class Search:
 
     def __init__(self, run: Callable[[int], Trial], *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
-                 multiple_of: int = 1, headroom=None, tolerance: float = 0.05, device: str = "",
+                 multiple_of: int = 1, headroom=None, device: str = "",
                  on_trial: Callable[["Search"], None] = lambda search: None):
         if mode not in MODES:
             raise SearchError(f"{option('mode', mode)}: use one of {', '.join(MODES)}")
@@ -214,7 +215,7 @@ class Search:
         self._run, self.variable, self.mode, self.device = run, variable, mode, device
         self._headroom = (headroom if isinstance(headroom, Headroom) or headroom is None
                           else Headroom(headroom))
-        self.tolerance, self.on_trial = tolerance, on_trial
+        self.on_trial = on_trial
         self.trials: List[Trial] = []
         # Sizes are multiples of multiple_of: a --start or --max between two is rounded down (a
         # start below the first multiple, up to it), as the user is told.
@@ -349,7 +350,7 @@ class Search:
         return size
 
     def _close(self, lo: int, upper: int) -> bool:
-        return upper - lo <= self.step or lo >= (1 - self.tolerance) * upper
+        return upper - lo <= self.step or lo >= (1 - TOLERANCE) * upper
 
     def _next_size(self, failed_last: bool) -> Optional[int]:
         """The next size to run in max mode, or None when the answer is close enough."""
@@ -364,14 +365,14 @@ class Search:
             self.stopped = f"the memory fit says {self.variable}={lo} is as large as fits"
             return None
         if self._close(lo, upper):
-            self.stopped = (f"within {self.tolerance:.0%} of the largest size that fits"
+            self.stopped = (f"within {TOLERANCE:.0%} of the largest size that fits"
                             if upper <= self.maximum else f"reached {option('max', self.maximum)}")
             return None
         if failed_last and hi is not None:
             first_failure = sum(t.outcome in (OUT_OF_MEMORY, OVER_HEADROOM) for t in self.trials) == 1
             candidate = step_after_failure(lo, hi, fit is not None, first_failure)
         elif predicted is not None:
-            candidate = aim_after_success(lo, predicted, lo - fit.sizes[0], self.tolerance)
+            candidate = aim_after_success(lo, predicted, lo - fit.sizes[0])
             if hi is None and candidate > LONGEST_JUMP * lo:
                 candidate = math.sqrt(lo * candidate)  # refine the fit halfway (geometrically)
         elif hi is not None:
@@ -382,7 +383,7 @@ class Search:
         ceiling = min(self.maximum, hi - 1) if hi is not None else self.maximum
         candidate = self._align(min(max(candidate, lo + self.step), ceiling))
         if candidate <= lo:
-            self.stopped = f"within {self.tolerance:.0%} of the largest size that fits"
+            self.stopped = f"within {TOLERANCE:.0%} of the largest size that fits"
             return None
         return candidate
 
@@ -413,7 +414,7 @@ class Search:
             lo, hi, fit = self.lo, self.hi, self.fit(reach_back=True)
             if hi is not None and self._close(lo, hi):
                 self.stopped = f"{self.variable}={hi} did not fit" + (
-                    f", and {lo} is within {self.tolerance:.0%} of it" if hi - lo > self.step else "")
+                    f", and {lo} is within {TOLERANCE:.0%} of it" if hi - lo > self.step else "")
                 return
             ceiling = min(x for x in (self.maximum, hi and hi - 1,
                                       fit and self.usable and fit.largest_under(self.usable))
