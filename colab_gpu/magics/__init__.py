@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import sys
 import time
-from typing import Callable, List
+from typing import Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -123,17 +123,11 @@ class GPUMagics(Magics):
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
-        self._cleanups: List[Callable[[], None]] = []
         self._session = None  # the LiveSession, once %gpu_status --live has run
-        self.add_cleanup(self._stop_live_on_unload)
-
-    def add_cleanup(self, cleanup: Callable[[], None]) -> None:
-        """Something to undo on unload (a hook, a thread); run last-added first."""
-        self._cleanups.append(cleanup)
 
     def close(self) -> None:
-        while self._cleanups:
-            self._cleanups.pop()()
+        """Undo on unload what the magics started: only the live monitor outlives a call."""
+        self._stop_live_on_unload()
 
     def _show(self, result) -> None:
         from IPython.display import display
