@@ -53,9 +53,8 @@ def _facts(result):
     if result.fit is not None:
         yield (f"memory fit: {format_size(result.fit.intercept)} + {format_size(result.fit.slope)} per sample "
                f"(from {result.variable}={result.fit.sizes[0]} and {result.fit.sizes[1]})")
-    ended = "still running" if result.stopped == RUNNING else f"stopped: {result.stopped}"
-    yield (f"{count(len(result.trials), 'trial')}, {result.out_of_memory_count} out of memory, "
-           f"{count(result.samples_computed, 'sample')} computed; {ended}")
+    ended = RUNNING if result.stopped == RUNNING else f"stopped: {result.stopped}"
+    yield f"{result.tally()}, {count(result.samples_computed, 'sample')} computed; {ended}"
     if result.largest_fitting is not None:
         yield f"largest that ran: {result.largest_fitting}"
     if result.fastest is not None:

@@ -113,8 +113,12 @@ class BatchResult:
         """(size, outcome, peak memory, time per step, samples/s) as text, one per trial."""
         return [trial_row(trial) for trial in self.trials]
 
+    def tally(self) -> str:
+        """Like "2 trials, 1 out of memory": in the summary line and in the facts under the table."""
+        return f"{count(len(self.trials), 'trial')}, {self.out_of_memory_count} out of memory"
+
     def summary(self) -> str:
-        tally = f"{count(len(self.trials), 'trial')}, {self.out_of_memory_count} out of memory"
+        tally = self.tally()
         if self.stopped == RUNNING:
             best = (f"{self.largest_fitting} fits so far" if self.largest_fitting is not None
                     else "nothing has fitted yet")
