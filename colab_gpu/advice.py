@@ -46,6 +46,7 @@ def _no_gpu(status: "Status") -> bool:
 
 
 COLAB_GPU_MENU = "Runtime > Change runtime type > T4 GPU"  # where a Colab user gets a GPU
+KAGGLE_GPU_MENU = "Settings > Accelerator > GPU T4 x2"  # where a Kaggle user gets GPUs
 
 
 def colab_no_gpu(status):
@@ -73,7 +74,7 @@ def colab_no_gpu(status):
 
 def kaggle_no_gpu(status):
     if _no_gpu(status) and status.runtime.platform == KAGGLE:
-        return ("This Kaggle notebook has no GPU: Settings > Accelerator > GPU T4 x2 "
+        return (f"This Kaggle notebook has no GPU: {KAGGLE_GPU_MENU} "
                 "(your account needs phone verification).")
 
 
@@ -194,7 +195,7 @@ def torch_lacks_kernels(status):
             f"start at compute capability {oldest[0]}.{oldest[1]} (torch.cuda.get_arch_list() lists yours), "
             f"so any CUDA work fails with \"no kernel image is available for execution on the device\"")
     if status.runtime.platform == KAGGLE:
-        return f"{what}. Settings > Accelerator > GPU T4 x2 gives GPUs it runs on."
+        return f"{what}. {KAGGLE_GPU_MENU} gives GPUs it runs on."
     if any(gpu.compute_capability >= (5, 0) for gpu in old):  # what torch's CUDA 12.6 builds start at
         return (f"{what}. The same torch built with CUDA 12.6 has kernels from compute capability 5.0: "
                 f"pip install torch=={version.split('+')[0]} --index-url "
