@@ -258,9 +258,9 @@ def mig_torch_indices(cuda_visible_devices: Optional[str], gpus: Sequence[GPU]) 
     index)``, to its torch index, 0: CUDA enumerates one MIG instance only (NVIDIA's CUDA
     Programming Guide, CUDA_VISIBLE_DEVICES: "Only single MIG instance enumeration is
     supported"), the first entry's, so the instances named after it are none of torch's
-    devices. None when that entry names no instance here, or one is named twice, as
-    :func:`torch_indices` reads them. Instances whose UUID NVML did not give cannot be matched
-    (a recording holds none)."""
+    devices. Empty when the first entry is no MIG UUID, names no instance here (or, as a UUID
+    prefix, more than one), or when an entry is repeated (:func:`read_entries`). Instances whose
+    UUID NVML did not give cannot be matched (a recording holds none)."""
     if not names_mig_instances(cuda_visible_devices):
         return {}
     instances = [((gpu.index, mig.index), mig.uuid) for gpu in gpus for mig in gpu.mig_instances or ()]
