@@ -50,7 +50,7 @@ def _reset_by_every_string(name: str, version: Version) -> bool:
 class AllocConfResult:
     """What one ``alloc_conf()`` call found and did."""
 
-    action: str  # "show", "check", "set" or "load"
+    action: str  # "show", "check" or "set"
     torch: TorchState
     torch_version: Optional[str]  # the installed torch, read without importing it
     settings: Settings  # the merged configuration now set in this process (or checked)
