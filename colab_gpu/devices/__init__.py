@@ -98,7 +98,9 @@ class GPU:
 class Snapshot:
     """Every GPU a source sees at one moment, and why it saw none if so."""
 
-    source: str  # "NVML" or "replay of <file>"
+    # The source's label: "NVML", "replay of <file>" (then, in parentheses, how a file that does
+    # not describe itself was read), or memory.py's "none" where NVML could not be read
+    source: str
     gpus: Tuple[GPU, ...] = ()
     driver_version: Optional[str] = None
     cuda_driver_version: Optional[str] = None

@@ -1,6 +1,9 @@
-"""Renderers: turn the core's dataclasses into text, HTML, widgets and charts.
+"""The %gpu_status card (text.py, html.py), clear_cache's report and the memory holders
+(memory.py), and charts (chart.py).
 
-Shared here: the few formatting rules every renderer must agree on (sizes, n/a).
+Here: how every renderer, the live monitor's, allocator's and find_batch's too, writes a value
+(sizes, durations, counts, n/a, folding at 80 columns) and the phrases the text and HTML card
+share (cuda:N names, torch and allocator summaries, processes, MIG instances), so they agree.
 """
 from __future__ import annotations
 
