@@ -1597,11 +1597,11 @@ def test_throughput_times_the_cell_not_the_hiding_of_its_output(shell, monkeypat
     # setting its output aside, or putting it back, takes one second: the time of a step is
     # the cell's alone, 0, whatever the machine's load.
     from colab_gpu.batch import trial
-    from colab_gpu.magics.later_runs import _LaterRuns
+    from colab_gpu.magics.later_runs import LaterRuns
 
     now = [0.0]
     monkeypatch.setattr(trial, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    silenced = _LaterRuns.silenced
+    silenced = LaterRuns.silenced
 
     @contextlib.contextmanager
     def taking_a_second_each_way(self):
@@ -1610,7 +1610,7 @@ def test_throughput_times_the_cell_not_the_hiding_of_its_output(shell, monkeypat
             yield
         now[0] += 1
 
-    monkeypatch.setattr(_LaterRuns, "silenced", taking_a_second_each_way)
+    monkeypatch.setattr(LaterRuns, "silenced", taking_a_second_each_way)
     result = shell.run_cell_magic("find_batch", "--max 8 -o", "print(batch_size)")
     assert now[0] > 0 and [tried.seconds_per_step for tried in result.trials] == [0] * len(result.trials)
 

@@ -21,9 +21,9 @@ from IPython.core.magic_arguments import argument
 from traitlets import Enum, Float, Int, TraitError, validate
 
 from ..options import as_magic
-from .arguments import _WHOLE_NUMBER, _int_or_float, _number, _Once, _parse, magic_arguments
-from .cell import _a_number, _checked_names, _pipes_its_commands, _syntax_error
-from .later_runs import _LaterRuns
+from .arguments import WHOLE_NUMBER, Once, int_or_float, magic_arguments, number, parse
+from .cell import a_number, checked_names, pipes_its_commands, syntax_error
+from .later_runs import LaterRuns
 
 
 def _run_cell(code, namespace: dict) -> None:
@@ -148,7 +148,7 @@ class GPUMagics(Magics):
                    "--from, --demo or --interval is refused until --stop.")
     @argument("--stop", action="store_true",
               help="Stop the live monitor and show a summary of the whole run (and its chart in a notebook).")
-    @argument("--interval", action=_Once, type=_number(_int_or_float, "a number of seconds"), metavar="SECONDS",
+    @argument("--interval", action=Once, type=number(int_or_float, "a number of seconds"), metavar="SECONDS",
               help="With --live: seconds between samples, up to 3600 (default: "
                    "GPUMagics.live_interval, 1).")
     @argument("--demo", action="store_true",
@@ -158,7 +158,7 @@ class GPUMagics(Magics):
               help="With --live: after each cell, one line with its peak GPU memory and change "
                    "(none after a cell too short to be sampled). In a terminal the monitor then "
                    "samples in the background instead of printing a line per sample.")
-    @argument("--from", action=_Once, dest="path", metavar="FILE",
+    @argument("--from", action=Once, dest="path", metavar="FILE",
               help="Show the status recorded in an `nvidia-smi -q -x` XML file, an "
                    "`nvidia-smi --query-gpu=... --format=csv` log or a saved `nvidia-smi` table "
                    "instead of the live GPUs; "
@@ -174,7 +174,7 @@ class GPUMagics(Magics):
         """
         from ..gpu_status import status
 
-        args = _parse(self.gpu_status, line)
+        args = parse(self.gpu_status, line)
         if args.path is not None and not args.path.strip():  # `--from ""`, `--from {path}` of an empty path
             from ..devices.replay import ACCEPTED
 
@@ -225,7 +225,7 @@ class GPUMagics(Magics):
         """
         from ..memory import ClearCacheError, clear_cache, memory_holders
 
-        args = _parse(self.clear_cache, line)
+        args = parse(self.clear_cache, line)
         if args.vars and (args.names or args.history):
             raise UsageError("--vars only shows who holds memory; it takes no NAME or --history")
         if args.vars:
@@ -248,9 +248,9 @@ class GPUMagics(Magics):
     @argument("--unset", action="append", default=[], metavar="KEY",
               help="Remove KEY from the configuration (repeatable, or KEY,KEY as torch separates keys).")
     @argument("--reset", action="store_true", help="Start from an empty configuration.")
-    @argument("--check", action=_Once, metavar="STRING",
+    @argument("--check", action=Once, metavar="STRING",
               help="Validate STRING against the installed torch without applying anything.")
-    @argument("--preset", action=_Once, metavar="NAME",
+    @argument("--preset", action=Once, metavar="NAME",
               help="A named configuration with its explanation: fragmentation, "
                    "fragmentation-old-torch, reclaim, async.")
     @argument("--save", action="store_true",
@@ -272,7 +272,7 @@ class GPUMagics(Magics):
         """
         from ..allocator import AllocConfError, alloc_conf, installed_torch_version, version_of
 
-        args = _parse(self.alloc_conf, line)
+        args = parse(self.alloc_conf, line)
         if args.keys:
             if any(value not in (None, False, []) for name, value in vars(args).items()
                    if name != "keys"):
@@ -362,28 +362,28 @@ class GPUMagics(Magics):
             self._show(record)
 
     @magic_arguments("%find_batch")  # usage reads %%find_batch: it is a cell magic
-    @argument("--var", action=_Once, default="batch_size", metavar="NAME",
+    @argument("--var", action=Once, default="batch_size", metavar="NAME",
               help="The variable the cell reads its batch size from (default batch_size); set to the answer.")
-    @argument("--start", action=_Once, type=_WHOLE_NUMBER,
+    @argument("--start", action=Once, type=WHOLE_NUMBER,
               help="First size tried (default 2, or --multiple-of, or --max if smaller).")
-    @argument("--max", action=_Once, type=_WHOLE_NUMBER, dest="maximum",
+    @argument("--max", action=Once, type=WHOLE_NUMBER, dest="maximum",
               help="Largest size tried (default 65536).")
-    @argument("--steps", action=_Once, type=_WHOLE_NUMBER, default=3,
+    @argument("--steps", action=Once, type=WHOLE_NUMBER, default=3,
               help="Runs of the cell per trial, the first not timed unless it is the only one "
                    "(default 3); in throughput mode a fast cell runs until 0.1 s is timed, at "
                    "most 1000 runs.")
-    @argument("--headroom", action=_Once,
+    @argument("--headroom", action=Once,
               help="Memory kept free: bytes like 512MiB, or a percentage of device memory like 10%% "
                    "(default: none; 10%% on the CPU without ulimit -v, where going past memory gets "
                    "the kernel killed).")
-    @argument("--multiple-of", action=_Once, type=_WHOLE_NUMBER, default=1, dest="multiple_of", metavar="K",
+    @argument("--multiple-of", action=Once, type=WHOLE_NUMBER, default=1, dest="multiple_of", metavar="K",
               help="Only try multiples of K (tensor cores like multiples of 8).")
-    @argument("--mode", action=_Once, choices=["max", "throughput"], default="max",
+    @argument("--mode", action=Once, choices=["max", "throughput"], default="max",
               help="max: the largest size that fits; throughput: the fastest size that fits.")
     @argument("--restore", nargs="+", action="extend", default=[], metavar="NAME",
               help="Objects (model, optimizer, scheduler, tensor, your own random generator) whose "
                    "state is saved to the CPU and restored after every trial.")
-    @argument("--device", action=_Once, default="auto",
+    @argument("--device", action=Once, default="auto",
               help="auto (CUDA once your code has started it, else CPU), cpu, cuda or cuda:N.")
     @argument("-o", action="store_true", dest="return_result",
               help="Return the BatchResult (as %%timeit -o does): the report becomes the cell's "
@@ -406,14 +406,14 @@ class GPUMagics(Magics):
         from ..render import count, with_article
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
-        args = _parse(self.find_batch, line)
+        args = parse(self.find_batch, line)
         try:
             check_variable(args.var)  # before the hints below, which name it
         except SearchError as error:
             raise UsageError(str(error)) from None
         namespace = self.shell.user_ns
         held = namespace.get(args.var)
-        if held is not None and not _a_number(held):
+        if held is not None and not a_number(held):
             # The answer is written over it: a model or a tensor named by --var would be lost.
             raise UsageError(f"--var {args.var}: {args.var} holds {with_article(type(held).__name__)}, not a "
                              f"batch size, and the search would replace it with a number; name "
@@ -426,7 +426,7 @@ class GPUMagics(Magics):
         try:
             tree = ast.parse(source)  # once: the checks below all read this tree
         except SyntaxError as error:
-            raise _syntax_error(error, source, below=1) from None
+            raise syntax_error(error, source, below=1) from None
         if not tree.body:  # comments only: every trial would time nothing
             raise UsageError("the cell has no code: put one training step under %%find_batch, "
                              "using the batch-size variable")
@@ -438,8 +438,8 @@ class GPUMagics(Magics):
         try:
             code = compile("\n" + source, filename, "exec")
         except SyntaxError as error:  # what only the compiler sees: a return outside a function
-            raise _syntax_error(error, source) from None
-        warnings = _checked_names(tree, args.var, namespace)
+            raise syntax_error(error, source) from None
+        warnings = checked_names(tree, args.var, namespace)
         options = dict(variable=args.var, mode=args.mode, start=args.start, maximum=args.maximum,
                        steps=args.steps, headroom=args.headroom, multiple_of=args.multiple_of,
                        device=args.device)
@@ -452,7 +452,7 @@ class GPUMagics(Magics):
             print(f"colab_gpu: {warning}", file=sys.stderr)
 
         # the cell's output is shown for its first run only
-        later_runs = _LaterRuns(self.shell, piped=_pipes_its_commands(tree))
+        later_runs = LaterRuns(self.shell, piped=pipes_its_commands(tree))
 
         def step(size: int) -> None:
             __tracebackhide__ = True

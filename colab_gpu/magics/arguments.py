@@ -22,7 +22,7 @@ class magic_arguments(ipython_magic_arguments):
         return func
 
 
-def _number(kind: type, words: str) -> Callable[[str], object]:
+def number(kind: type, words: str) -> Callable[[str], object]:
     """An option's type: argparse's own "invalid int value: '2.5'" does not say what is accepted."""
     def convert(text: str):
         try:
@@ -32,10 +32,10 @@ def _number(kind: type, words: str) -> Callable[[str], object]:
     return convert
 
 
-_WHOLE_NUMBER = _number(int, "a whole number")
+WHOLE_NUMBER = number(int, "a whole number")
 
 
-def _int_or_float(text: str):
+def int_or_float(text: str):
     """A number as typed: ``--interval 2`` is read back in a message as 2, not as 2.0."""
     try:
         return int(text)
@@ -43,10 +43,10 @@ def _int_or_float(text: str):
         return float(text)
 
 
-_GIVEN = "_given_once"  # where _Once keeps the values given so far, until _parse drops it
+_GIVEN = "_given_once"  # where Once keeps the values given so far, until parse drops it
 
 
-class _Once(argparse.Action):
+class Once(argparse.Action):
     """An option that takes one value, refused when given twice with two values: argparse
     kept the last of ``--preset fragmentation --preset reclaim`` and dropped the first
     without a word. The same value twice is harmless and accepted."""
@@ -99,7 +99,7 @@ def _without_comment(line: str) -> str:
     return line
 
 
-def _parse(magic: Callable, line: str):
+def parse(magic: Callable, line: str):
     """The magic's options, with shell quoting understood: ``--headroom "10%"`` means 10%, and
     a trailing ``# comment`` ignored.
 

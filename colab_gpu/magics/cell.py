@@ -11,7 +11,7 @@ from typing import List, Set, Tuple
 from IPython.core.error import UsageError
 
 
-def _a_number(value) -> bool:
+def a_number(value) -> bool:
     """A value a batch-size variable may hold before the search writes its answer over it: a
     number other than a flag, also a torch or NumPy scalar (``torch.tensor(64)``, a 0-d array),
     which only the answer's int replaces; not a model, a tensor of many values or a string."""
@@ -23,7 +23,7 @@ def _a_number(value) -> bool:
     return isinstance(value, numbers.Number) and not isinstance(value, bool)
 
 
-def _syntax_error(error: SyntaxError, source: str, below: int = 0) -> UsageError:
+def syntax_error(error: SyntaxError, source: str, below: int = 0) -> UsageError:
     """The cell's syntax error in one line, numbered as in the cell (the %%find_batch line is
     line 1), instead of a traceback through the magic's insides; nothing has run."""
     line = (error.lineno or 0) + below  # in the cell; the compiler gives no text for some errors
@@ -34,7 +34,7 @@ def _syntax_error(error: SyntaxError, source: str, below: int = 0) -> UsageError
                       + "; nothing ran")
 
 
-def _checked_names(tree: ast.AST, variable: str, namespace: dict) -> List[str]:
+def checked_names(tree: ast.AST, variable: str, namespace: dict) -> List[str]:
     """Refuses a cell that binds ``variable`` itself; the warnings for a cell that never
     mentions ``variable`` or takes items from an iterator of the notebook."""
     from ..batch.state import assigned_names, mentioned_names
@@ -78,7 +78,7 @@ def _ipython_lines(tree: ast.AST) -> Iterator[Tuple[str, List[str]]]:
                                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
 
 
-def _pipes_its_commands(tree: ast.AST) -> bool:
+def pipes_its_commands(tree: ast.AST) -> bool:
     """Whether later runs may run the cell's ``!cmd`` lines piped: none runs in the background,
     which IPython's piped ``system`` refuses (a terminal's own runs it)."""
     return not any(method == "system" and any(line.rstrip().endswith("&") for line in lines)

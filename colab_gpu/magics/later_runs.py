@@ -10,13 +10,13 @@ from typing import Dict, List
 from IPython.core.interactiveshell import InteractiveShell
 
 
-class _LaterRuns:
+class LaterRuns:
     """Drops what the cell prints or displays after its first run, counting the runs that did.
 
     Entered by the search outside the timed region (a fixed cost per run would make larger
     sizes look faster in throughput mode); one display publisher serves every run all the
     same: IPython's ``capture_output`` builds one per run (a traitlets object, 50-90 µs).
-    ``piped``: whether later runs may run the cell's ``!cmd`` lines piped (_pipes_its_commands).
+    ``piped``: whether later runs may run the cell's ``!cmd`` lines piped (pipes_its_commands).
     """
 
     def __init__(self, shell, piped: bool = True):
