@@ -340,14 +340,17 @@ class Elsewhere:
 
 class _Shown:
     """One line (``summary()``, ``repr``), the text report and the HTML card, from
-    colab_gpu.render.memory's ``<_renderers>_line``, ``_text`` and ``_html``."""
+    colab_gpu.render.memory's ``holders_*`` or ``report_*`` (as ``_renderers`` says)."""
 
     _renderers = ""
 
     def _render(self, form: str) -> str:
         from .render import memory
 
-        return getattr(memory, f"{self._renderers}_{form}")(self)
+        return {("holders", "line"): memory.holders_line, ("holders", "text"): memory.holders_text,
+                ("holders", "html"): memory.holders_html, ("report", "line"): memory.report_line,
+                ("report", "text"): memory.report_text, ("report", "html"): memory.report_html,
+                }[self._renderers, form](self)
 
     def summary(self) -> str:
         """One line: what was freed (a report), who holds the most."""
