@@ -433,8 +433,8 @@ class GPUMagics(Magics):
         # Registered with IPython like a cell, and one line down for the %%find_batch line:
         # a traceback of the user's error shows their line, numbered as in the cell. The cell's
         # number is the display hook's: IPython 9.8+ counts execution_count up before the cell runs.
-        number = getattr(self.shell.displayhook, "prompt_count", self.shell.execution_count)
-        filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", number)
+        cell_number = getattr(self.shell.displayhook, "prompt_count", self.shell.execution_count)
+        filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", cell_number)
         try:
             code = compile("\n" + source, filename, "exec")
         except SyntaxError as error:  # what only the compiler sees: a return outside a function
