@@ -27,12 +27,12 @@ import sys
 import types
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
-from .allocator.schema import ROUNDUP_INTERVALS
-from .devices import DeviceSource, Snapshot
-from .gpu_status import MemoryBreakdown, breakdown, torch_memory, torch_view
-from .options import command, option
-from .render import count
-from .runtime import cuda_torch, current_shell, detect_runtime
+from ..allocator.schema import ROUNDUP_INTERVALS
+from ..devices import DeviceSource, Snapshot
+from ..gpu_status import MemoryBreakdown, breakdown, torch_memory, torch_view
+from ..options import command, option
+from ..render import count
+from ..runtime import cuda_torch, current_shell, detect_runtime
 
 # IPython's own names in the user namespace: the output and input history and its helpers.
 _OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
@@ -345,7 +345,7 @@ class _Shown:
     _renderers = ""
 
     def _render(self, form: str) -> str:
-        from .render import memory
+        from ..render import memory
 
         return {("holders", "line"): memory.holders_line, ("holders", "text"): memory.holders_text,
                 ("holders", "html"): memory.holders_html, ("report", "line"): memory.report_line,
@@ -527,8 +527,8 @@ def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]
     has one (2.10+, else None; asked only once CUDA runs, so asking changes nothing), and the
     environment, which %alloc_conf keeps in step: the variable torch reads (a ROCm build's
     PYTORCH_HIP_ALLOC_CONF too). What cannot be read is empty."""
-    from .allocator.apply import current_settings, installed_env_names, runtime_setter
-    from .allocator.parse import parse
+    from ..allocator.apply import current_settings, installed_env_names, runtime_setter
+    from ..allocator.parse import parse
 
     reported = None
     setter = runtime_setter({"torch": torch})
@@ -555,8 +555,8 @@ def _rounding(torch) -> Tuple[List[int], int]:
     each string puts it back to large_segment_size_mb's value, which does keep its own. So
     the larger of what torch's last string and the environment say is taken: the rest stays
     a lower bound."""
-    from .allocator import AllocConfError, installed_torch_version, roundup_table, version_of
-    from .allocator.schema import BY_NAME
+    from ..allocator import AllocConfError, installed_torch_version, roundup_table, version_of
+    from ..allocator.schema import BY_NAME
 
     reported, environment = _allocator_settings(torch)
     try:
@@ -734,7 +734,7 @@ def cpu_tensor_bytes(torch) -> int:
 
 def _snapshot(source: Optional[DeviceSource]):
     if source is None:
-        from .devices import default_source
+        from ..devices import default_source
 
         source = default_source()
     try:
@@ -1047,8 +1047,8 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
 def _failure(error: BaseException) -> str:
     """A step's error in one line; one that breaks the device (a device-side assert, an
     illegal memory access) says that only a restart mends it."""
-    from .batch.oom import ErrorKind, classify
-    from .batch.trial import describe
+    from ..batch.oom import ErrorKind, classify
+    from ..batch.trial import describe
 
     if classify(error) is ErrorKind.DEVICE_BROKEN:
         return (f"{describe(error)} (the CUDA context is broken: nothing on the GPU can be "
