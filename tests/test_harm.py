@@ -429,9 +429,9 @@ def cuda_calls_in_the_code() -> dict:
 # Why each function that calls torch.cuda cannot start CUDA: the guard it sits behind.
 CUDA_GUARDS = {
     "colab_gpu/gpu_status.py:torch_memory": "returns () unless torch.cuda.is_initialized()",
-    "colab_gpu/memory/__init__.py:cuda_devices_in_use": "called by empty_cuda_cache and _cuda_index, after their check",
-    "colab_gpu/memory/__init__.py:empty_cuda_cache": "returns at once unless CUDA is initialized",
-    "colab_gpu/memory/__init__.py:_split_limit": "asked only for a storage on a CUDA device: CUDA already runs",
+    "colab_gpu/cuda.py:cuda_devices_in_use": "called by empty_cuda_cache and _cuda_index, after their check",
+    "colab_gpu/cuda.py:empty_cuda_cache": "returns at once unless CUDA is initialized",
+    "colab_gpu/memory/rounding.py:_split_limit": "asked only for a storage on a CUDA device: CUDA already runs",
     "colab_gpu/live/cells.py:before": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
     "colab_gpu/live/cells.py:_torch_line": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
     "colab_gpu/batch/__init__.py:_cuda_devices": "device_count() only after torch.cuda.is_initialized()",

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Callable, ContextManager, Optional, Tuple
 
-from ..memory import cuda_devices_in_use, empty_cuda_cache, working_device
+from ..cuda import cuda_devices_in_use, empty_cuda_cache, working_device
 from ..runtime import cuda_torch
 from .oom import ErrorKind, classify, error_chain, message
 from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial

@@ -1,0 +1,259 @@
+"""The clearing: ``clear_cache()``'s steps (drop the last exception, clear the output history,
+delete the variables named, collect garbage, empty torch's CUDA cache), each measured, and
+the report of what each freed, ending with the ranking of who still holds memory. Apart
+because it is the one part that changes the user's namespace and IPython's state.
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import gc
+import sys
+import types
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from ..cuda import empty_cuda_cache
+from ..devices import DeviceSource
+from ..options import command, option
+from ..render import count
+from ..runtime import cuda_torch, current_shell
+from .holders import Holders, _holders, _Shown
+from .namespace import (_MISSING, _OUTPUT_NAME, _exception_references, _is_dunder, _is_ipython_name,
+                        _namespaces, _output_history)
+from .readings import Reading, _snapshot, read_memory
+from .walk import _torch, _walk
+
+
+class ClearCacheError(ValueError):
+    """A request that cannot be carried out (an unknown name, IPython's own name)."""
+
+
+ClearCacheError.__module__ = __package__  # as tracebacks say it and users catch it: colab_gpu.memory
+
+
+def drop_exception(shell: Any) -> List[str]:
+    """Drop every reference IPython and ``sys`` keep to the last exception; name those dropped.
+
+    Each of them alone keeps the failed cell's frames, and so their tensors, alive, as does
+    the debugger a ``%debug`` ran. The price: ``%debug`` and ``%tb`` have no last exception to
+    show afterwards. The ``sys`` attributes are deleted, not set to None: that is how IPython's
+    ``%debug`` and ``pdb.pm()`` know there is nothing to debug (with None they fail on it).
+    """
+    dropped = []
+    for owner, attribute, name in _exception_references(shell):
+        if owner is sys:
+            delattr(sys, attribute)
+        else:
+            setattr(owner, attribute, None)
+        dropped.append(name)
+    return dropped
+
+
+def _forget_outputs(shell: Any, namespace: Dict[str, Any], hidden: Dict[str, Any],
+                    objects: List[Any]) -> None:
+    """Remove IPython's other references to ``objects``: ``_N``, ``_``/``__``/``___``, the last result."""
+    ids = {id(obj) for obj in objects}
+    for space in (namespace, hidden):
+        for name in [n for n, v in space.items() if id(v) in ids and _OUTPUT_NAME.match(n)]:
+            if name.strip("_"):
+                del space[name]  # _12: IPython's own name, made for that output only
+            elif space is hidden or _is_ipython_name(name, space[name], shell, hidden):
+                space[name] = ""  # _, __, ___: IPython's empty value; once assigned, the user's
+    displayhook = getattr(shell, "displayhook", None)
+    for attribute in ("_", "__", "___"):
+        if id(getattr(displayhook, attribute, None)) in ids:
+            setattr(displayhook, attribute, "")
+    result = getattr(shell, "last_execution_result", None)
+    if result is not None and id(getattr(result, "result", None)) in ids:
+        shell.last_execution_result = None
+
+
+def holds_torch(value: Any, torch) -> bool:
+    """Whether an output reaches any tensor or module (bounded walk)."""
+    if torch is None:
+        return False
+    reach = _walk(value, torch, set())
+    return bool(reach.tensors or reach.modules)
+
+
+def clear_output_history(shell: Any, everything: bool = False) -> List[int]:
+    """Clear the ``Out`` entries that hold tensors or modules (all with ``everything``)."""
+    namespace, hidden = _namespaces(shell)
+    history = _output_history(shell, namespace)
+    if not history:
+        return []
+    torch = _torch()
+    numbers = [n for n, value in history.items() if everything or holds_torch(value, torch)]
+    objects = [history.pop(n) for n in numbers]
+    _forget_outputs(shell, namespace, hidden, objects)
+    return numbers
+
+
+def check_names(names: Iterable[str], shell: Any) -> List[str]:
+    """The names to delete, or :class:`ClearCacheError` naming the first bad one; deletes nothing."""
+    namespace, hidden = _namespaces(shell)
+    names = list(names)
+    for name in names:
+        if not isinstance(name, str):  # clear_cache(["model", "opt"]), clear_cache(model)
+            raise TypeError(f"variable names are strings, one per argument, e.g. "
+                            f"clear_cache('model', 'optimizer'); got {type(name).__name__}")
+    names = list(dict.fromkeys(names))
+    for name in names:
+        if _is_ipython_name(name, namespace.get(name, _MISSING), shell, hidden):
+            holds_outputs = name in ("Out", "_oh") or _OUTPUT_NAME.match(name)  # not In, exit
+            raise ClearCacheError(f"{name!r} is IPython's own name, not a variable of yours"
+                                  + (f"; use {option('history', True)} to clear the output history"
+                                     if holds_outputs else ""))
+        if _is_dunder(name):
+            raise ClearCacheError(f"{name!r} is Python's own name, not a variable of yours")
+        if not name.isidentifier():
+            raise ClearCacheError(f"{name!r} is not a variable name; give the names of "
+                                  f"variables to delete, separated by spaces")
+        if name not in namespace:
+            builtin = " (it is a Python builtin)" if hasattr(builtins, name) else ""
+            # Without IPython the names are __main__'s: a script's function's locals are not there.
+            why = (": only existing variables can be deleted" if shell is not None else
+                   " among the script's global variables (__main__), the only ones clear_cache() "
+                   "can delete; del a function's own variables inside it")
+            raise ClearCacheError(f"no variable named {name!r}{builtin}{why}")
+        if issubclass(type(namespace[name]), types.ModuleType):  # `%clear_cache torch`: the cache
+            raise ClearCacheError(f"{name!r} is a module: deleting its name frees no memory (it "
+                                  f"stays imported); {command('%clear_cache', 'colab_gpu.clear_cache()')} alone "
+                                  f"empties torch's CUDA cache")
+    return names
+
+
+def delete_variables(shell: Any, names: Iterable[str]) -> List[str]:
+    """Delete exactly these variables, and the output-history entries that are their objects."""
+    namespace, hidden = _namespaces(shell)
+    names = check_names(names, shell)
+    objects = [namespace[name] for name in names]
+    for name, obj in zip(names, objects):
+        del namespace[name]
+        if hidden.get(name) is obj:
+            del hidden[name]
+    history = _output_history(shell, namespace)
+    ids = {id(obj) for obj in objects}
+    for number in [n for n, v in (history or {}).items() if id(v) in ids]:
+        del history[number]
+    _forget_outputs(shell, namespace, hidden, objects)
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of clear_cache: what it did and the memory right after it."""
+
+    name: str
+    done: str
+    after: Tuple[Reading, ...]
+    error: Optional[str] = None  # why the step failed, in one line; None when it did not
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class ClearReport(_Shown):
+    """What clear_cache did, what each step freed, and who still holds memory."""
+
+    before: Tuple[Reading, ...]
+    steps: Tuple[Step, ...]
+    holders: Holders
+    deleted: Tuple[str, ...] = ()
+    cuda_initialized: bool = False
+
+    @property
+    def after(self) -> Tuple[Reading, ...]:
+        return self.steps[-1].after if self.steps else self.before
+
+    def freed(self, device: str, field: str = "allocated",
+              before: Optional[Tuple[Reading, ...]] = None,
+              after: Optional[Tuple[Reading, ...]] = None) -> Optional[int]:
+        """Bytes of ``field`` freed on ``device`` between two readings (the whole run by default)."""
+        start = _value(before if before is not None else self.before, device, field)
+        end = _value(after if after is not None else self.after, device, field)
+        if start is None or end is None:
+            return None
+        return start - end
+
+    _renderers = "report"
+
+
+def _value(readings: Tuple[Reading, ...], device: str, field: str) -> Optional[int]:
+    for reading in readings:
+        if reading.device == device:
+            return getattr(reading, field)
+    return None
+
+
+def clear_cache(*names: str, history: bool = False, shell: Any = None,
+                source: Optional[DeviceSource] = None) -> ClearReport:
+    """Free what can be freed without touching the user's variables; report who holds the rest.
+
+    In order: drop the last exception's references, clear the output-history entries that hold
+    tensors or modules (all of them with ``history=True``), delete the variables ``names`` (and
+    nothing else), ``gc.collect()``, then, only where a GPU already has a CUDA context (not
+    after a mere query such as ``torch.cuda.current_device()``), synchronize, free cuBLAS's
+    workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after
+    each step. A step that raises (a CUDA error after a device-side assert) is reported as
+    failed, with its error, and the others still run. A bad name raises
+    ``colab_gpu.memory.ClearCacheError`` (a ValueError) before anything is done.
+    ``print(report)`` shows the report ``%clear_cache`` shows.
+    """
+    shell = shell if shell is not None else current_shell()
+    names = check_names(names, shell)  # a name given twice is deleted and reported once
+    torch = _torch()
+    snapshot = _snapshot(source)
+    readings = read_memory(torch, snapshot)
+    steps: List[Step] = []
+
+    def step(name: str, action: Callable[[], str]) -> None:
+        nonlocal snapshot
+        try:
+            done, error = action(), None
+        except Exception as failure:  # a CUDA error (a device-side assert): said, not raised
+            error = _failure(failure)
+            done = f"failed: {error}"
+        snapshot = _snapshot(source)  # the last one also serves the ranking below
+        steps.append(Step(name, done, read_memory(torch, snapshot), error))
+
+    step("exception", lambda: _listed("dropped ", drop_exception(shell), "no exception was kept"))
+    step("output history", lambda: _history_done(clear_output_history(shell, history), history))
+    if names:
+        step("variables", lambda: _listed("deleted ", delete_variables(shell, names), ""))
+    step("garbage collection",
+         lambda: f"gc.collect() found {count(gc.collect(), 'unreachable object')}")
+    cuda = cuda_torch() is not None
+    if cuda:
+        step("CUDA cache", lambda: _cuda_done(empty_cuda_cache(torch)))
+    return ClearReport(before=readings, steps=tuple(steps),
+                       holders=_holders(shell, snapshot, readings=steps[-1].after), deleted=tuple(names),
+                       cuda_initialized=cuda)
+
+
+def _failure(error: BaseException) -> str:
+    """A step's error in one line; one that breaks the device (a device-side assert, an
+    illegal memory access) says that only a restart mends it."""
+    from ..batch.oom import ErrorKind, classify
+    from ..batch.trial import describe
+
+    if classify(error) is ErrorKind.DEVICE_BROKEN:
+        return (f"{describe(error)} (the CUDA context is broken: nothing on the GPU can be "
+                f"freed until the runtime restarts)")
+    return describe(error)
+
+
+def _cuda_done(synchronized: List[str]) -> str:
+    if not synchronized:
+        return "no GPU has a CUDA context yet: nothing is cached"
+    return f"{_listed('synchronized ', synchronized, '')}; cuBLAS workspaces, empty_cache(), ipc_collect()"
+
+
+def _listed(prefix: str, items: List[str], empty: str) -> str:
+    return prefix + ", ".join(items) if items else empty
+
+
+def _history_done(numbers: List[int], everything: bool) -> str:
+    if everything:
+        return f"cleared the whole output history ({count(len(numbers), 'output')})"
+    if not numbers:
+        return "no output holds a tensor or a module"
+    return "cleared " + ", ".join(f"Out[{n}]" for n in numbers)

@@ -1,0 +1,229 @@
+"""The ranking: the user's variables by the tensor bytes they reach (what ``del name`` would
+about free), then what no variable holds: each output and the last error, the rest of the
+memory reading no reference reaches, and the GPU memory held outside torch. Also the result
+objects' common ways to show themselves (text, HTML, one line). Apart from the walk, which
+it runs once per root, and from the clearing, which ends with a ranking.
+"""
+from __future__ import annotations
+
+import bdb
+import collections
+import dataclasses
+import os
+from typing import Any, Dict, Iterable, Mapping, Optional, Set, Tuple
+
+from ..devices import DeviceSource
+from ..gpu_status import MemoryBreakdown, breakdown
+from ..runtime import current_shell
+from .namespace import (_OUTPUT_NAME, _exception_references, _is_ipython_name, _namespaces,
+                        _output_history, _user_variables)
+from .readings import Reading, _gpu_view, _snapshot, read_memory
+from .rounding import _unreached
+from .walk import MAX_OBJECTS, _torch, _walk
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """A user variable and the tensor memory it keeps alive."""
+
+    name: str
+    type_name: str
+    nbytes: int  # distinct storage bytes it reaches
+    unique: int  # of which no other variable reaches: about what ``del name`` would free
+    by_device: Tuple[Tuple[str, int], ...]  # ("cpu", bytes), ("cuda:0", bytes)
+    tensors: int
+    truncated: bool = False  # the walk stopped after MAX_OBJECTS objects: a lower bound
+
+
+@dataclasses.dataclass(frozen=True)
+class Elsewhere:
+    """IPython's reference that keeps tensor memory alive no variable of the user's reaches:
+    an output (``Out[3]``, ``_``) or the last error (its traceback's frames, a ``%debug``)."""
+
+    name: str
+    nbytes: int  # distinct storage bytes it reaches and no variable, nor an output before it, does
+    by_device: Tuple[Tuple[str, int], ...]
+    tensors: int  # the tensors it reaches whose storage no variable reaches
+    truncated: bool = False
+    shared: int = 0  # the tensors it reaches whose storage a variable reaches too
+
+
+class _Shown:
+    """One line (``summary()``, ``repr``), the text report and the HTML card, from
+    colab_gpu.render.memory's ``holders_*`` or ``report_*`` (as ``_renderers`` says)."""
+
+    _renderers = ""
+
+    def _render(self, form: str) -> str:
+        from ..render import memory
+
+        return {("holders", "line"): memory.holders_line, ("holders", "text"): memory.holders_text,
+                ("holders", "html"): memory.holders_html, ("report", "line"): memory.report_line,
+                ("report", "text"): memory.report_text, ("report", "html"): memory.report_html,
+                }[self._renderers, form](self)
+
+    def summary(self) -> str:
+        """One line: what was freed (a report), who holds the most."""
+        return self._render("line")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.summary()}>"
+
+    def __str__(self) -> str:
+        """The report the magic prints, so ``print(...)`` shows it in a script."""
+        return self._render("text")
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return self._render("html")
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Holders(_Shown):
+    """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch."""
+
+    holders: Tuple[Holder, ...] = ()
+    total_by_device: Tuple[Tuple[str, int], ...] = ()  # every storage counted once
+    # Tensor memory no variable holds, per device: all of it, each storage once; what the
+    # outputs and the last error hold of it; the rest, which none of them reaches.
+    not_yours: Tuple[Tuple[str, int], ...] = ()
+    elsewhere: Tuple[Elsewhere, ...] = ()
+    unreached: Tuple[Tuple[str, int], ...] = ()
+    outside_torch: Tuple[MemoryBreakdown, ...] = ()  # per GPU: other processes, context, others
+    torch_labels: Dict[int, str] = dataclasses.field(default_factory=dict)  # NVML index -> "cuda:N"
+    torch_imported: bool = True
+    problem: Optional[str] = None  # why the GPUs could not be read
+
+    _renderers = "holders"
+
+
+def _by_device(storages: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int], ...]:
+    totals: Dict[str, int] = {}
+    for (device, _), nbytes in storages.items():
+        totals[device] = totals.get(device, 0) + nbytes
+    return tuple(sorted(totals.items()))
+
+
+def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int] = frozenset(),
+                 max_objects: int = MAX_OBJECTS) -> Tuple[Tuple[Holder, ...], Tuple[Tuple[str, int], ...]]:
+    """Rank ``(name, value)`` pairs by the tensor bytes each reaches; also the union per device."""
+    holders, union = _rank(variables, torch, skip, max_objects)
+    return holders, _by_device(union)
+
+
+def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
+          max_objects: int) -> Tuple[Tuple[Holder, ...], Dict[Tuple[str, int], int]]:
+    """rank_holders() with the union of the storages reached, by (device, address)."""
+    reaches = [(name, value, _walk(value, torch, skip, max_objects)) for name, value in variables]
+    owners: Dict[Tuple[str, int], int] = {}
+    union: Dict[Tuple[str, int], int] = {}
+    for _, _, reach in reaches:
+        for key, nbytes in reach.storages.items():
+            owners[key] = owners.get(key, 0) + 1
+            union[key] = nbytes
+    holders = [
+        Holder(name=name, type_name=type(value).__qualname__,
+               nbytes=sum(reach.storages.values()),
+               unique=sum(n for key, n in reach.storages.items() if owners[key] == 1),
+               by_device=_by_device(reach.storages), tensors=reach.tensors,
+               truncated=reach.truncated)
+        for name, value, reach in reaches if reach.storages or reach.tensors
+    ]
+    holders.sort(key=lambda holder: (-holder.nbytes, holder.name))
+    return tuple(holders), union
+
+
+def _other_roots(shell: Any, namespace: Mapping[str, Any],
+                 hidden: Mapping[str, Any]) -> Iterable[Tuple[str, Any]]:
+    """What IPython keeps that is no variable of the user's: each output (``Out[3]``; ``_``,
+    ``__``, ``_N`` only where the history has no such entry) and the last error, as one root."""
+    seen: Set[int] = set()
+    for number, value in list((_output_history(shell, namespace) or {}).items()):
+        seen.add(id(value))
+        yield f"Out[{number}]", value
+    for name, value in list(namespace.items()):
+        if (id(value) not in seen and _OUTPUT_NAME.match(name)
+                and _is_ipython_name(name, value, shell, hidden)):
+            seen.add(id(value))
+            yield name, value
+    error = []
+    for owner, attribute, _ in _exception_references(shell):
+        value = getattr(owner, attribute, None)
+        if isinstance(value, bdb.Bdb):  # a %debug: the locals of the frames it showed
+            frames = [frame for frame, _ in getattr(value, "stack", ())]
+            value = [vars(value).get("curframe_locals")] + [
+                frame.f_locals for frame in frames if frame.f_locals is not frame.f_globals]
+        error.append(value)
+    yield "the last error", error
+
+
+def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], int],
+               max_objects: int) -> Tuple[Tuple[Elsewhere, ...], Dict[Tuple[str, int], int]]:
+    """The outputs and the last error, by the storages they reach that no variable (the
+    ones ``union`` lacks) nor one before them does, and those storages; ``union`` gains them.
+    One walk per root."""
+    not_yours: Dict[Tuple[str, int], int] = {}
+    found = []
+    for name, root in _other_roots(shell, *_namespaces(shell)):
+        reach = _walk(root, torch, skip, max_objects, known=union)
+        del root
+        # each storage in one row only: the rows add up to what no variable holds
+        own = {key: n for key, n in reach.storages.items() if key not in union and key not in not_yours}
+        not_yours.update(own)
+        if own:
+            found.append(Elsewhere(name, sum(own.values()), _by_device(own), reach.tensors - reach.shared,
+                                   reach.truncated, reach.shared))
+    union.update(not_yours)
+    found.sort(key=lambda place: -place.nbytes)
+    return tuple(found), not_yours
+
+
+def _outside_torch(snapshot, torch) -> Dict[str, Any]:
+    """Holders' fields for the GPUs this process can use: per GPU, other processes and this
+    process's non-torch memory (context, other libraries), and the cuda:N torch calls it."""
+    gpus, index_of, memory = _gpu_view(snapshot, torch)
+    labels = {nvml: f"cuda:{index}" for nvml, index in index_of.items()}
+    by_nvml = {m.nvml_index: m for m in memory if m.nvml_index is not None}
+    if memory and not by_nvml:
+        return {}  # torch's memory cannot be told apart from the rest on any GPU
+    parts = (breakdown(gpu, by_nvml.get(gpu.index), os.getpid()) for gpu in gpus)
+    return dict(outside_torch=tuple(part for part in parts if part is not None), torch_labels=labels)
+
+
+def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
+                   max_objects: int = MAX_OBJECTS) -> Holders:
+    """What is eating my memory? The user's variables ranked by the tensor bytes they reach.
+
+    Counts tensors, modules' parameters, buffers and gradients, optimizers' state, any
+    container of these, functions' closures and defaults, partials' arguments, paused
+    generators' local variables and what a tensor's autograd graph saved for backward();
+    storage shared by views or by several variables is counted once per variable and once in
+    the total. Then what no variable holds: what each output and the last error (its
+    traceback, a ``%debug``) keep, and the rest of the memory reading, which none of these
+    reaches. Also reads, through NVML, the GPU memory held outside torch. Never initializes
+    CUDA and never keeps a reference to a tensor.
+    """
+    return _holders(shell if shell is not None else current_shell(), _snapshot(source), max_objects)
+
+
+def _holders(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
+             readings: Optional[Tuple[Reading, ...]] = None) -> Holders:
+    """memory_holders() with the GPUs already read (``snapshot``, None when unreadable) and,
+    where given, the memory (``readings``, taken after the snapshot)."""
+    torch = _torch()
+    problem = snapshot.problem if snapshot is not None else None
+    if torch is None:
+        return Holders(torch_imported=False, problem=problem, **_outside_torch(snapshot, None))
+    namespace, hidden = _namespaces(shell)
+    skip = {id(namespace), id(hidden), id(shell)}
+    holders, union = _rank(_user_variables(shell), torch, skip, max_objects)
+    total = _by_device(union)
+    elsewhere, not_yours = _elsewhere(shell, torch, skip, union, max_objects)
+    unreached = _unreached(read_memory(torch, snapshot) if readings is None else readings, union, torch)
+    not_yours = collections.Counter(dict(_by_device(not_yours)))
+    not_yours.update(dict(unreached))
+    return Holders(holders=holders, total_by_device=total, not_yours=tuple(sorted(not_yours.items())),
+                   elsewhere=elsewhere, unreached=unreached, problem=problem,
+                   **_outside_torch(snapshot, torch))
