@@ -15,7 +15,7 @@ from .devices import GiB, gpu_models
 from .devices.nvml import DRIVER_PRESENT_PROBLEMS, NO_PYNVML
 from .options import command
 from .render import count
-from .runtime import COLAB, KAGGLE, names_a_device_twice
+from .runtime import COLAB, KAGGLE, cpu_only_build, names_a_device_twice, wheel_build
 
 if TYPE_CHECKING:
     from .gpu_status import Status
@@ -143,7 +143,7 @@ def several_gpus(status):
 def _torch_version(status) -> Optional[str]:
     """The user's torch version: the imported one's, else the installed one's (read from its
     metadata, without importing it); None when there is none."""
-    from .allocator.apply import installed_torch_version
+    from .allocator.installed import installed_torch_version
 
     torch = status.runtime.torch
     return torch.version if torch.imported else installed_torch_version(modules={})
@@ -235,23 +235,18 @@ def cpu_torch_on_gpu_machine(status):
     if not status.gpus:
         return None
     torch = status.runtime.torch
-    if torch.imported:
-        cpu_build = not torch.cuda_built and not torch.hip_version
-    else:
-        version = _torch_version(status)
-        if version is None:
-            return None
-        cpu_build = "+cpu" in version
-    if cpu_build:
-        return ("The installed torch is a CPU-only build, but this machine has a GPU: install "
-                "a CUDA build (see pytorch.org for the command matching your CUDA driver).")
+    build = torch.build if torch.imported else wheel_build(_torch_version(status))
+    if build in ("cpu", "mps"):  # a Mac's torch has no CUDA either
+        return cpu_only_build("The installed torch", ", but this machine has a GPU:",
+                              " (see pytorch.org for the command matching your CUDA driver).")
 
 
 def _expandable_segments_set() -> Optional[str]:
     """The variable that sets expandable_segments:True for this process (torch's own reading
     order, a ROCm build's PYTORCH_HIP_ALLOC_CONF too; %alloc_conf keeps it saying what the
     process runs with), else None."""
-    from .allocator.apply import current_settings, installed_env_names
+    from .allocator.apply import current_settings
+    from .allocator.installed import installed_env_names
 
     try:
         name, settings = current_settings(os.environ, installed_env_names())

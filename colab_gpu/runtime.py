@@ -45,6 +45,30 @@ class TorchState:
     def cuda_built(self) -> bool:
         return self.cuda_version is not None
 
+    @property
+    def build(self) -> Optional[str]:
+        """Which torch this is: "cuda", "rocm" (torch.cuda runs on HIP), "mps" (a Mac's, reaching
+        its GPU) or "cpu" (a CPU-only build, or a Mac's that reaches no GPU); None while torch is
+        not imported (:func:`wheel_build` reads the installed one's tag)."""
+        if not self.imported:
+            return None
+        return ("cuda" if self.cuda_built else "rocm" if self.hip_version else
+                "mps" if self.mps_available else "cpu")
+
+
+def wheel_build(version_text: Optional[str]) -> Optional[str]:
+    """The build an installed torch's version names, read before `import torch`: "rocm"
+    (2.8.0+rocm6.4), "cpu" (2.5.1+cpu) or "cuda" (2.5.1+cu121); None where the version has no
+    such tag (PyPI's Linux wheels are CUDA builds without one, a Mac's have none)."""
+    text = version_text or ""
+    return "rocm" if "rocm" in text else "cpu" if "+cpu" in text else "cuda" if "+cu" in text else None
+
+
+def cpu_only_build(torch: str, clash: str, fix: str) -> str:
+    """What a CPU-only torch on a machine with a GPU is told, in one wording: "<torch> is a
+    CPU-only build<clash> install a CUDA build<fix>"."""
+    return f"{torch} is a CPU-only build{clash} install a CUDA build{fix}"
+
 
 @dataclasses.dataclass(frozen=True)
 class Runtime:

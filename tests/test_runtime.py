@@ -6,7 +6,7 @@ import pytest
 
 from colab_gpu.devices import GPU
 from colab_gpu.runtime import (COLAB, JUPYTER, KAGGLE, BINDER, PLAIN_PYTHON, TERMINAL, detect_platform,
-                               detect_runtime, detect_tpu, torch_indices, torch_state)
+                               TorchState, detect_runtime, detect_tpu, torch_indices, torch_state, wheel_build)
 
 # A real partial env dump from a Colab GPU runtime (shared/data/colab/env-partial-dumps_servalshell.txt).
 COLAB_GPU_ENV = {"COLAB_GPU": "1", "COLAB_BACKEND_VERSION": "next", "COLAB_RELEASE_TAG": "release-colab_20240626-060133_RC00"}
@@ -93,6 +93,24 @@ def test_torch_state_reports_initialized_cuda_from_torch_itself():
                                        cuda=types.SimpleNamespace(is_initialized=lambda: True))
     state = torch_state({"torch": fake_torch})
     assert state.cuda_built and state.cuda_initialized and state.cuda_version == "12.8"
+
+
+@pytest.mark.parametrize("version, build", [
+    (types.SimpleNamespace(cuda="12.8", hip=None), "cuda"),
+    (types.SimpleNamespace(cuda=None, hip="6.2.41133-dd7f95766"), "rocm"),
+    (types.SimpleNamespace(cuda=None, hip=None), "cpu"),
+])
+def test_one_rule_says_which_torch_build_is_imported(version, build):
+    """The card, the advice, %%find_batch --device and %alloc_conf read the build from here."""
+    assert torch_state({"torch": types.SimpleNamespace(__version__="2.8.0", version=version)}).build == build
+    assert torch_state({}).build is None
+    assert TorchState(imported=True, mps_available=True).build == "mps"  # a Mac's torch reaching its GPU
+
+
+@pytest.mark.parametrize("version, build", [("2.8.0+rocm6.4", "rocm"), ("2.5.1+cpu", "cpu"),
+                                            ("2.5.1+cu121", "cuda"), ("2.5.1", None), (None, None)])
+def test_the_build_of_a_torch_not_imported_is_read_from_its_version_tag(version, build):
+    assert wheel_build(version) == build
 
 
 GPUS = [GPU(index, "Tesla T4", uuid) for index, uuid in ((0, "GPU-aaaa-1111"), (1, "GPU-bbbb-2222"), (2, "GPU-cccc-3333"))]

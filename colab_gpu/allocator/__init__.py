@@ -3,7 +3,8 @@
 ``alloc_conf()`` is what ``%alloc_conf`` calls; see :mod:`.apply` for when each setting
 takes effect and :mod:`.schema` for every key and where its facts come from.
 """
-from .apply import AllocConfResult, alloc_conf, apply_saved, installed_torch_version
+from .apply import AllocConfResult, alloc_conf, apply_saved
+from .installed import installed_torch_version
 from .parse import AllocConfError, parse, roundup_table, to_torch, validate, version_of
 from .schema import KEYS, PRESETS, ROUNDUP_INTERVALS, Key
 

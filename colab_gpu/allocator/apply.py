@@ -11,20 +11,20 @@ imports torch.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import os
 import pathlib
 import sys
-from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 from ..options import command, option
 from ..render import count
 from ..runtime import TorchState, torch_state
+from .installed import (env_names, installed_env_names, installed_torch_version, is_rocm_build, read_names,
+                        runtime_setter)
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
                     format_version, merge, parse, parse_many, to_torch, validate, version_of)
-from .schema import (BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, HIP_ENV_SINCE, NEWEST, OLDEST, PRESETS,
-                     ROCM_ENV_NAMES, Version)
+from .schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
 
 SAVED_NAME = "alloc_conf.txt"
 
@@ -105,25 +105,6 @@ class AllocConfResult:
         return render_html(self)
 
 
-def installed_torch_version(modules=sys.modules) -> Optional[str]:
-    """torch.__version__ if torch is imported, else the installed package's metadata."""
-    torch = modules.get("torch")
-    if torch is not None and getattr(torch, "__version__", None):
-        return str(torch.__version__)
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def is_rocm_build(version_text: Optional[str], modules=sys.modules) -> bool:
-    """torch.version.hip once torch is imported; before that, the wheel's tag (2.8.0+rocm6.4)."""
-    torch = modules.get("torch")
-    if torch is not None:
-        return bool(getattr(getattr(torch, "version", None), "hip", None))
-    return "rocm" in (version_text or "")
-
-
 def config_dir(environ: MutableMapping[str, str] = os.environ) -> pathlib.Path:
     """Where the saved setting lives: $COLAB_GPU_CONFIG_DIR, else ~/.config/colab_gpu."""
     if environ.get("COLAB_GPU_CONFIG_DIR"):
@@ -171,52 +152,6 @@ def current_settings(environ: MutableMapping[str, str], names: Sequence[str] = E
     return "", ()
 
 
-def _env_names(version: Optional[Version], rocm: bool) -> Tuple[str, ...]:
-    """The variables torch reads and every change writes, in torch's order."""
-    return ROCM_ENV_NAMES if rocm and (version or NEWEST) >= HIP_ENV_SINCE else ENV_NAMES
-
-
-def _read_names(names: Sequence[str], version: Optional[Version]) -> Tuple[str, ...]:
-    """Those of ``names`` that torch reads: PYTORCH_ALLOC_CONF only from 2.10 (up to 2.9 CUDA's
-    own parser never reads it, pytorch#183387), though every change writes it too."""
-    known = version if version is not None else NEWEST
-    return tuple(name for name in names if name != "PYTORCH_ALLOC_CONF" or known >= GENERIC_ENV_SINCE)
-
-
-def installed_env_names(modules=sys.modules) -> Tuple[str, ...]:
-    """The variables the installed torch reads, in its order (see _env_names, _read_names)."""
-    version_text = installed_torch_version(modules)
-    version = version_of(version_text)
-    return _read_names(_env_names(version, is_rocm_build(version_text, modules)), version)
-
-
-class _Setter:
-    """torch's run-time settings call of the installed version, with its getter if any."""
-
-    def __init__(self, name: str, set_: Callable[[str], None], get: Optional[Callable[[], str]]):
-        self.name, self.set, self.get = name, set_, get
-
-
-def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
-    """2.10+: torch._C._accelerator_setAllocatorSettings (every build); <= 2.9:
-    torch.cuda.memory._set_allocator_settings (CUDA and ROCm builds). None before torch is
-    imported, and for a torch that has neither."""
-    torch = modules.get("torch")
-    if torch is None:
-        return None
-    native = getattr(torch, "_C", None)
-    if hasattr(native, "_accelerator_setAllocatorSettings"):
-        return _Setter("torch._C._accelerator_setAllocatorSettings",
-                       native._accelerator_setAllocatorSettings,
-                       getattr(native, "_accelerator_getAllocatorSettings", None))
-    memory = getattr(getattr(torch, "cuda", None), "memory", None)
-    legacy = getattr(memory, "_set_allocator_settings", None)
-    version = getattr(torch, "version", None)
-    if legacy is not None and (getattr(version, "cuda", None) or getattr(version, "hip", None)):
-        return _Setter("torch.cuda.memory._set_allocator_settings", legacy, None)
-    return None
-
-
 def _warnings(settings: Settings, version: Optional[Tuple[int, int]],
               platform: str = sys.platform) -> Tuple[str, ...]:
     values = dict(settings)
@@ -262,7 +197,7 @@ def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Opti
     was empty (--reset, or every key unset), so every variable is now unset."""
     known = version if version is not None else NEWEST
     torch = f"torch {format_version(version)}" if version is not None else "torch"
-    order = _read_names(tuple(env_before), version)
+    order = read_names(tuple(env_before), version)
     read = next((name for name in order if env_before[name] is not None), None)
     found, change = [], command("%alloc_conf", "colab_gpu.alloc_conf()")
     for name, value in env_before.items():
@@ -405,7 +340,7 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     version_text = installed_torch_version(modules)
     version = version_of(version_text)
     rocm = is_rocm_build(version_text, modules)
-    names = _env_names(version, rocm)
+    names = env_names(version, rocm)
     env_before = _env_snapshot(environ, names)
     common = dict(torch=state, torch_version=version_text, env_before=env_before)
 

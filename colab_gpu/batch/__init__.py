@@ -11,12 +11,11 @@ import contextlib
 import inspect
 import os
 import re
-import sys
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from ..options import option
 from ..render import count
-from ..runtime import cuda_torch
+from ..runtime import cpu_only_build, cuda_torch, torch_state
 from .oom import is_out_of_memory
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
@@ -63,15 +62,14 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
         else "auto" if device is None else str(device)  # "" is refused, not taken for auto
     if not _DEVICE.fullmatch(spec):
         raise SearchError(f"{option('device', device)}: use auto, cpu, cuda or cuda:N")
-    torch = sys.modules.get("torch")
-    if spec.startswith("cuda") and not getattr(getattr(torch, "version", None), "hip", None):
+    torch = torch_state()
+    if spec.startswith("cuda") and torch.build != "rocm":
         index, available = int(spec.partition(":")[2] or 0), _cuda_devices()
-        if available and torch is not None and cuda_torch() is None \
-                and not getattr(getattr(torch, "version", None), "cuda", None):
+        if available and torch.build in ("cpu", "mps") and not torch.cuda_initialized:
             # NVML counted the machine's GPUs; the torch imported here can use none of them.
-            raise SearchError(f"{option('device', device, plain=True)}: torch "
-                              f"{getattr(torch, '__version__', '')} is a CPU-only build, which cannot "
-                              f"use this machine's GPUs; install a CUDA build, or use {other_devices()}")
+            raise SearchError(f"{option('device', device, plain=True)}: " + cpu_only_build(
+                f"torch {torch.version or ''}", ", which cannot use this machine's GPUs;",
+                f", or use {other_devices()}"))
         if available is not None and index >= available:
             seen = (f"{count(available, 'CUDA device')} (cuda:0 to cuda:{available - 1})"
                     if available else "no CUDA device")

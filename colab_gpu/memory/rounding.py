@@ -39,7 +39,8 @@ def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]
     has one (2.10+, else None; asked only once CUDA runs, so asking changes nothing), and the
     environment, which %alloc_conf keeps in step: the variable torch reads (a ROCm build's
     PYTORCH_HIP_ALLOC_CONF too). What cannot be read is empty."""
-    from ..allocator.apply import current_settings, installed_env_names, runtime_setter
+    from ..allocator.apply import current_settings
+    from ..allocator.installed import installed_env_names, runtime_setter
     from ..allocator.parse import parse
 
     reported = None

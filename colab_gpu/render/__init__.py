@@ -236,8 +236,8 @@ def torch_summary(torch) -> str:
     """"torch 2.11.0 (CUDA 12.8), CUDA not initialized", from a TorchState."""
     if not torch.imported:
         return "torch not imported yet"
-    build = (f"CUDA {torch.cuda_version}" if torch.cuda_built else f"ROCm {torch.hip_version}"
-             if torch.hip_version else "MPS: the Mac's GPU" if torch.mps_available else "CPU-only build")
+    build = {"cuda": f"CUDA {torch.cuda_version}", "rocm": f"ROCm {torch.hip_version}",
+             "mps": "MPS: the Mac's GPU", "cpu": "CPU-only build"}[torch.build]
     state = "CUDA initialized" if torch.cuda_initialized else "CUDA not initialized"
     return f"torch {torch.version} ({build}), {state}"
 

@@ -1,0 +1,78 @@
+"""What the installed torch is, as far as the allocator settings are concerned: its version,
+whether it is a ROCm build, the variables it reads and its run-time settings call.
+
+Each answers before `import torch` too (from the installed package's metadata and version
+tag), since the settings must be right before torch first reads them. Nothing here imports
+torch.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from typing import Callable, Optional, Sequence, Tuple
+
+from ..runtime import torch_state, wheel_build
+from .parse import version_of
+from .schema import ENV_NAMES, GENERIC_ENV_SINCE, HIP_ENV_SINCE, NEWEST, ROCM_ENV_NAMES, Version
+
+
+def installed_torch_version(modules=sys.modules) -> Optional[str]:
+    """torch.__version__ if torch is imported, else the installed package's metadata."""
+    torch = modules.get("torch")
+    if torch is not None and getattr(torch, "__version__", None):
+        return str(torch.__version__)
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def is_rocm_build(version_text: Optional[str], modules=sys.modules) -> bool:
+    """torch.version.hip once torch is imported; before that, the wheel's tag (2.8.0+rocm6.4)."""
+    imported = modules.get("torch") is not None
+    return (torch_state(modules).build if imported else wheel_build(version_text)) == "rocm"
+
+
+def env_names(version: Optional[Version], rocm: bool) -> Tuple[str, ...]:
+    """The variables torch reads and every change writes, in torch's order."""
+    return ROCM_ENV_NAMES if rocm and (version or NEWEST) >= HIP_ENV_SINCE else ENV_NAMES
+
+
+def read_names(names: Sequence[str], version: Optional[Version]) -> Tuple[str, ...]:
+    """Those of ``names`` that torch reads: PYTORCH_ALLOC_CONF only from 2.10 (up to 2.9 CUDA's
+    own parser never reads it, pytorch#183387), though every change writes it too."""
+    known = version if version is not None else NEWEST
+    return tuple(name for name in names if name != "PYTORCH_ALLOC_CONF" or known >= GENERIC_ENV_SINCE)
+
+
+def installed_env_names(modules=sys.modules) -> Tuple[str, ...]:
+    """The variables the installed torch reads, in its order (see env_names, read_names)."""
+    version_text = installed_torch_version(modules)
+    version = version_of(version_text)
+    return read_names(env_names(version, is_rocm_build(version_text, modules)), version)
+
+
+class _Setter:
+    """torch's run-time settings call of the installed version, with its getter if any."""
+
+    def __init__(self, name: str, set_: Callable[[str], None], get: Optional[Callable[[], str]]):
+        self.name, self.set, self.get = name, set_, get
+
+
+def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
+    """2.10+: torch._C._accelerator_setAllocatorSettings (every build); <= 2.9:
+    torch.cuda.memory._set_allocator_settings (CUDA and ROCm builds). None before torch is
+    imported, and for a torch that has neither."""
+    torch = modules.get("torch")
+    if torch is None:
+        return None
+    native = getattr(torch, "_C", None)
+    if hasattr(native, "_accelerator_setAllocatorSettings"):
+        return _Setter("torch._C._accelerator_setAllocatorSettings",
+                       native._accelerator_setAllocatorSettings,
+                       getattr(native, "_accelerator_getAllocatorSettings", None))
+    memory = getattr(getattr(torch, "cuda", None), "memory", None)
+    legacy = getattr(memory, "_set_allocator_settings", None)
+    if legacy is not None and torch_state(modules).build in ("cuda", "rocm"):
+        return _Setter("torch.cuda.memory._set_allocator_settings", legacy, None)
+    return None
