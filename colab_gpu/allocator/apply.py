@@ -13,20 +13,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pathlib
 import sys
 from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 from ..options import command, option
 from ..render import count
 from ..runtime import TorchState, torch_state
-from .installed import (env_names, installed_env_names, installed_torch_version, is_rocm_build, read_names,
-                        runtime_setter)
+from .installed import env_names, installed_torch_version, is_rocm_build, read_names, runtime_setter
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
                     format_version, merge, parse, parse_many, to_torch, validate, version_of)
 from .schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
-
-SAVED_NAME = "alloc_conf.txt"
 
 # torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
 # from 2.10) puts only these keys back to their defaults for each new settings string, and from
@@ -103,25 +99,6 @@ class AllocConfResult:
         from .render import render_html
 
         return render_html(self)
-
-
-def config_dir(environ: MutableMapping[str, str] = os.environ) -> pathlib.Path:
-    """Where the saved setting lives: $COLAB_GPU_CONFIG_DIR, else ~/.config/colab_gpu."""
-    if environ.get("COLAB_GPU_CONFIG_DIR"):
-        return pathlib.Path(environ["COLAB_GPU_CONFIG_DIR"])
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return pathlib.Path(base) / "colab_gpu"
-
-
-def saved_setting(environ: MutableMapping[str, str] = os.environ) -> Tuple[Optional[str], pathlib.Path]:
-    path = config_dir(environ) / SAVED_NAME
-    try:
-        # A byte that is not UTF-8 (a hand edit in another encoding) becomes U+FFFD, which the
-        # parser names: a UnicodeDecodeError made %load_ext fail half-way, magics registered.
-        # utf-8-sig: the mark Windows Notepad puts first became part of the first key's name.
-        return path.read_text(encoding="utf-8-sig", errors="replace").strip(), path
-    except OSError:
-        return None, path
 
 
 def _env_snapshot(environ: MutableMapping[str, str], names: Sequence[str] = ENV_NAMES
@@ -318,6 +295,8 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     ``environ`` and ``modules`` (``os.environ`` and ``sys.modules`` when None) are the
     environment written and the module table inspected.
     """
+    from .saved import save_or_forget, saved_setting  # not at the top: .saved imports alloc_conf
+
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
     settings = _strings("settings", settings, "'max_split_size_mb=128' or ['max_split_size_mb=128', "
@@ -404,14 +383,14 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     if save and not reset:
         waiting, to_save = _still_waiting(previous, new_settings, set(dict(changes)) | set(unset), state,
                                           runtime_setter(modules) is not None, version, rocm)
-    saved, forgotten, path = _save_or_forget(to_torch(to_save), save, forget, environ)
+    saved, forgotten, path = save_or_forget(to_torch(to_save), save, forget, environ)
     dropped = _dropped_defaults(current, new_settings, version or NEWEST, rocm)
     try:
         result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
                         env_before, dropped)
     except AllocConfError:
         if save or forget:
-            _save_or_forget(previous, previous is not None, previous is None, environ)
+            save_or_forget(previous, previous is not None, previous is None, environ)
         raise
     return dataclasses.replace(
         result, action="set", preset=explanation, saved=saved, saved_path=str(path),
@@ -626,125 +605,3 @@ def _in_effect(state: TorchState, modules) -> Optional[str]:
         return None
     setter = runtime_setter(modules)
     return setter.get() if setter is not None and setter.get is not None else None
-
-
-def _save_or_forget(text: str, save: bool, forget: bool, environ
-                    ) -> Tuple[Optional[str], Optional[str], pathlib.Path]:
-    """(saved, forgotten, path): what stays saved, and what --forget deleted, for the report.
-
-    Saving an empty result (``--reset --save``) is forgetting: %load_ext then applies nothing,
-    and the report says which saved setting that replaced instead of saying nothing."""
-    saved, path = saved_setting(environ)
-    forgotten, given = None, "save" if save else "forget"  # the option the error names
-    if save and not text:
-        save, forget = False, True
-    try:
-        if forget:
-            forgotten, saved = saved or "", None
-            path.unlink(missing_ok=True)
-        if save:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text + "\n", encoding="utf-8")
-            saved = text
-    except OSError as error:  # a read-only home, a file where the folder should be
-        where = f": {error.filename}" if error.filename else ""
-        raise AllocConfError(f"{option(given, True)}: cannot "
-                             f"{'write' if save else 'delete'} "
-                             f"{path} ({error.strerror or error}{where}); nothing was changed "
-                             f"(COLAB_GPU_CONFIG_DIR names another folder)") from None
-    return saved, forgotten, path
-
-
-# Set to this process's id by the first apply_saved(): %reload_ext colab_gpu (same process) must
-# not put the saved setting back over what the user set since. A runtime restart starts without
-# it; a child process (a kernel started from a notebook) inherits it with another id: its own
-# first load. The environment, not a module flag, so that each test (and each ``environ`` given)
-# is a process of its own.
-APPLIED_VARIABLE = "COLAB_GPU_SAVED_APPLIED"
-
-
-def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modules,
-                state: Optional[TorchState] = None) -> Optional[str]:
-    """Apply the saved setting when the extension loads; a one-line message, None if none saved.
-
-    Only at the first load in a process (a reload keeps what the user set since) and only
-    before CUDA starts: afterwards most keys could not change, so nothing is applied.
-    """
-    saved, path = saved_setting(environ)
-    first = environ.get(APPLIED_VARIABLE) != str(os.getpid())
-    environ[APPLIED_VARIABLE] = str(os.getpid())
-    if not saved:
-        return None
-    state = state or torch_state(modules)
-    # %load_ext runs it as a magic; a script calling it never typed %alloc_conf
-    forget = f"({command('%alloc_conf --forget', 'colab_gpu.alloc_conf(forget=True)')} removes it)"
-    if state.cuda_initialized or not first:
-        refused = _refused_saved(saved, modules)
-        if refused:  # the real problem first: a restart would only end in the same refusal
-            return f"colab_gpu: saved allocator setting from {path} not applied: {refused} {forget}"
-        source = _holding(saved, environ, modules)
-        if source:  # applied when the extension loaded before, or set by the user: no news
-            return (f"colab_gpu: the saved allocator setting {saved!r} is already in this "
-                    f"process's setting ({source} holds it) {forget}")
-        if state.cuda_initialized:
-            return (f"colab_gpu: saved allocator setting {saved!r} not applied: CUDA is already "
-                    f"running; restart the runtime and load the extension first {forget}")
-        # a reload: the user changed the setting since the first load, which applied this one
-        shown = command("%alloc_conf", "colab_gpu.alloc_conf()")
-        return (f"colab_gpu: saved allocator setting {saved!r} not re-applied: it applies at the "
-                f"extension's first load in a process, not at a reload; {shown} shows what runs {forget}")
-    late = ""
-    try:
-        result = alloc_conf([saved], environ=environ, modules=modules, state=state)
-    except AllocConfError as error:
-        retried = _without_backend(saved, environ, modules, state)
-        if retried is None:
-            return f"colab_gpu: saved allocator setting from {path} not applied: {error} {forget}"
-        backend, result = retried
-        why = ("torch was imported before the extension loaded and chose its allocator then: "
-               "restart and load the extension before `import torch`")
-        if result is None:  # the backend was the whole setting: nothing at all was applied
-            return f"colab_gpu: saved allocator setting {saved!r} from {path} not applied: {why} {forget}"
-        late = f" except backend:{backend} ({why})"
-    return (f"colab_gpu: applied the saved allocator setting {saved!r} from {path}{late}; now "
-            f"{to_torch(result.settings)!r} {forget}")
-
-
-def _refused_saved(saved: str, modules) -> Optional[str]:
-    """Why the installed torch refuses the saved setting (as its first load would say), else None."""
-    version_text = installed_torch_version(modules)
-    try:
-        validate(parse(saved), version_of(version_text), is_rocm_build(version_text, modules))
-    except AllocConfError as error:
-        return str(error)
-    return None
-
-
-def _holding(saved: str, environ, modules) -> Optional[str]:
-    """The variable torch reads when it already holds every key of ``saved`` at its value (as
-    after ``%reload_ext colab_gpu`` once CUDA runs), else None."""
-    version_text = installed_torch_version(modules)
-    version, rocm = version_of(version_text), is_rocm_build(version_text, modules)
-    try:
-        source, current = current_settings(environ, installed_env_names(modules))
-        held = set(validate(current, version, rocm))
-        return source if set(validate(parse(saved), version, rocm)) <= held else None
-    except AllocConfError:
-        return None
-
-
-def _without_backend(saved: str, environ, modules, state: TorchState
-                     ) -> Optional[Tuple[str, Optional[AllocConfResult]]]:
-    """The saved backend and the rest of the setting applied without it (None where the backend
-    was all of it): `import torch` ran before the extension loaded and chose the backend then,
-    and the rest still applies. None where the setting names no backend, torch is not
-    imported, or the rest is refused too."""
-    try:
-        settings = parse(saved)
-        backend = dict(settings).get("backend")
-        if backend is None or not state.imported:
-            return None
-        rest = to_torch(tuple((name, value) for name, value in settings if name != "backend"))
-        return backend, alloc_conf([rest], environ=environ, modules=modules, state=state) if rest else None
-    except AllocConfError:
-        return None
