@@ -19,9 +19,9 @@ from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple
 from ..options import command, option
 from ..render import count
 from ..runtime import TorchState, torch_state
-from .installed import env_names, installed_torch_version, is_rocm_build, read_names, runtime_setter
+from .installed import env_names, installed_torch, read_names, runtime_setter
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
-                    format_version, merge, parse, parse_many, to_torch, validate, version_of)
+                    format_version, merge, parse, parse_many, to_torch, validate)
 from .schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
 
 # torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
@@ -316,9 +316,7 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
                              f"it without settings, {option('unset')}, {option('reset')}, "
                              f"{option('preset')}, {option('save')} or {option('forget')}")
     state = state or torch_state(modules)
-    version_text = installed_torch_version(modules)
-    version = version_of(version_text)
-    rocm = is_rocm_build(version_text, modules)
+    version_text, version, rocm = installed_torch(modules)
     names = env_names(version, rocm)
     env_before = _env_snapshot(environ, names)
     common = dict(torch=state, torch_version=version_text, env_before=env_before)

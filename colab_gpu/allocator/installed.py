@@ -27,6 +27,13 @@ def installed_torch_version(modules=sys.modules) -> Optional[str]:
         return None
 
 
+def installed_torch(modules=sys.modules) -> Tuple[Optional[str], Optional[Version], bool]:
+    """The installed torch's version as written, as (major, minor), and whether it is a ROCm
+    build: what every allocator rule is read against."""
+    version_text = installed_torch_version(modules)
+    return version_text, version_of(version_text), is_rocm_build(version_text, modules)
+
+
 def is_rocm_build(version_text: Optional[str], modules=sys.modules) -> bool:
     """torch.version.hip once torch is imported; before that, the wheel's tag (2.8.0+rocm6.4)."""
     imported = modules.get("torch") is not None
@@ -47,9 +54,8 @@ def read_names(names: Sequence[str], version: Optional[Version]) -> Tuple[str, .
 
 def installed_env_names(modules=sys.modules) -> Tuple[str, ...]:
     """The variables the installed torch reads, in its order (see env_names, read_names)."""
-    version_text = installed_torch_version(modules)
-    version = version_of(version_text)
-    return read_names(env_names(version, is_rocm_build(version_text, modules)), version)
+    _, version, rocm = installed_torch(modules)
+    return read_names(env_names(version, rocm), version)
 
 
 class _Setter:

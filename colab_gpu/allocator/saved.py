@@ -14,8 +14,8 @@ from typing import MutableMapping, Optional, Tuple
 from ..options import command, option
 from ..runtime import TorchState, torch_state
 from .apply import AllocConfResult, alloc_conf, current_settings
-from .installed import installed_env_names, installed_torch_version, is_rocm_build
-from .parse import AllocConfError, parse, to_torch, validate, version_of
+from .installed import installed_env_names, installed_torch
+from .parse import AllocConfError, parse, to_torch, validate
 
 SAVED_NAME = "alloc_conf.txt"
 
@@ -123,9 +123,9 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
 
 def _refused_saved(saved: str, modules) -> Optional[str]:
     """Why the installed torch refuses the saved setting (as its first load would say), else None."""
-    version_text = installed_torch_version(modules)
+    _, version, rocm = installed_torch(modules)
     try:
-        validate(parse(saved), version_of(version_text), is_rocm_build(version_text, modules))
+        validate(parse(saved), version, rocm)
     except AllocConfError as error:
         return str(error)
     return None
@@ -134,8 +134,7 @@ def _refused_saved(saved: str, modules) -> Optional[str]:
 def _holding(saved: str, environ, modules) -> Optional[str]:
     """The variable torch reads when it already holds every key of ``saved`` at its value (as
     after ``%reload_ext colab_gpu`` once CUDA runs), else None."""
-    version_text = installed_torch_version(modules)
-    version, rocm = version_of(version_text), is_rocm_build(version_text, modules)
+    _, version, rocm = installed_torch(modules)
     try:
         source, current = current_settings(environ, installed_env_names(modules))
         held = set(validate(current, version, rocm))
