@@ -11,7 +11,8 @@ just under the failure, then bisects between the largest success and the smalles
 a fit that still predicts a size at or above a failure is wrong up there and is not followed.
 A --start above what fits halves to a first success, then measures a size BELOW times
 smaller, so that the fit, not blind bisection, places the rest. Throughput mode doubles from
-the start and stops when two doublings in a row gain less than 5 % samples/s over the best;
+the start and stops when two doublings in a row gain less than 5 % samples/s over the best,
+which is then the answer (not a larger size a noise's width faster, for more memory);
 a size that fails is not the end: it bisects between the largest success and the failure
 until within TOLERANCE of it, under the same rule.
 
@@ -226,6 +227,7 @@ class Search:
             if given is not None and given % multiple_of]
         self.stopped = "not started"
         self.refused = False  # memory stayed flat: no fit from now on
+        self._plateau: Optional[Trial] = None  # throughput mode: the size larger ones did not pay over
         self._fit_stopped = False  # throughput mode ended at the memory fit's top
 
     # --- bookkeeping -------------------------------------------------------------------
@@ -434,6 +436,7 @@ class Search:
             unpaid.append((lo, size))
             if len(unpaid) == THROUGHPUT_PATIENCE:
                 doubled = all(size == 2 * lo for lo, size in unpaid)
+                self._plateau = best
                 self.stopped = (f"{'doubling' if doubled else 'going up'} to "
                                 f"{' and '.join(str(size) for _, size in unpaid)} gained less than "
                                 f"{THROUGHPUT_GAIN - 1:.0%} samples/s over {best.size}")
@@ -443,6 +446,8 @@ class Search:
         successes = self._successes()
         largest = successes[-1].size if successes else None
         fastest = max(successes, key=lambda t: t.samples_per_second or 0).size if successes else None
+        if self.mode == "throughput" and self._plateau is not None:
+            fastest = self._plateau.size  # what larger sizes gained, under 5 %, is noise for more memory
         if any(t.samples_per_second is None for t in successes):
             fastest = None if self.mode == "max" else largest
         answer = fastest if self.mode == "throughput" else largest
