@@ -25,6 +25,9 @@ _OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType, ty
 # A generator, a coroutine, an async generator -> its paused frame (None once it has finished).
 _SUSPENDED = {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame",
               types.AsyncGeneratorType: "ag_frame"}
+# A function frame's f_locals: a dict up to Python 3.12, a live view of the frame from 3.13
+# (PEP 667). pdb keeps one (curframe_locals) for the frame a past %debug stopped in.
+_FRAME_LOCALS = type((lambda: sys._getframe().f_locals)())
 
 MAX_OBJECTS = 1_000_000  # objects visited per variable: a bound so a huge container stays fast
 
@@ -95,6 +98,9 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
     if issubclass(kind, dict):
         yield from dict.keys(obj)
         yield from dict.values(obj)
+        return
+    if kind is _FRAME_LOCALS:  # the view's values are the frame's own, read without user code
+        yield from _FRAME_LOCALS.values(obj)
         return
     if issubclass(kind, _CONTAINERS):
         base = next(container for container in _CONTAINERS if issubclass(kind, container))
