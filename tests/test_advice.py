@@ -104,10 +104,15 @@ def test_cpu_torch_on_gpu_machine():
     assert "cpu_torch_on_gpu_machine" not in fired(make_status([T4], torch=rocm_torch))  # not a CPU-only build
 
 
-def test_cpu_torch_on_gpu_machine__from_installed_metadata_without_importing():
-    # torch is not imported in this status, so the rule reads the installed distribution's
-    # version (2.13.0+cpu in the test environments) instead of importing torch.
-    assert "cpu_torch_on_gpu_machine" in fired(make_status([T4], torch=NO_TORCH))
+@pytest.mark.parametrize("installed, fires", [("2.13.0+cpu", True), ("2.11.0+cu128", False)])
+def test_cpu_torch_on_gpu_machine__from_installed_metadata_without_importing(tmp_path, monkeypatch, installed, fires):
+    """torch is not imported in this status, so the rule reads the installed distribution's
+    version from its metadata (here a dist-info found first on sys.path) instead of importing torch."""
+    info = tmp_path / f"torch-{installed}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {installed}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert ("cpu_torch_on_gpu_machine" in fired(make_status([T4], torch=NO_TORCH))) is fires
 
 
 def memory(**changes):
@@ -158,9 +163,11 @@ def test_fragmentation__on_rocm_reads_expandable_segments_where_rocm_torch_reads
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PYTORCH_HIP_ALLOC_CONF", "expandable_segments:True")
     monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    monkeypatch.setattr(torch.version, "cuda", None)  # as a ROCm build has, whatever the installed one's
     monkeypatch.setattr(torch, "__version__", "2.9.1+rocm6.4")
     assert "already on (PYTORCH_HIP_ALLOC_CONF)" in fired(make_status([T4], memory=fragmented))["fragmentation"]
     monkeypatch.setattr(torch.version, "hip", None)  # a CUDA build never reads it
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
     assert "already on" not in fired(make_status([T4], memory=fragmented))["fragmentation"]
 

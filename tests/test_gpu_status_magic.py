@@ -229,6 +229,7 @@ def test_a_mac_is_told_of_its_gpu_through_mps(shell, clean_env, capsys, monkeypa
 
     monkeypatch.setattr(sys, "platform", "darwin")
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps is True)
+    monkeypatch.setattr(torch.version, "cuda", None)  # a Mac's torch, whichever build tests run with
     if mps == "not imported":
         monkeypatch.delitem(sys.modules, "torch")  # and the magic must not import it to ask
     assert shell.run_cell("%gpu_status").success

@@ -78,12 +78,14 @@ def test_torch_state_without_torch_imports_nothing():
     assert torch_state({}) == torch_state({}).__class__(imported=False)
 
 
-def test_torch_state_of_the_real_cpu_build():
+def test_torch_state_of_the_real_installed_build():
+    """The test environments' torch (a CPU build, or Colab's CUDA build on a machine without a
+    GPU), read without starting CUDA."""
     import torch
 
     state = torch_state(sys.modules)
     assert state.imported and state.version == torch.__version__
-    assert not state.cuda_built  # the CPU build has no torch.version.cuda
+    assert state.cuda_version == torch.version.cuda and state.cuda_built is (torch.version.cuda is not None)
     assert state.cuda_initialized is False
     assert torch.cuda.is_initialized() is False
 
