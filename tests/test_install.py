@@ -26,12 +26,21 @@ def torch_installs(script: str):
             and TORCH.search(line.split("pip install", 1)[1])]
 
 
-@pytest.mark.parametrize("name", ["run.sh", "test.sh"])
-def test_scripts_install_torch_from_the_cpu_index(name):
-    installs = torch_installs((ROOT / "scripts" / name).read_text())
-    assert installs, f"scripts/{name} no longer installs torch first"
+def test_run_sh_installs_torch_from_the_cpu_index():
+    installs = torch_installs((ROOT / "scripts" / "run.sh").read_text())
+    assert installs, "scripts/run.sh no longer installs torch first"
     # PyPI's Linux torch is the CUDA build, with gigabytes of nvidia-* wheels.
     assert all(f"--index-url {CPU_INDEX}" in line for line in installs), installs
+
+
+def test_test_sh_installs_the_torch_it_chose_before_the_project():
+    """The newest end takes the CPU build; the Colab one Colab's own 2.11.0 (PyPI's CUDA build,
+    on purpose): each an exact version, installed before the project's range could pick one."""
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    choices = re.findall(r"torch=\((.*?)\)", script)
+    assert f"--no-deps --index-url {CPU_INDEX} torch==2.13.0" in choices and "torch==2.11.0" in choices
+    torch_first = script.index('pip install -q "${torch[@]}"')
+    assert torch_first < script.index('pip install -q -e ".[$extras]"')
 
 
 def test_binder_takes_torch_from_the_cpu_index():
