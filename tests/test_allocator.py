@@ -11,12 +11,16 @@ import re
 import pytest
 from IPython.core.error import UsageError
 
-from colab_gpu.allocator import AllocConfError, alloc_conf, apply_saved, parse, to_torch, validate
+from colab_gpu.allocator import (AllocConfError, alloc_conf, apply_saved, installed_torch_version, parse,
+                                 to_torch, validate, version_of)
+from colab_gpu.allocator.parse import format_version
 from colab_gpu.allocator.schema import BY_NAME, KEYS, PRESETS
 from colab_gpu.options import as_magic
 from colab_gpu.runtime import TorchState
 
 NOT_IMPORTED = TorchState(imported=False)
+# the installed torch's version as the reports name it ("2.13"), read as %alloc_conf reads it
+INSTALLED = format_version(version_of(installed_torch_version()))
 
 
 def check(text, version=(2, 13)):
@@ -667,7 +671,7 @@ def test_magic_check_json_keys_and_show(magic_env, capsys):
     magic_env.run_line_magic("alloc_conf", "--keys")
     listing = capsys.readouterr().out
     bypass = next(line for line in listing.splitlines() if line.startswith("roundup_bypass"))
-    assert "torch 1.13, removed in 2.0  (not in torch 2.13)" in bypass  # not "1.13-2.0"
+    assert f"torch 1.13, removed in 2.0  (not in torch {INSTALLED})" in bypass  # not "1.13-2.0"
     magic_env.run_line_magic("alloc_conf", "--json")
     shown = json.loads(capsys.readouterr().out)
     assert shown["action"] == "show" and shown["torch"]["imported"] is False
@@ -691,10 +695,10 @@ def test_a_refused_setting_already_in_the_environment_is_shown_and_named(env, he
     env["PYTORCH_CUDA_ALLOC_CONF"] = held
     shown = alloc_conf(environ=env, modules={})
     assert [w for w in shown.warnings if w.startswith(
-        "PYTORCH_CUDA_ALLOC_CONF holds what the installed torch 2.13 refuses")] and \
+        f"PYTORCH_CUDA_ALLOC_CONF holds what the installed torch {INSTALLED} refuses")] and \
         problem in " ".join(str(shown).split()) and "unset='KEY' or reset=True" in " ".join(str(shown).split())
-    with pytest.raises(AllocConfError, match=r"^PYTORCH_CUDA_ALLOC_CONF already holds what the "
-                                             r"installed torch 2\.13 refuses \(" + re.escape(problem)):
+    with pytest.raises(AllocConfError, match=r"^PYTORCH_CUDA_ALLOC_CONF already holds what the installed "
+                                             + re.escape(f"torch {INSTALLED} refuses ({problem}")):
         alloc_conf(["roundup_power2_divisions=4"], environ=env, modules={})
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == held
     if "foo" in held:  # the advice works for a key torch does not know, too

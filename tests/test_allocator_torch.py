@@ -1,4 +1,6 @@
-"""%alloc_conf against the real torch (2.13.0+cpu): its parser, its setter, a real kernel.
+"""%alloc_conf against the real torch (2.13.0+cpu in CI, 2.11.0 on Colab): its parser, its setter,
+a real kernel. What torch holds is read with its getter, or where it has none (2.11) from its
+libc10 through tests/allocator_probe.py.
 
 This file imports torch into the test process (the "torch imported, CUDA not initialized"
 state is the natural one on a CPU build), so it sorts after test_allocator.py, whose tests
@@ -6,11 +8,9 @@ need a process without torch.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,14 +19,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from IPython.core.error import UsageError
 
-from colab_gpu.allocator import AllocConfError, alloc_conf, parse, roundup_table, to_torch, validate
+from allocator_probe import build_against_torch, torch_holds, torch_package
+from colab_gpu.allocator import (AllocConfError, alloc_conf, installed_torch_version, parse, roundup_table,
+                                 to_torch, validate)
 from colab_gpu.allocator.parse import version_of
 from colab_gpu.allocator.schema import KEYS
 from colab_gpu.runtime import TorchState
 from conftest import ROOT
 
+INSTALLED = version_of(installed_torch_version())
 # The keys the CPU build's parser checks (AcceleratorAllocatorConfig); it lets others through.
-CHECKED_KEYS = [key.name for key in KEYS if key.general and key.available((2, 13))]
+CHECKED_KEYS = [key.name for key in KEYS if key.general and key.available(INSTALLED)]
+# for a subprocess that reads torch's state with allocator_probe
+PROBE_PATH = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
 
 # One torch process judges a whole batch; the settings torch keeps between calls (e.g.
 # large_segment_size_mb) are put back to their defaults before each string.
@@ -81,7 +86,7 @@ CONFIG = st.tuples(st.lists(SETTING, min_size=1, max_size=4),
 
 def ours(text):
     try:
-        return to_torch(validate(parse(text), (2, 13)))
+        return to_torch(validate(parse(text), INSTALLED))
     except AllocConfError:
         return None
 
@@ -129,13 +134,8 @@ int main(int argc, char** argv) {
 def test_roundup_table_is_the_table_the_installed_torch_builds(tmp_path):
     """%clear_cache's "the rest" counts each GPU storage at the block torch makes of it, by the
     roundup_power2_divisions table: the one the installed torch builds, '>' included."""
-    package = Path(importlib.util.find_spec("torch").origin).parent
-    compiler = shutil.which("g++")
-    assert compiler, "g++ builds the probe of torch's allocator table: install it"
-    (tmp_path / "probe.cpp").write_text(TABLE_PROBE)
-    subprocess.run([compiler, "-std=c++17", "-I", str(package / "include"), "-o", str(tmp_path / "probe"),
-                    str(tmp_path / "probe.cpp"), "-L", str(package / "lib"), "-lc10",
-                    f"-Wl,-rpath,{package / 'lib'}"], check=True, timeout=300)
+    package = torch_package()
+    build_against_torch(TABLE_PROBE, tmp_path / "probe")
     values = ["4", "[256:1,512:2,>:8]", "[>:4]", "[>:4,256:1]", "[256:1]", "[1:2,65536:8]",
               "[128:4,256:0,>:2]", "[64:8,128:2,256:4,512:2,1024:4,>:1]"]
     done = subprocess.run([str(tmp_path / "probe")] + [f"roundup_power2_divisions:{value}" for value in values],
@@ -157,10 +157,32 @@ def torch_env(clean_env, tmp_path):
     torch._C._accelerator_setAllocatorSettings("large_segment_size_mb:20")
 
 
+def has_getter(torch) -> bool:
+    """torch reports its settings (torch._C._accelerator_getAllocatorSettings; 2.13 does, 2.11 not):
+    only then does %alloc_conf hand them to torch's setter before CUDA starts, since without a
+    report nothing could be put back if torch refused them."""
+    return hasattr(torch._C, "_accelerator_getAllocatorSettings")
+
+
+# torch's first read of the variables, in a fresh process
+FRESH_READ = "import torch, allocator_probe; print(allocator_probe.torch_holds(torch))"
+
+
+def torch_takes(torch) -> str:
+    """What torch runs with once CUDA starts, as things stand: what it holds where %alloc_conf
+    handed it the setting (a torch with a getter, or CUDA running); else (2.11 before CUDA starts)
+    what it reads from the variables at its first read, as a fresh process given them reads it."""
+    if has_getter(torch) or torch.cuda.is_initialized():
+        return torch_holds(torch)
+    done = subprocess.run([sys.executable, "-c", FRESH_READ], text=True, capture_output=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=PROBE_PATH), check=True)
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+
 def test_cuda_keys_of_the_installed_torch_match_the_schema():
     """The CUDA-only keys CUDAAllocatorConfig::getKeys() lists in the installed headers (the
     CPU wheel ships them) are exactly the schema's CUDA-only keys for that version."""
-    package = Path(importlib.util.find_spec("torch").origin).parent
+    package = torch_package()
     header = (package / "include/c10/cuda/CUDAAllocatorConfig.h").read_text()
     block = re.search(r"getKeys\(\) \{(.*?)\};", header, re.S).group(1)
     block = re.sub(r"//[^\n]*", "", block)
@@ -174,7 +196,7 @@ def test_cuda_keys_of_the_installed_torch_match_the_schema():
 def test_imported_state_writes_env_and_torchs_setter(shell, torch_env):
     shell.run_line_magic("alloc_conf", "max_split_size_mb=256 expandable_segments=True --json")
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256,expandable_segments:True"
-    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:256,expandable_segments:True"
+    assert torch_takes(torch_env) == "max_split_size_mb:256,expandable_segments:True"
 
 
 def test_backend_is_refused_once_torch_is_imported(shell, torch_env):
@@ -204,14 +226,14 @@ def test_backend_saved_after_import_stays_out_of_the_live_environment(shell, tor
 def test_torch_refusing_restores_env_and_torchs_settings(torch_env):
     """torch keeps large_segment_size_mb between calls; set behind our back, it makes torch
     refuse a string we validated. Everything must come back as it was."""
-    setter, getter = torch_env._C._accelerator_setAllocatorSettings, torch_env._C._accelerator_getAllocatorSettings
-    setter("large_segment_size_mb:40")
+    torch_env._C._accelerator_setAllocatorSettings("large_segment_size_mb:40")
     os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+    held = torch_holds(torch_env)
     before = {name: value.encode() for name, value in os.environ.items()}
     with pytest.raises(AllocConfError, match="torch refused .*must be >= 40; nothing was changed"):
         alloc_conf(["max_split_size_mb=30"])
     assert {name: value.encode() for name, value in os.environ.items()} == before
-    assert getter() == "large_segment_size_mb:40"
+    assert torch_holds(torch_env) == held
     saved = Path(os.environ["COLAB_GPU_CONFIG_DIR"], "alloc_conf.txt")  # --save keeps the saved file too
     for kept in ("expandable_segments:True\n", None):
         if kept is None:
@@ -231,14 +253,15 @@ from IPython.testing.globalipapp import start_ipython
 shell = start_ipython()
 shell.run_line_magic("load_ext", "colab_gpu")
 import torch
+from allocator_probe import torch_holds
 shell.run_line_magic("env", "PYTORCH_CUDA_ALLOC_CONF=" + sys.argv[1])
 try:
     shell.run_line_magic("alloc_conf", sys.argv[2] + " --json")
     error = None
 except Exception as caught:
     error = f"{type(caught).__name__}: {caught}"
-print(json.dumps([error, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-                  torch._C._accelerator_getAllocatorSettings()]))
+print(json.dumps([error, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), torch_holds(torch),
+                  hasattr(torch._C, "_accelerator_getAllocatorSettings")]))
 """
 
 
@@ -251,26 +274,30 @@ print(json.dumps([error, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
 ])
 def test_the_fix_for_a_refused_variable_works_after_import_torch(tmp_path, held, line, env, in_torch):
     """Set with %env before torch's first read, a value torch refuses made the fix the report
-    names (--reset, KEY=VALUE) raise torch's own error out of the magic, changing nothing."""
+    names (--reset, KEY=VALUE) raise torch's own error out of the magic, changing nothing.
+    A torch without a getter (2.11) is handed only the variables, which it reads at its first
+    read: the fixed variable, or its defaults ("") where --reset cleared it."""
     done = subprocess.run([sys.executable, "-c", FIRST_READ, held, line], text=True, capture_output=True,
-                          timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT),
+                          timeout=120, env=dict(os.environ, PYTHONPATH=PROBE_PATH,
                                                 COLAB_GPU_CONFIG_DIR=str(tmp_path)))
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [None, env, in_torch]
+    error, variable, took, getter = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [error, variable, took] == [None, env, in_torch if getter else env or ""]
 
 
 def test_an_unset_key_goes_back_to_its_default_in_torch_too(shell, torch_env):
     """torch's parser resets only max_split_size_mb, roundup_power2_divisions,
     garbage_collection_threshold and (2.11+) max_non_split_rounding_mb per string: a key
-    merely left out keeps its value."""
-    shell.run_line_magic("alloc_conf", "large_segment_size_mb=64 pinned_max_cached_size_mb=8 --json")
-    result = alloc_conf(unset=["large_segment_size_mb", "pinned_max_cached_size_mb"])
+    merely left out keeps its value. A torch without a getter (2.11) is handed only the
+    variables before CUDA starts, which hold nothing of the unset keys: nothing to warn of."""
+    shell.run_line_magic("alloc_conf", "large_segment_size_mb=64 pinned_reserve_segment_size_mb=8 --json")
+    result = alloc_conf(unset=["large_segment_size_mb", "pinned_reserve_segment_size_mb"])
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
-    assert result.warnings == ("pinned_max_cached_size_mb keeps its last value in this process: torch "
-                               "keeps a key until a settings string names it, and its default cannot "
-                               "be written; restart the runtime to drop it",)
+    kept = ("pinned_reserve_segment_size_mb keeps its last value in this process: torch keeps a key until "
+            "a settings string names it, and its default cannot be written; restart the runtime to drop it",)
+    assert result.warnings == (kept if has_getter(torch_env) else ())
     shell.run_line_magic("alloc_conf", "max_split_size_mb=30 --json")  # >= 64 only while 64 held
-    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:30"
+    assert torch_takes(torch_env) == "max_split_size_mb:30"
 
 
 @pytest.mark.parametrize("version, already", [("2.9.1+cu128", False), ("2.10.0+cu128", True)])
@@ -328,7 +355,7 @@ def test_the_magic_once_cuda_started_says_what_waits_for_a_restart(shell, torch_
     out = capsys.readouterr().out
     assert "CUDA initialized" in out and "could not change now:\n    per_process_memory_fraction: " in out
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
-    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+    assert torch_holds(torch_env) == "max_split_size_mb:128"
 
 
 def test_reload_ext_keeps_the_setting_made_since_the_first_load(ipython, torch_env, capsys):
@@ -349,7 +376,7 @@ def test_reload_ext_keeps_the_setting_made_since_the_first_load(ipython, torch_e
         ipython.run_line_magic("load_ext", "colab_gpu")
         assert "not re-applied" in capsys.readouterr().out
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256"
-        assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:256"
+        assert torch_takes(torch_env) == "max_split_size_mb:256"
         as_text(ipython, "max_split_size_mb=128")  # the saved setting again: a reload says so
         capsys.readouterr()
         ipython.run_line_magic("reload_ext", "colab_gpu")
@@ -366,7 +393,7 @@ def test_a_kernel_started_from_a_loading_process_applies_the_saved_setting(ipyth
     ipython.run_line_magic("load_ext", "colab_gpu")
     try:
         assert "applied the saved allocator setting 'max_split_size_mb:128'" in capsys.readouterr().out
-        assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+        assert torch_takes(torch_env) == "max_split_size_mb:128"
     finally:
         ipython.run_line_magic("unload_ext", "colab_gpu")
 
@@ -400,10 +427,10 @@ def test_kernel_applies_saved_and_new_settings_before_torch_reads_them(tmp_path)
     (tmp_path / "alloc_conf.txt").write_text("expandable_segments:True\n")
     cells = ["%load_ext colab_gpu",
              "%alloc_conf max_split_size_mb=256",
-             "import torch\nprint(torch._C._accelerator_getAllocatorSettings())"]
+             "import torch, allocator_probe\nprint(allocator_probe.torch_holds(torch))"]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTORCH_")}
-    env.update(PYTHONPATH=str(ROOT), COLAB_GPU_CONFIG_DIR=str(tmp_path))
+    env.update(PYTHONPATH=PROBE_PATH, COLAB_GPU_CONFIG_DIR=str(tmp_path))
     NotebookClient(notebook, timeout=120, kernel_name="python3").execute(env=env)
     loaded = "".join(o.get("text", "") for o in notebook.cells[0].outputs)
     assert "applied the saved allocator setting 'expandable_segments:True'" in loaded
@@ -424,11 +451,17 @@ def test_naming_the_backend_torch_loaded_is_no_change_after_import(shell, torch_
 def test_a_hand_edit_after_torchs_setter_is_shown_as_not_in_effect(shell, torch_env, capsys):
     """torch 2.10+ reads the variables once, at its first settings call (AcceleratorAllocatorConfig
     and CUDAAllocatorConfig::instance()); after %alloc_conf called the setter, an edit by hand
-    changes nothing, yet the report showed the edited variable as the configuration."""
+    changes nothing, yet the report showed the edited variable as the configuration. A torch
+    without a getter (2.11) is handed nothing before CUDA starts and reads the variables then:
+    there the edit takes effect, and is shown as the configuration."""
     shell.run_line_magic("alloc_conf", "max_split_size_mb=128 --json")
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     shown = alloc_conf()
-    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+    if not has_getter(torch_env):
+        assert to_torch(shown.settings) == torch_takes(torch_env) == "expandable_segments:True"
+        assert not any("set by hand" in warning for warning in shown.warnings)
+        return
+    assert torch_holds(torch_env) == "max_split_size_mb:128"
     assert to_torch(shown.settings) == "max_split_size_mb:128"
     assert shown.warnings == (
         "PYTORCH_CUDA_ALLOC_CONF holds 'expandable_segments:True', set by hand after torch read its "
@@ -443,7 +476,7 @@ def test_a_hand_edit_after_torchs_setter_is_shown_as_not_in_effect(shell, torch_
     # a change starts from what torch holds, and the variables follow it again
     changed = alloc_conf(["garbage_collection_threshold=0.5"])
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == os.environ["PYTORCH_ALLOC_CONF"] == \
-        torch_env._C._accelerator_getAllocatorSettings() == \
+        torch_holds(torch_env) == \
         "max_split_size_mb:128,garbage_collection_threshold:0.5"
     assert any("which never took effect" in warning for warning in changed.warnings)
     assert not any("set by hand" in warning for warning in alloc_conf().warnings)
@@ -461,11 +494,11 @@ def test_a_split_size_below_the_segment_size_torch_keeps_waits_for_the_restart(t
         "and refuses it")
     assert result.saved == "large_segment_size_mb:12,max_split_size_mb:15,expandable_segments:True"
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert torch_env._C._accelerator_getAllocatorSettings() == "expandable_segments:True"
+    assert torch_holds(torch_env) == "expandable_segments:True"
     # a value torch accepts now still applies at once
     assert "max_split_size_mb" not in dict(alloc_conf(["large_segment_size_mb=12 max_split_size_mb=64"],
                                                       state=started).deferred)
-    assert torch_env._C._accelerator_getAllocatorSettings() == "expandable_segments:True,max_split_size_mb:64"
+    assert torch_holds(torch_env) == "expandable_segments:True,max_split_size_mb:64"
 
 
 def test_reset_once_cuda_runs_with_a_large_segment_size_leaves_the_rounding_to_torch(shell, torch_env, monkeypatch,
@@ -480,7 +513,7 @@ def test_reset_once_cuda_runs_with_a_large_segment_size_leaves_the_rounding_to_t
     assert json.loads(capsys.readouterr().out)["deferred"] == {
         "large_segment_size_mb": "segments already made keep their size; set it before CUDA starts"}
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "large_segment_size_mb:30"  # until the restart
-    assert torch_env._C._accelerator_getAllocatorSettings() == ""
+    assert torch_holds(torch_env) == ""
 
 
 def test_unsetting_the_segment_size_torch_keeps_says_the_next_start_refuses(shell, torch_env, monkeypatch):
@@ -518,7 +551,7 @@ def test_a_hand_edit_after_cuda_started_is_shown_as_not_in_effect(shell, torch_e
             "does not read the variables again, so this edit does not take effect; torch uses "
             "'max_split_size_mb:128'") in " ".join(out.split())
     changed = alloc_conf(["garbage_collection_threshold=0.5"])
-    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == torch_env._C._accelerator_getAllocatorSettings() == \
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == torch_holds(torch_env) == \
         "max_split_size_mb:128,garbage_collection_threshold:0.5"
     assert any("which never took effect" in warning for warning in changed.warnings)
     del os.environ["PYTORCH_CUDA_ALLOC_CONF"], os.environ["PYTORCH_ALLOC_CONF"]  # by hand too
@@ -539,14 +572,14 @@ def test_a_save_once_cuda_started_keeps_what_an_earlier_save_left_for_the_restar
     assert saved.read_text().strip() == "max_split_size_mb:128,per_process_memory_fraction:0.5"
     assert "could not change now: per_process_memory_fraction: kept from the setting saved before; " in out
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
-    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+    assert torch_holds(torch_env) == "max_split_size_mb:128"
     # a change the next start would refuse with the kept key says so and changes nothing
     shell.run_line_magic("alloc_conf", "large_segment_size_mb=64 --save --json")
     with pytest.raises(UsageError, match="keeps large_segment_size_mb:64,per_process_memory_fraction:0.5"):
         shell.run_line_magic("alloc_conf", "max_split_size_mb=30 --save")
     assert saved.read_text().strip() == \
         "max_split_size_mb:128,large_segment_size_mb:64,per_process_memory_fraction:0.5"
-    assert torch_env._C._accelerator_getAllocatorSettings() == "max_split_size_mb:128"
+    assert torch_holds(torch_env) == "max_split_size_mb:128"
     shell.run_line_magic("alloc_conf", "--unset per_process_memory_fraction,large_segment_size_mb --save --json")
     assert saved.read_text().strip() == "max_split_size_mb:128"
     shell.run_line_magic("alloc_conf", "per_process_memory_fraction=0.5 --save --json")
