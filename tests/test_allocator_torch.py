@@ -223,11 +223,15 @@ def test_backend_saved_after_import_stays_out_of_the_live_environment(shell, tor
         "environment\n" in out
 
 
-def test_torch_refusing_restores_env_and_torchs_settings(torch_env):
+def test_torch_refusing_restores_env_and_torchs_settings(torch_env, monkeypatch):
     """torch keeps large_segment_size_mb between calls; set behind our back, it makes torch
-    refuse a string we validated. Everything must come back as it was."""
+    refuse a string we validated. Everything must come back as it was. A torch without a getter
+    (2.11) is handed settings only once CUDA runs, and there it was left holding the refused
+    string: it is asked through the CUDA memory snapshot, which reports it."""
     torch_env._C._accelerator_setAllocatorSettings("large_segment_size_mb:40")
     os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+    if not has_getter(torch_env):
+        cuda_started(torch_env, monkeypatch)  # torch parses expandable_segments:True and keeps the 40
     held = torch_holds(torch_env)
     before = {name: value.encode() for name, value in os.environ.items()}
     with pytest.raises(AllocConfError, match="torch refused .*must be >= 40; nothing was changed"):
@@ -321,18 +325,23 @@ def test_the_fragmentation_tip_reads_pytorch_alloc_conf_only_where_torch_reads_i
 def cuda_started(torch, monkeypatch=None) -> TorchState:
     """The state once CUDA has started, and what its start does to torch: it parses the
     variables (this CPU build cannot start CUDA, and read them long ago, in an earlier test).
-    With ``monkeypatch``, torch.cuda.is_initialized says so too, for the magic to read."""
+    With ``monkeypatch``, torch.cuda.is_initialized says so too, for the magic to read, and the
+    CUDA memory snapshot (the device's allocator, absent here) reports the settings string torch
+    holds, as a CUDA build's does: a torch without a getter (2.11) is asked through it."""
     torch._C._accelerator_setAllocatorSettings(
         os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF", "")))
     if monkeypatch is not None:
         monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch._C, "_cuda_memorySnapshot", lambda *options: {
+            "segments": [], "device_traces": [],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": torch_holds(torch)}}, raising=False)
     return TorchState(imported=True, version=torch.__version__, cuda_version="12.8",
                       cuda_initialized=True)
 
 
-def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env):
+def test_cuda_initialized_applies_runtime_keys_and_defers_the_rest(torch_env, monkeypatch):
     """The CUDA-started branch, with the state passed in and torch's real setter called."""
-    started = cuda_started(torch_env)
+    started = cuda_started(torch_env, monkeypatch)
     result = alloc_conf(["max_split_size_mb=128 per_process_memory_fraction=0.5"], state=started)
     assert result.deferred == (("per_process_memory_fraction", dict(
         (k.name, k.runtime_reason) for k in KEYS)["per_process_memory_fraction"]),)
@@ -482,11 +491,11 @@ def test_a_hand_edit_after_torchs_setter_is_shown_as_not_in_effect(shell, torch_
     assert not any("set by hand" in warning for warning in alloc_conf().warnings)
 
 
-def test_a_split_size_below_the_segment_size_torch_keeps_waits_for_the_restart(torch_env):
+def test_a_split_size_below_the_segment_size_torch_keeps_waits_for_the_restart(torch_env, monkeypatch):
     """Once CUDA runs, large_segment_size_mb waits for a restart and torch checks a new
     max_split_size_mb against the one it keeps: 15 with 12 saved for later made torch refuse
     the whole call, and nothing was saved."""
-    started = cuda_started(torch_env)
+    started = cuda_started(torch_env, monkeypatch)
     result = alloc_conf(["large_segment_size_mb=12 max_split_size_mb=15 expandable_segments=True"],
                         state=started, save=True)
     assert dict(result.deferred)["max_split_size_mb"] == (
@@ -536,16 +545,22 @@ def test_unsetting_the_segment_size_torch_keeps_says_the_next_start_refuses(shel
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "large_segment_size_mb:12"  # until the restart
 
 
-def test_a_hand_edit_after_cuda_started_is_shown_as_not_in_effect(shell, torch_env, monkeypatch, capsys):
+@pytest.mark.parametrize("getter", ["as installed", "removed"])
+def test_a_hand_edit_after_cuda_started_is_shown_as_not_in_effect(shell, torch_env, monkeypatch, capsys, getter):
     """torch read the variable when CUDA started and never again; an edit by hand afterwards,
     with no %alloc_conf change in between, was shown as the configuration (and a change started
-    from it): only the "torch reports in effect" line said what torch uses."""
+    from it): only the "torch reports in effect" line said what torch uses. A torch without a
+    getter (2.11, Colab's; the getter removed here) showed the edit with nothing to say otherwise:
+    its CUDA memory snapshot reports what it uses."""
+    if getter == "removed":
+        monkeypatch.delattr(torch_env._C, "_accelerator_getAllocatorSettings", raising=False)
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:128"
     cuda_started(torch_env, monkeypatch)
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     as_text(shell, "")
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "Allocator configuration: max_split_size_mb:128"
+    assert "  torch reports in effect:\n    'max_split_size_mb:128'\n" in out
     assert ("PYTORCH_CUDA_ALLOC_CONF holds 'expandable_segments:True', set by hand after torch read its "
             "settings (at CUDA start or a later call of its run-time setter, as torch reports): torch "
             "does not read the variables again, so this edit does not take effect; torch uses "

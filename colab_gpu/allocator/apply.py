@@ -19,7 +19,7 @@ from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple
 from ..options import command, option
 from ..render import count
 from ..runtime import TorchState, torch_state
-from .installed import env_names, installed_torch, read_names, runtime_setter
+from .installed import env_names, installed_torch, read_names, reported_settings, runtime_setter
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
                     format_version, merge, parse, parse_many, to_torch, validate)
 from .schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
@@ -509,8 +509,11 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
     dropped = [(name, default) for name, default in dropped if name not in skip]
     runtime_text = to_torch(tuple((n, v) for n, v in settings if n not in skip)
                             + tuple((n, v) for n, v in dropped if v is not None))
+    # where torch gets the setting now (the variables only, before CUDA starts, without a getter:
+    # torch reads them then, and nothing here could be put back if it refused)
+    hands_to_torch = setter is not None and (state.cuda_initialized or setter.get is not None)
     try:
-        previous = setter.get() if setter is not None and setter.get is not None else None
+        previous = reported_settings(modules) if hands_to_torch else None
     except Exception:  # torch's first read of a variable it refuses: it holds no settings yet,
         previous = None  # and reads the variable written below instead, at the setter call
     via = []
@@ -521,7 +524,7 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
             else:
                 environ.pop(name, None)
         via.append("environment")
-        if setter is not None and (state.cuda_initialized or setter.get is not None):
+        if hands_to_torch:
             setter.set(runtime_text)
             via.append(setter.name)
             _given_to_torch = text
@@ -540,7 +543,7 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
                                           f"keeps a key until a settings string names it, and its "
                                           f"default cannot be written; restart the runtime to drop it"
                                           for name, default in dropped if default is None and len(via) > 1),
-                           in_effect=setter.get() if setter is not None and setter.get else None)
+                           in_effect=reported_settings(modules) if hands_to_torch else None)
 
 
 # The setting (as written to the environment) last given to torch's run-time setter in this
@@ -598,8 +601,5 @@ def _hand_edit_warning(edited: str, taken: Tuple[str, str], written: bool) -> st
 
 def _in_effect(state: TorchState, modules) -> Optional[str]:
     """torch's own report, asked only once CUDA runs: before that, asking would make torch
-    read the environment early and ignore later changes."""
-    if not state.cuda_initialized:
-        return None
-    setter = runtime_setter(modules)
-    return setter.get() if setter is not None and setter.get is not None else None
+    read the environment early and ignore later changes (or start CUDA)."""
+    return reported_settings(modules) if state.cuda_initialized else None

@@ -1,5 +1,6 @@
 """What the installed torch is, as far as the allocator settings are concerned: its version,
-whether it is a ROCm build, the variables it reads and its run-time settings call.
+whether it is a ROCm build, the variables it reads, its run-time settings call and its report
+of the settings it holds.
 
 Each answers before `import torch` too (from the installed package's metadata and version
 tag), since the settings must be right before torch first reads them. Nothing here imports
@@ -82,3 +83,18 @@ def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
     if legacy is not None and torch_state(modules).build in ("cuda", "rocm"):
         return _Setter("torch.cuda.memory._set_allocator_settings", legacy, None)
     return None
+
+
+def reported_settings(modules=sys.modules) -> Optional[str]:
+    """The last settings string torch parsed, as torch reports it; None where it cannot say.
+    Its getter where it has one (2.13 has, 2.11 lacks it); else the CUDA memory snapshot's
+    allocator_settings, the same c10 string (``getConfigMetadata``). Ask only once CUDA runs:
+    the getter makes torch read the variables early, and the snapshot starts CUDA."""
+    setter = runtime_setter(modules)
+    if setter is not None and setter.get is not None:
+        return setter.get()
+    memory = getattr(getattr(modules.get("torch"), "cuda", None), "memory", None)
+    try:
+        return memory._snapshot()["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"]
+    except Exception:  # no CUDA build, backend:cudaMallocAsync (no snapshot), or a torch without the key
+        return None

@@ -32,7 +32,13 @@ argument for ..." message, or its name in ``getKeys()``), and, from 2.9, ``libc1
 - 2.11: large_segment_size_mb ("must be > 10 MB", ``kMinLargeAlloc / kMB``); the split
   minimums become >= large_segment_size_mb (``large_segment_size_ / kMB``, 20 by default), which
   ``parseArgs`` reads before every other key: ``large_segment_size_mb:12,max_split_size_mb:15``
-  is accepted in either order (the installed 2.13.0+cpu's setter). 2.12: pinned_free_catch_all and
+  is accepted in either order (the installed 2.13.0+cpu's setter). 2.11.0 (its cu130 wheel,
+  Colab's) has the run-time setter ``torch._C._accelerator_setAllocatorSettings`` but no
+  ``_accelerator_getAllocatorSettings`` (2.13.0 has both); the string that getter returns,
+  ``c10::CachingAllocator::getAllocatorSettings()``, is also the CUDA memory snapshot's
+  ``allocator_settings["PYTORCH_CUDA_ALLOC_CONF"]`` (c10/cuda/CUDAAllocatorConfig.h,
+  ``last_allocator_settings``). Both versions read the variables at torch's first settings read,
+  not at ``import torch`` (the installed 2.11.0+cu130 and 2.13.0+cpu, without a GPU). 2.12: pinned_free_catch_all and
   throw_on_cudamalloc_oom. 2.13: pinned_max_round_threshold_mb and pinned_max_cached_size_mb
   (no bound; the installed 2.13.0+cpu build). 2.14.1 has the same keys as 2.13.
 - 2.15.0 (its cu132 wheel): ``getKeys()`` adds expandable_segments_reserve, whose value is

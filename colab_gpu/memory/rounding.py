@@ -36,9 +36,9 @@ def _split_limit(torch, device: str) -> Optional[int]:
 
 def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]]:
     """What CUDA's allocator runs with: torch's own report of its last settings string where it
-    has one (2.10+, else None; asked only once CUDA runs, so asking changes nothing), and the
-    environment, which %alloc_conf keeps in step: the variable torch reads (a ROCm build's
-    PYTORCH_HIP_ALLOC_CONF too). What cannot be read is empty."""
+    has a getter (2.13 does, 2.11 not: then None; asked only once CUDA runs, so asking changes
+    nothing), and the environment, which %alloc_conf keeps in step: the variable torch reads
+    (a ROCm build's PYTORCH_HIP_ALLOC_CONF too). What cannot be read is empty."""
     from ..allocator.apply import current_settings
     from ..allocator.installed import installed_env_names, runtime_setter
     from ..allocator.parse import parse
