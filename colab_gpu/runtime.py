@@ -167,6 +167,12 @@ def current_shell(modules: Mapping[str, object] = sys.modules) -> object:
     return get_ipython() if get_ipython is not None else None
 
 
+def in_notebook(shell: object = None) -> bool:
+    """Whether ``shell`` (the running one when None) has a kernel, so a notebook front end shows
+    what it displays; an IPython in a terminal has none, whatever machine it runs on."""
+    return getattr(shell if shell is not None else current_shell(), "kernel", None) is not None
+
+
 def detect_runtime(shell: object = None, environ: Optional[Mapping[str, str]] = None) -> Runtime:
     """Everything about the surroundings that can be read without touching the GPU.
 

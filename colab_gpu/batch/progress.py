@@ -5,14 +5,9 @@ table is updated in the foreground through a display id, which works on IPython 
 """
 from __future__ import annotations
 
-from ..runtime import current_shell
+from ..runtime import in_notebook
 from .render import render_text, trial_line
 from .result import ERROR
-
-
-def in_notebook() -> bool:
-    return getattr(current_shell(), "kernel", None) is not None
-
 
 class TerminalProgress:
     def __call__(self, search) -> None:

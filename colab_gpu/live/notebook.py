@@ -22,13 +22,13 @@ class LiveSession:
         """Show the running sampler as ``kind``: "auto", "widgets", "page" or "terminal".
         ``started``: by this --live; the end of a terminal's lines (Ctrl-C) then stops it, else
         only the display ends: showing a script's monitor again must not end it."""
-        from ..runtime import COLAB, PLAIN_PYTHON, TERMINAL, detect_platform
+        from ..runtime import COLAB, PLAIN_PYTHON, TERMINAL, detect_platform, in_notebook
 
         platform = detect_platform(self.shell)
         if kind == "auto":
             # The front end, not the machine: an IPython in a terminal on Binder, Kaggle or Colab
             # (their variables set) has no kernel, and showed a widget's text or a page's address.
-            front_end = platform if getattr(self.shell, "kernel", None) is not None else TERMINAL
+            front_end = platform if in_notebook(self.shell) else TERMINAL
             kind = {COLAB: "page", TERMINAL: "terminal", PLAIN_PYTHON: "terminal"}.get(front_end, "widgets")
         colab_output = _colab_output() if kind == "page" and platform == COLAB else None
         if colab_output is not None:

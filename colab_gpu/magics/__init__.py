@@ -400,10 +400,11 @@ class GPUMagics(Magics):
         other than out-of-memory stops the search and is shown.
         """
         from ..batch import RestoreError, SearchError, check_options, search_batch
-        from ..batch.progress import NotebookProgress, TerminalProgress, in_notebook
+        from ..batch.progress import NotebookProgress, TerminalProgress
         from ..batch.search import check_variable
         from ..batch.state import Snapshot
         from ..render import count, with_article
+        from ..runtime import in_notebook
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = parse(self.find_batch, line)
