@@ -13,6 +13,8 @@ import enum
 import sys
 from typing import Iterator, Optional, Union
 
+from .result import DEVICE_BROKEN, ERROR, OUT_OF_MEMORY
+
 # Lower-case fragments of every known out-of-memory wording (PyTorch CUDA / HIP / XPU / MPS /
 # CPU, the CUDA runtime, cuBLAS, cuDNN; TensorFlow's too, since a message is a message).
 OOM_FRAGMENTS = (
@@ -37,9 +39,11 @@ OOM_CLASSES = ("OutOfMemoryError",)
 
 
 class ErrorKind(enum.Enum):
-    OUT_OF_MEMORY = "out of memory"
-    DEVICE_BROKEN = "device broken"
-    OTHER = "other error"
+    """Each kind's value is the outcome a trial that raised it has (batch/result.py)."""
+
+    OUT_OF_MEMORY = OUT_OF_MEMORY
+    DEVICE_BROKEN = DEVICE_BROKEN
+    OTHER = ERROR
 
 
 def error_chain(error: BaseException) -> Iterator[BaseException]:

@@ -21,7 +21,7 @@ from typing import Callable, ContextManager, Optional, Tuple
 from ..cuda import cuda_devices_in_use, empty_cuda_cache, working_device
 from ..runtime import cuda_torch
 from .oom import ErrorKind, classify, error_chain, message
-from .result import DEVICE_BROKEN, ERROR, FITS, INTERRUPTED, OUT_OF_MEMORY, Trial
+from .result import FITS, INTERRUPTED, Trial
 
 
 def _cuda_index(device: str) -> Optional[int]:
@@ -242,9 +242,6 @@ class CtrlC:
 
 MOST_RUNS = 1000  # a cell of a few µs stops here, not after min_timed of runs
 
-_OUTCOMES = {ErrorKind.OUT_OF_MEMORY: OUT_OF_MEMORY, ErrorKind.DEVICE_BROKEN: DEVICE_BROKEN,
-             ErrorKind.OTHER: ERROR}
-
 
 def stops_the_search(error: Optional[BaseException]) -> bool:
     """Whether the error a run raised stops the search as the user's error, which they are
@@ -313,7 +310,7 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
                      caught_ooms=_cuda_ooms(index) - ooms), None
     interrupted = isinstance(error, KeyboardInterrupt)
     kind = None if interrupted else classify(error)
-    trial = Trial(size, INTERRUPTED if interrupted else _OUTCOMES[kind], runs=runs,
+    trial = Trial(size, INTERRUPTED if interrupted else kind.value, runs=runs,
                   capacity=gauge.capacity() if gauge and kind is ErrorKind.OUT_OF_MEMORY else None,
                   capacity_kills=bool(gauge and gauge.capacity_kills), error=describe(error))
     if not stops_the_search(error):
