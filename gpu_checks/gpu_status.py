@@ -98,6 +98,7 @@ def check_driver_numbering(check, snapshot, card: dict) -> None:
 def main() -> int:
     started = time.perf_counter()
     from colab_gpu.devices.nvml import NvmlSource
+    from colab_gpu.runtime import cpu_only_build
 
     probe = NvmlSource()
     snapshot = probe.snapshot()
@@ -114,7 +115,7 @@ def main() -> int:
     shell.run_cell("import torch", store_history=False)
     torch = shell.user_ns["torch"]
     if torch.version.cuda is None:
-        print(f"SKIPPED: torch {torch.__version__} is a CPU-only build; install a CUDA build to run this check.")
+        print("SKIPPED: " + cpu_only_build(f"torch {torch.__version__}", ";", " to run this check."))
         return 2
 
     failures = []
