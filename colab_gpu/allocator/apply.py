@@ -17,8 +17,8 @@ import sys
 from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 from ..options import command, option
-from ..render import count
 from ..runtime import TorchState, torch_state
+from ..words import count
 from .installed import env_names, installed_torch, read_names, reported_settings, runtime_setter
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
                     format_version, merge, parse, parse_many, to_torch, validate)

@@ -14,8 +14,8 @@ import re
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from ..options import option
-from ..render import count
 from ..runtime import cpu_only_build, cuda_torch, torch_state
+from ..words import count
 from .oom import is_out_of_memory
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from ..render import NA, count, duration, significant, size as format_size
+from ..words import NA, count, duration, significant, size as format_size
 
 FITS = "fits"
 OUT_OF_MEMORY = "out of memory"

@@ -27,7 +27,7 @@ import re
 from typing import Callable, List, Optional
 
 from ..options import option
-from ..render import count, size as format_size
+from ..words import count, size as format_size
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTERRUPTED_NOTE,
                      OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, BatchResult, MemoryFit, Trial)
 

@@ -12,8 +12,8 @@ import sys
 from typing import Any, Dict, List, MutableMapping, Optional, Set
 
 from ..options import command, option
-from ..render import with_article
 from ..runtime import cuda_torch
+from ..words import with_article
 from .trial import describe
 
 

@@ -13,8 +13,8 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..options import command
-from ..render import count, size
 from ..runtime import cuda_torch
+from ..words import count, size
 from .panel import source_title, torch_labels
 
 

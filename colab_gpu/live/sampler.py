@@ -18,7 +18,7 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
-from ..render import count
+from ..words import count
 
 THREAD_NAME = "colab_gpu-sampler"
 # An hour: slower sampling cannot follow a notebook's cells, and far longer waits overflow

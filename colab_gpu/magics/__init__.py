@@ -403,8 +403,8 @@ class GPUMagics(Magics):
         from ..batch.progress import NotebookProgress, TerminalProgress
         from ..batch.search import check_variable
         from ..batch.state import Snapshot
-        from ..render import count, with_article
         from ..runtime import in_notebook
+        from ..words import count, with_article
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = parse(self.find_batch, line)

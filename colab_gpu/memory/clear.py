@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from ..cuda import empty_cuda_cache
 from ..devices import DeviceSource
 from ..options import command, option
-from ..render import count
 from ..runtime import cuda_torch, current_shell
+from ..words import count
 from .holders import Holders, _holders, _Shown
 from .namespace import (_MISSING, _OUTPUT_NAME, _exception_references, _is_dunder, _is_ipython_name,
                         _namespaces, _output_history)

@@ -2,8 +2,9 @@
 (memory.py), and charts (chart.py).
 
 Here: how every renderer, the live monitor's, allocator's and find_batch's too, writes a value
-(sizes, durations, counts, n/a, folding at 80 columns) and the phrases the text and HTML card
-share (cuda:N names, torch and allocator summaries, processes, MIG instances), so they agree.
+(folding at 80 columns; sizes, durations, counts and n/a from colab_gpu.words, re-exported)
+and the phrases the text and HTML card share (cuda:N names, torch and allocator summaries,
+processes, MIG instances), so they agree.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import textwrap
 from typing import Optional, Sequence
 
 from ..runtime import names_mig_instances
+from ..words import NA, count, duration, significant, size, with_article  # the renderers' too
 
-NA = "n/a"
 WIDTH = 80  # a terminal's columns: it breaks a longer line at any character, mid-word
 
 
@@ -45,52 +46,6 @@ def labelled_row(label: str, value: str, label_width: int) -> str:
     """"  label  value", the value in the column after ``label_width`` and a space, a list of
     facts folded under it (:func:`fold_items`): the rows of every text report."""
     return fold_items(f"  {label:<{label_width}} {value}", label_width + 3)
-
-
-def significant(value: float) -> str:
-    """Three significant digits below 100 (3.81, 0.4), whole numbers above."""
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
-
-
-def _digits(value: float, unit: str) -> str:
-    """A value in ``unit``, :func:`significant` (3.81 MiB, not 4 MiB)."""
-    return f"{significant(value)} {unit}"
-
-
-def size(value: Optional[float]) -> str:
-    """Bytes in the unit nvidia-smi users read: MiB below 1 GiB, GiB above (KiB, B when tiny)."""
-    if value is None:
-        return NA
-    if abs(value) < 1024:
-        return f"{value:.0f} B"
-    if abs(value) < 1024 ** 2:
-        return _digits(value / 1024, "KiB")
-    if abs(value) < 1024 ** 3:
-        return _digits(value / 1024 ** 2, "MiB")
-    return f"{value / 1024 ** 3:.2f} GiB"
-
-
-def duration(seconds: Optional[float]) -> str:
-    """Seconds as µs, ms or s: a step of a few microseconds reads 4.2 µs, not 0.0 ms."""
-    if seconds is None:
-        return NA
-    if abs(seconds) < 1e-3:
-        return _digits(seconds * 1e6, "µs")
-    if abs(seconds) < 1:
-        return _digits(seconds * 1e3, "ms")
-    return _digits(seconds, "s")
-
-
-def count(amount: int, noun: str) -> str:
-    """"1 trial", "2 trials", "1 cache flush", "2 cache flushes": the plural an English reader expects."""
-    if amount == 1:
-        return f"{amount} {noun}"
-    return f"{amount} {noun}{'es' if noun.endswith(('s', 'x', 'z', 'ch', 'sh')) else 's'}"
-
-
-def with_article(noun: str) -> str:
-    """"a Linear", "an int", "an Embedding": a type's name with the article it reads with."""
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def number(value: Optional[float], unit: str = "", digits: int = 0) -> str:
