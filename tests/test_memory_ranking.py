@@ -373,9 +373,17 @@ def test_the_rest_on_a_gpu_is_not_the_power_of_two_rounding(monkeypatch):
     assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
     setting[0] = "max_split_size_mb:200"  # a later string put the rounding back to none
     assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
-    # a torch with no report of its settings: the environment, which %alloc_conf keeps in step
+    # torch 2.11 (Colab's) has no getter: its CUDA memory snapshot reports the same string
     monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    reported = {"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:4"}
+    monkeypatch.setattr(torch._C, "_cuda_memorySnapshot", lambda *options: {
+        "segments": [], "device_traces": [], "allocator_settings": reported}, raising=False)
+    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+    # a torch with no report of its settings: the environment, which %alloc_conf keeps in step
     monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
+    monkeypatch.delattr(torch._C, "_cuda_memorySnapshot", raising=False)  # a CUDA build's other report
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
@@ -403,6 +411,7 @@ def test_the_rest_on_a_gpu_follows_the_installed_torchs_rule_for_greater_than(mo
     # torch 2.9 (no report of its settings: the environment) made 640 MiB blocks of them
     monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
     monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
+    monkeypatch.delattr(torch._C, "_cuda_memorySnapshot", raising=False)  # a CUDA build's other report
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
@@ -425,6 +434,7 @@ def test_the_rest_on_a_rocm_gpu_reads_the_variable_rocm_torch_reads(monkeypatch)
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # the faked boundary
     monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
     monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
+    monkeypatch.delattr(torch._C, "_cuda_memorySnapshot", raising=False)  # a CUDA build's other report
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
     monkeypatch.setattr(torch.version, "hip", "6.4.43482")
     monkeypatch.setattr(torch.version, "cuda", None)

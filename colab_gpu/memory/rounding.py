@@ -35,22 +35,19 @@ def _split_limit(torch, device: str) -> Optional[int]:
 
 
 def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]]:
-    """What CUDA's allocator runs with: torch's own report of its last settings string where it
-    has a getter (2.13 does, 2.11 not: then None; asked only once CUDA runs, so asking changes
-    nothing), and the environment, which %alloc_conf keeps in step: the variable torch reads
-    (a ROCm build's PYTORCH_HIP_ALLOC_CONF too). What cannot be read is empty."""
+    """What CUDA's allocator runs with: torch's own report of its last settings string
+    (allocator.installed.reported_settings: None where torch cannot say; asked only once CUDA
+    runs, so asking changes nothing), and the environment, which %alloc_conf keeps in step: the
+    variable torch reads (a ROCm build's PYTORCH_HIP_ALLOC_CONF too). What cannot be read is empty."""
     from ..allocator.apply import current_settings
-    from ..allocator.installed import installed_env_names, runtime_setter
+    from ..allocator.installed import installed_env_names, reported_settings
     from ..allocator.parse import parse
 
-    reported = None
-    setter = runtime_setter({"torch": torch})
-    if setter is not None and setter.get is not None:
-        try:
-            text = setter.get()
-            reported = dict(parse(text)) if text else {}
-        except Exception:  # a string torch took and the parser here does not read
-            reported = {}
+    try:
+        text = reported_settings({"torch": torch})
+        reported = None if text is None else dict(parse(text)) if text else {}
+    except Exception:  # a string torch took and the parser here does not read
+        reported = {}
     try:
         environment = dict(current_settings(os.environ, installed_env_names({"torch": torch}))[1])
     except Exception:
