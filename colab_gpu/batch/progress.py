@@ -5,7 +5,7 @@ table is updated in the foreground through a display id, which works on IPython 
 """
 from __future__ import annotations
 
-from ..runtime import in_notebook
+from ..runtime import current_shell, in_notebook
 from .render import render_text, trial_line
 from .result import ERROR
 
