@@ -29,8 +29,9 @@ for env in "${envs[@]}"; do
     venv=.venv/$env
     python=$PYTHON torch=(--no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0)
     if [[ $env == colab ]]; then
-        if [[ -n $(colab_python) ]]; then
-            python=$(colab_python) torch=(torch==2.11.0)
+        found=$(colab_python)
+        if [[ -n $found ]]; then
+            python=$found torch=(torch==2.11.0)
         else
             echo "warning: no Python 3.13 found: the colab environment runs on $PYTHON with torch 2.13.0+cpu, not Colab's Python 3.13 and torch 2.11" >&2
         fi

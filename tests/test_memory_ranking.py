@@ -20,6 +20,14 @@ def nbytes(*tensors) -> int:
     return sum(storages.values())
 
 
+def without_settings_report(monkeypatch, torch) -> None:
+    """A torch that cannot say what settings it holds, so that the environment decides: no
+    getter, only the legacy run-time setter (up to 2.9), no CUDA memory snapshot to ask."""
+    for name in ("_accelerator_getAllocatorSettings", "_accelerator_setAllocatorSettings", "_cuda_memorySnapshot"):
+        monkeypatch.delattr(torch._C, name, raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
+
+
 def test_the_biggest_holder_comes_first():
     small, big, middle = torch.ones(1_000), torch.ones(1_000_000), torch.ones(100_000)
     by_name, order, _ = ranked(small=small, nested={"a": [(big,)]}, middle=middle, text="no tensor")
@@ -382,9 +390,7 @@ def test_the_rest_on_a_gpu_is_not_the_power_of_two_rounding(monkeypatch):
         "segments": [], "device_traces": [], "allocator_settings": reported}, raising=False)
     assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
     # a torch with no report of its settings: the environment, which %alloc_conf keeps in step
-    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
-    monkeypatch.delattr(torch._C, "_cuda_memorySnapshot", raising=False)  # a CUDA build's other report
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
+    without_settings_report(monkeypatch, torch)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         monkeypatch.delenv(name, raising=False)
@@ -409,10 +415,7 @@ def test_the_rest_on_a_gpu_follows_the_installed_torchs_rule_for_greater_than(mo
     activations = {("cuda:0", address): 600 * mib for address in range(1, 7)}
     assert _unreached([Reading("cuda:0", 6 * 768 * mib)], activations, torch) == ()
     # torch 2.9 (no report of its settings: the environment) made 640 MiB blocks of them
-    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
-    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
-    monkeypatch.delattr(torch._C, "_cuda_memorySnapshot", raising=False)  # a CUDA build's other report
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
+    without_settings_report(monkeypatch, torch)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
@@ -432,10 +435,7 @@ def test_the_rest_on_a_rocm_gpu_reads_the_variable_rocm_torch_reads(monkeypatch)
 
     gib = 1024 ** 3
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # the faked boundary
-    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
-    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
-    monkeypatch.delattr(torch._C, "_cuda_memorySnapshot", raising=False)  # a CUDA build's other report
-    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda text: None, raising=False)
+    without_settings_report(monkeypatch, torch)
     monkeypatch.setattr(torch.version, "hip", "6.4.43482")
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch, "__version__", "2.9.1+rocm6.4")

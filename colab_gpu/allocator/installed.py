@@ -88,8 +88,9 @@ def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
 def reported_settings(modules=sys.modules) -> Optional[str]:
     """The last settings string torch parsed, as torch reports it; None where it cannot say.
     Its getter where it has one (2.13 has, 2.11 lacks it); else the CUDA memory snapshot's
-    allocator_settings, the same c10 string (``getConfigMetadata``). Ask only once CUDA runs:
-    the getter makes torch read the variables early, and the snapshot starts CUDA."""
+    allocator_settings, the same c10 string (``getConfigMetadata``). Ask only once CUDA runs,
+    or right before handing torch a new string: the getter makes torch read the variables
+    early, and the snapshot would start CUDA on a GPU."""
     setter = runtime_setter(modules)
     if setter is not None and setter.get is not None:
         return setter.get()

@@ -45,7 +45,7 @@ def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]
 
     try:
         text = reported_settings({"torch": torch})
-        reported = None if text is None else dict(parse(text)) if text else {}
+        reported = None if text is None else dict(parse(text))
     except Exception:  # a string torch took and the parser here does not read
         reported = {}
     try:
