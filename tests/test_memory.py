@@ -488,6 +488,24 @@ def test_vars_counts_a_sparse_tensor_once(shell, capsys):
         run(shell, "del sp, csr")
 
 
+def test_vars_names_the_numpy_array_a_tensor_lies_on(shell, capsys):
+    """`t = torch.from_numpy(arr)`: --vars said t held 61 MiB alone and did not list arr, which
+    owns that memory; `del t` would have freed nothing."""
+    from colab_gpu.render import size
+
+    run(shell, f"import numpy, torch\narr = numpy.zeros({SIZE}, dtype=numpy.float32)\nt = torch.from_numpy(arr)")
+    capsys.readouterr()
+    try:
+        shell.run_line_magic("clear_cache", "--vars")
+        text = " ".join(capsys.readouterr().out.split())
+        assert (f"arr {size(4 * SIZE)} in 1 NumPy array (cpu {size(4 * SIZE)}); all shared with other "
+                f"variables - ndarray") in text
+        assert f"t {size(4 * SIZE)} in 1 tensor (cpu {size(4 * SIZE)}); all shared with other variables" in text
+        assert f"all variables cpu {size(4 * SIZE)} (each storage counted once)" in text
+    finally:
+        run(shell, "del arr, t")
+
+
 def test_python_api_returns_the_report(shell):
     import colab_gpu
 

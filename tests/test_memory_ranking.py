@@ -235,6 +235,33 @@ def test_an_iterator_zip_and_an_lru_cache_hold_what_they_keep_alive():
     assert by_name["embed"].nbytes == 4_000 and by_name["pairs"].nbytes == 1_200
 
 
+def test_a_numpy_array_and_the_tensor_lent_its_memory_hold_it_together():
+    """`t = torch.from_numpy(arr)`: --vars listed t as holding that memory alone, and not arr,
+    which owns every byte of it: `del t` frees nothing. Now both hold it, shared, counted once;
+    a view of arr holds it too, and a plain array no tensor lies on is no holder."""
+    import numpy
+
+    arr = numpy.zeros(1_000_000, dtype=numpy.float32)
+    t, alone = torch.from_numpy(arr), numpy.ones(500_000)
+    by_name, order, total = ranked(arr=arr, t=t, tail=arr[10:], alone=alone)
+    assert order == ["arr", "t", "tail"]
+    assert all(by_name[name].nbytes == 4_000_000 and by_name[name].unique == 0 for name in order)
+    assert by_name["arr"].tensors == 0 and by_name["arr"].arrays == 1
+    assert total == {"cpu": 4_000_000}
+    by_name, _, _ = ranked(t=t)  # with arr gone, t holds it alone (the tensor keeps arr alive)
+    assert by_name["t"].unique == 4_000_000
+
+
+def test_an_array_from_tensor_numpy_holds_the_tensors_storage():
+    """`arr = t.numpy()` then `del t`: arr keeps t's storage alive, yet --vars said no variable
+    held a tensor; an array's base is the tensor it views."""
+    t = torch.ones(250_000)
+    arr = t[1000:].numpy()
+    by_name, _, _ = ranked(arr=arr, doubled=[arr.reshape(-1, 1)])
+    assert by_name["arr"].nbytes == by_name["doubled"].nbytes == nbytes(t)
+    assert by_name["arr"].tensors == 1 and by_name["arr"].unique == 0
+
+
 def test_ranking_a_paused_generator_does_not_keep_what_it_later_drops():
     """Python 3.11 and 3.12 cache a frame's ``f_locals`` on the frame: read once by the ranking,
     a generator's ``data`` stayed alive after the generator's own ``del data``, until it ended,

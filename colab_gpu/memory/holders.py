@@ -33,6 +33,7 @@ class Holder:
     by_device: Tuple[Tuple[str, int], ...]  # ("cpu", bytes), ("cuda:0", bytes)
     tensors: int
     truncated: bool = False  # the walk stopped after MAX_OBJECTS objects: a lower bound
+    arrays: int = 0  # NumPy arrays it reaches whose memory a tensor lies on (torch.from_numpy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,11 @@ def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
           max_objects: int) -> Tuple[Tuple[Holder, ...], Dict[Tuple[str, int], int]]:
     """rank_holders() with the union of the storages reached, by (device, address)."""
     reaches = [(name, value, _walk(value, torch, skip, max_objects)) for name, value in variables]
+    tensor_storages = {key: n for _, _, reach in reaches for key, n in reach.storages.items()}
+    lent = {}  # `arr` holds what torch.from_numpy(arr) lies on, as that tensor does
+    for name, _, reach in reaches:
+        lent[name] = {key: tensor_storages[key] for key in reach.arrays if key in tensor_storages}
+        reach.storages.update(lent[name])
     owners: Dict[Tuple[str, int], int] = {}
     union: Dict[Tuple[str, int], int] = {}
     for _, _, reach in reaches:
@@ -128,7 +134,7 @@ def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
                nbytes=sum(reach.storages.values()),
                unique=sum(n for key, n in reach.storages.items() if owners[key] == 1),
                by_device=_by_device(reach.storages), tensors=reach.tensors,
-               truncated=reach.truncated)
+               truncated=reach.truncated, arrays=len(lent[name]))
         for name, value, reach in reaches if reach.storages or reach.tensors
     ]
     holders.sort(key=lambda holder: (-holder.nbytes, holder.name))

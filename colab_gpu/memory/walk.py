@@ -43,6 +43,9 @@ class _Reach:
     device_names: Dict[Any, str] = dataclasses.field(default_factory=dict)  # torch.device -> "cuda:0"
     known: Mapping[Tuple[str, int], int] = dataclasses.field(default_factory=dict)  # storages held elsewhere
     shared: int = 0  # tensors whose storage is in ``known``: of ``tensors``, those not this root's alone
+    # NumPy arrays that own their memory, by ("cpu", address): a tensor made by torch.from_numpy
+    # has its storage there, and the array keeps that memory alive whatever becomes of the tensor.
+    arrays: Dict[Tuple[str, int], int] = dataclasses.field(default_factory=dict)
 
 
 def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch, part: bool = False) -> None:
@@ -87,6 +90,19 @@ def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch, part: bool = 
 
 _CONTAINERS = (list, tuple, set, frozenset, collections.deque)
 _LRU_CACHE = getattr(functools, "_lru_cache_wrapper", None)  # C's: its cache is no attribute
+
+
+def _record_array(array, reach: _Reach, stack: List[Any], numpy) -> None:
+    """An array that views another object's memory leads to that owner (``t.numpy()``'s base is
+    the tensor ``t``); one that owns its memory is noted by address, for a tensor lent it."""
+    base = numpy.ndarray.base.__get__(array)  # the C getters: a subclass's properties never run
+    if base is not None:
+        stack.append(base)
+        return
+    address = numpy.ndarray.__array_interface__.__get__(array)["data"][0]
+    nbytes = numpy.ndarray.nbytes.__get__(array)
+    if address and nbytes:
+        reach.arrays[("cpu", address)] = nbytes
 
 
 def _children(obj: Any, kind: type) -> Iterable[Any]:
@@ -213,7 +229,7 @@ def _node_children(node: Any, saved: Tuple[str, ...]) -> Iterable[Any]:
         yield from attributes.values()
 
 
-_SKIP, _TENSOR, _MODULE, _OTHER, _NODE = range(5)
+_SKIP, _TENSOR, _MODULE, _OTHER, _NODE, _ARRAY = range(6)
 
 
 def _classify(kind: type, torch) -> int:
@@ -221,6 +237,9 @@ def _classify(kind: type, torch) -> int:
         return _SKIP
     if issubclass(kind, torch.Tensor):
         return _TENSOR
+    numpy = sys.modules.get("numpy")  # never imported here
+    if numpy is not None and issubclass(kind, numpy.ndarray):
+        return _ARRAY
     if hasattr(kind, "next_functions"):  # an autograd graph node (SumBackward0, a Function's ctx)
         return _NODE
     return _MODULE if issubclass(kind, torch.nn.Module) else _OTHER
@@ -265,6 +284,11 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
             if verdict == _TENSOR:
                 made.append(obj)
                 _record_tensor(obj, reach, stack, torch)
+            elif verdict == _ARRAY:
+                numpy = sys.modules["numpy"]
+                _record_array(obj, reach, stack, numpy)
+                if kind is not numpy.ndarray:  # a subclass's attributes (a masked array's mask)
+                    stack.extend(itertools.islice(_children(obj, kind), max_objects - visit))
             elif verdict == _NODE:
                 made.append(obj)
                 names = saved.get(kind)

@@ -64,7 +64,9 @@ def _holder_line(holder) -> str:
     shared = ("" if holder.unique == holder.nbytes else "; all shared with other variables"
               if not holder.unique else f"; {size(holder.unique)} held by it alone")
     bound = " (at least: too large to walk fully)" if holder.truncated else ""
-    return (f"{size(holder.nbytes)}{bound} in {count(holder.tensors, 'tensor')}{devices}{shared}"
+    held = [count(holder.tensors, "tensor")] if holder.tensors or not holder.arrays else []
+    held += [count(holder.arrays, "NumPy array")] if holder.arrays else []
+    return (f"{size(holder.nbytes)}{bound} in {' and '.join(held)}{devices}{shared}"
             f" - {holder.type_name}")
 
 
