@@ -506,6 +506,26 @@ def test_vars_names_the_numpy_array_a_tensor_lies_on(shell, capsys):
         run(shell, "del arr, t")
 
 
+def test_deleting_a_tensor_made_from_numpy_says_the_array_keeps_its_memory(shell):
+    """`%clear_cache t` for t = torch.from_numpy(arr) said "freed cpu tensors 61 MiB" and no
+    more, though not a byte went back: arr owns it. A plain tensor deleted beside it is freed."""
+    import colab_gpu
+    from colab_gpu.render import size
+
+    run(shell, f"import numpy, torch\narr = numpy.zeros({SIZE}, dtype=numpy.float32)\n"
+               f"t = torch.from_numpy(arr[1000:])\nplain = torch.ones({SIZE // 2})")
+    try:
+        report = colab_gpu.clear_cache("t", "plain", shell=shell)
+        assert report.kept_by_arrays == ((("arr", 4 * (SIZE - 1000))),)
+        assert (f"deleted t, plain; NumPy array arr keeps {size(4 * (SIZE - 1000))} of that (the "
+                f"deleted tensors lay on its memory)") in report.summary()
+        assert "arr" in shell.user_ns
+        report = colab_gpu.clear_cache("arr", shell=shell)  # no tensor lay on it: nothing said
+        assert report.kept_by_arrays == () and "NumPy" not in report.summary()
+    finally:
+        run(shell, "arr = t = plain = None")
+
+
 def test_python_api_returns_the_report(shell):
     import colab_gpu
 

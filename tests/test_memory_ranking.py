@@ -250,6 +250,9 @@ def test_a_numpy_array_and_the_tensor_lent_its_memory_hold_it_together():
     assert total == {"cpu": 4_000_000}
     by_name, _, _ = ranked(t=t)  # with arr gone, t holds it alone (the tensor keeps arr alive)
     assert by_name["t"].unique == 4_000_000
+    tail = torch.from_numpy(arr[250_000:])  # a tensor on a view lies inside arr's memory
+    by_name, _, _ = ranked(arr=arr, tail=tail)
+    assert by_name["arr"].nbytes == by_name["tail"].nbytes == 3_000_000 and by_name["arr"].arrays == 1
 
 
 def test_an_array_from_tensor_numpy_holds_the_tensors_storage():

@@ -17,7 +17,7 @@ from ..devices import DeviceSource
 from ..options import command, option
 from ..runtime import cuda_torch, current_shell
 from ..words import count
-from .holders import Holders, _holders, _Shown
+from .holders import Holders, _holders, _Shown, lying_on_arrays
 from .namespace import (_MISSING, _OUTPUT_NAME, _exception_references, _is_dunder, _is_ipython_name,
                         _namespaces, _output_history)
 from .readings import Reading, _snapshot, read_memory
@@ -159,6 +159,9 @@ class ClearReport(_Shown):
     holders: Holders
     deleted: Tuple[str, ...] = ()
     cuda_initialized: bool = False
+    # (variable, bytes): NumPy arrays that still hold the memory deleted tensors lay on
+    # (torch.from_numpy): the cpu figure counts tensors, and that memory was not given back
+    kept_by_arrays: Tuple[Tuple[str, int], ...] = ()
 
     @property
     def after(self) -> Tuple[Reading, ...]:
@@ -217,6 +220,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
 
     step("exception", lambda: _listed("dropped ", drop_exception(shell), "no exception was kept"))
     step("output history", lambda: _history_done(clear_output_history(shell, history), history))
+    deleted_storages = _cpu_storages(shell, names, torch)
     if names:
         step("variables", lambda: _listed("deleted ", delete_variables(shell, names), ""))
     step("garbage collection",
@@ -224,9 +228,31 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     cuda = cuda_torch() is not None
     if cuda:
         step("CUDA cache", lambda: _cuda_done(empty_cuda_cache(torch)))
-    return ClearReport(before=readings, steps=tuple(steps),
-                       holders=_holders(shell, snapshot, readings=steps[-1].after), deleted=tuple(names),
-                       cuda_initialized=cuda)
+    holders = _holders(shell, snapshot, readings=steps[-1].after)
+    return ClearReport(before=readings, steps=tuple(steps), holders=holders, deleted=tuple(names),
+                       cuda_initialized=cuda, kept_by_arrays=_kept_by_arrays(deleted_storages, holders))
+
+
+def _cpu_storages(shell: Any, names: List[str], torch) -> Dict[Tuple[str, int], int]:
+    """The CPU storages the variables ``names`` reach, by address (no reference kept)."""
+    if not names or torch is None:
+        return {}
+    namespace, hidden = _namespaces(shell)
+    reach = _walk([namespace[name] for name in names], torch, {id(namespace), id(hidden), id(shell)})
+    return {key: nbytes for key, nbytes in reach.storages.items() if key[0] == "cpu"}
+
+
+def _kept_by_arrays(storages: Dict[Tuple[str, int], int], holders: Holders) -> Tuple[Tuple[str, int], ...]:
+    """Per variable, the bytes of ``storages`` that lie in the NumPy arrays it reaches."""
+    lying = lying_on_arrays(storages, {key: n for key, (_, n) in holders.numpy_arrays.items()})
+    per_array: Dict[Tuple[str, int], int] = {}
+    for storage, array in lying.items():  # views' storages may overlap: no more than the array
+        per_array[array] = min(per_array.get(array, 0) + storages[storage], holders.numpy_arrays[array][1])
+    kept: Dict[str, int] = {}
+    for array, nbytes in per_array.items():
+        name = holders.numpy_arrays[array][0]
+        kept[name] = kept.get(name, 0) + nbytes
+    return tuple(sorted(kept.items(), key=lambda item: -item[1]))
 
 
 def _failure(error: BaseException) -> str:

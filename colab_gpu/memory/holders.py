@@ -7,6 +7,7 @@ it runs once per root, and from the clearing, which ends with a ranking.
 from __future__ import annotations
 
 import bdb
+import bisect
 import collections
 import dataclasses
 import os
@@ -96,6 +97,9 @@ class Holders(_Shown):
     torch_labels: Dict[int, str] = dataclasses.field(default_factory=dict)  # NVML index -> "cuda:N"
     torch_imported: bool = True
     problem: Optional[str] = None  # why the GPUs could not be read
+    # NumPy arrays' memory the variables reach, ("cpu", address) -> (variable, bytes): what a
+    # deleted torch.from_numpy tensor lay on stays with the array
+    numpy_arrays: Dict[Tuple[str, int], Tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     _renderers = "holders"
 
@@ -110,18 +114,28 @@ def _by_device(storages: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int]
 def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int] = frozenset(),
                  max_objects: int = MAX_OBJECTS) -> Tuple[Tuple[Holder, ...], Tuple[Tuple[str, int], ...]]:
     """Rank ``(name, value)`` pairs by the tensor bytes each reaches; also the union per device."""
-    holders, union = _rank(variables, torch, skip, max_objects)
+    holders, union, _ = _rank(variables, torch, skip, max_objects)
     return holders, _by_device(union)
 
 
 def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
-          max_objects: int) -> Tuple[Tuple[Holder, ...], Dict[Tuple[str, int], int]]:
-    """rank_holders() with the union of the storages reached, by (device, address)."""
+          max_objects: int) -> Tuple[Tuple[Holder, ...], Dict[Tuple[str, int], int],
+                                     Dict[Tuple[str, int], Tuple[str, int]]]:
+    """rank_holders() with the union of the storages reached, by (device, address), and the
+    NumPy arrays' memory the variables reach: (the first variable reaching it, bytes)."""
     reaches = [(name, value, _walk(value, torch, skip, max_objects)) for name, value in variables]
     tensor_storages = {key: n for _, _, reach in reaches for key, n in reach.storages.items()}
-    lent = {}  # `arr` holds what torch.from_numpy(arr) lies on, as that tensor does
+    arrays: Dict[Tuple[str, int], Tuple[str, int]] = {}  # by the first variable reaching each
     for name, _, reach in reaches:
-        lent[name] = {key: tensor_storages[key] for key in reach.arrays if key in tensor_storages}
+        for key, nbytes in reach.arrays.items():
+            arrays.setdefault(key, (name, nbytes))
+    on_array = lying_on_arrays(tensor_storages, {key: n for key, (_, n) in arrays.items()})
+    by_array: Dict[Tuple[str, int], list] = {}
+    for storage, array in on_array.items():
+        by_array.setdefault(array, []).append(storage)
+    lent = {}  # `arr` holds what torch.from_numpy(arr) (or of a view of arr) lies on, as that tensor does
+    for name, _, reach in reaches:
+        lent[name] = {key: tensor_storages[key] for array in reach.arrays for key in by_array.get(array, ())}
         reach.storages.update(lent[name])
     owners: Dict[Tuple[str, int], int] = {}
     union: Dict[Tuple[str, int], int] = {}
@@ -134,11 +148,25 @@ def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
                nbytes=sum(reach.storages.values()),
                unique=sum(n for key, n in reach.storages.items() if owners[key] == 1),
                by_device=_by_device(reach.storages), tensors=reach.tensors,
-               truncated=reach.truncated, arrays=len(lent[name]))
+               truncated=reach.truncated, arrays=len({on_array[key] for key in lent[name]}))
         for name, value, reach in reaches if reach.storages or reach.tensors
     ]
     holders.sort(key=lambda holder: (-holder.nbytes, holder.name))
-    return tuple(holders), union
+    return tuple(holders), union, arrays
+
+
+def lying_on_arrays(storages: Mapping[Tuple[str, int], int],
+                    arrays: Mapping[Tuple[str, int], int]) -> Dict[Tuple[str, int], Tuple[str, int]]:
+    """The CPU storages that lie inside a NumPy array's memory (``torch.from_numpy`` of it or of
+    a view into it), each with that array's key. Arrays owning memory never overlap."""
+    spans = sorted((address, address + nbytes) for (_, address), nbytes in arrays.items())
+    starts = [start for start, _ in spans]
+    found = {}
+    for (device, address), nbytes in storages.items():
+        index = bisect.bisect_right(starts, address) - 1
+        if device == "cpu" and index >= 0 and address + nbytes <= spans[index][1]:
+            found[device, address] = ("cpu", spans[index][0])
+    return found
 
 
 def _other_roots(shell: Any, namespace: Mapping[str, Any],
@@ -224,12 +252,12 @@ def _holders(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
         return Holders(torch_imported=False, problem=problem, **_outside_torch(snapshot, None))
     namespace, hidden = _namespaces(shell)
     skip = {id(namespace), id(hidden), id(shell)}
-    holders, union = _rank(_user_variables(shell), torch, skip, max_objects)
+    holders, union, arrays = _rank(_user_variables(shell), torch, skip, max_objects)
     total = _by_device(union)
     elsewhere, not_yours = _elsewhere(shell, torch, skip, union, max_objects)
     unreached = _unreached(read_memory(torch, snapshot) if readings is None else readings, union, torch)
     not_yours = collections.Counter(dict(_by_device(not_yours)))
     not_yours.update(dict(unreached))
     return Holders(holders=holders, total_by_device=total, not_yours=tuple(sorted(not_yours.items())),
-                   elsewhere=elsewhere, unreached=unreached, problem=problem,
+                   elsewhere=elsewhere, unreached=unreached, problem=problem, numpy_arrays=arrays,
                    **_outside_torch(snapshot, torch))

@@ -193,6 +193,8 @@ def report_line(report) -> str:
     top = report.holders.holders[0] if report.holders.holders else None
     held = f"; biggest holder: {top.name} {size(top.nbytes)}" if top and top.nbytes else ""
     deleted = f"; deleted {', '.join(report.deleted)}" if report.deleted else ""
+    deleted += "".join(f"; NumPy array {name} keeps {size(n)} of that (the deleted tensors lay "
+                       f"on its memory)" for name, n in report.kept_by_arrays)
     failed = "".join(f"; {step.name} step failed: {step.error}" for step in report.steps if step.error)
     # what no variable holds is what clearing could not free: the line must not hide it
     elsewhere = f"; held by no variable: {_elsewhere_line(report.holders)}" if report.holders.not_yours else ""
