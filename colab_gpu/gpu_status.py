@@ -14,6 +14,7 @@ from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 from .advice import Advice, advise
 from .cuda_order import driver_torch_indices
 from .devices import GPU, DeviceSource, MigInstance, Snapshot, default_source, open_source
+from .render.shown import Shown
 from .runtime import (Runtime, cuda_numbering_known, cuda_torch, detect_runtime, mig_torch_indices,
                       names_mig_instances, torch_indices)
 
@@ -52,8 +53,8 @@ class MemoryBreakdown:
     free: int
 
 
-@dataclasses.dataclass(frozen=True)
-class Status:
+@dataclasses.dataclass(frozen=True, repr=False)
+class Status(Shown):
     """What ``%gpu_status`` shows; ``status()`` returns it."""
 
     runtime: Runtime
@@ -138,24 +139,9 @@ class Status:
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=str)
 
-    def __repr__(self) -> str:
-        gpus = ", ".join(f"{gpu.index}: {gpu.name}" for gpu in self.gpus) or "no GPU"
-        return (f"<Status {self.runtime.platform_name}; {gpus}; "
-                f"{len(self.advice)} advice; source {self.snapshot.source}>")
-
-    def __str__(self) -> str:
-        """The text card ``%gpu_status`` prints, so ``print(status())`` shows it in a script."""
-        from .render.text import render_status
-
-        return render_status(self)
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        from .render.html import render_status
-
-        return render_status(self)
+    line_view = "colab_gpu.render.text:status_line"
+    text_view = "colab_gpu.render.text:render_status"  # the card %gpu_status prints
+    html_view = "colab_gpu.render.html:render_status"
 
 
 def torch_memory(index_of: Dict[int, int], modules=sys.modules) -> Tuple[TorchMemory, ...]:

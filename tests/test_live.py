@@ -28,6 +28,7 @@ from colab_gpu import live
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource, load_frames
 from colab_gpu.live.panel import render_panel
+from colab_gpu.live.render import chart_figure, chart_png
 from colab_gpu.live.sampler import THREAD_NAME, Sampler, SourceError
 from colab_gpu.live.server import LiveServer
 from colab_gpu.live.terminal import watch
@@ -303,7 +304,7 @@ def test_the_run_record_summarises_and_draws_the_whole_run():
     assert record.summaries()[0].line().startswith("GPU 0 name not recorded (cuda:0): busy 100% on average")
     # what print() shows, folded for an 80-column terminal
     assert str(record).splitlines()[2:4] == record.summaries()[0].line().replace("%; ", "%;\n  ").splitlines()
-    png = record.chart_png()
+    png = chart_png(record)
     assert png.startswith(b"\x89PNG")
     html = record._repr_html_()
     assert "data:image/png;base64," in html and "Live monitor stopped" in html
@@ -335,7 +336,7 @@ def test_the_summary_and_chart_of_a_recording_leave_out_what_it_never_recorded(l
     for part, words in parts.items():
         assert all((words in line) == (part not in left_out) for line in gpu_lines), (part, summary)
     record = live.record_of(sampler)  # what --stop showed
-    titles = [axes.get_title().split(" (")[0] for axes in record.chart_figure().axes]
+    titles = [axes.get_title().split(" (")[0] for axes in chart_figure(record).axes]
     assert titles == [part for part in ("busy", "memory used", "power", "temperature")
                       if part.split()[0] not in left_out]
     if left_out:  # from the live driver, n/a says a read failed: it stays
@@ -345,7 +346,7 @@ def test_the_summary_and_chart_of_a_recording_leave_out_what_it_never_recorded(l
 def test_the_final_chart_draws_a_gpu_busy_100_percent_inside_its_panel_not_on_the_frame():
     sampler, _ = live.start(path=str(NANOGPT), interval=0.005)  # 8 GPUs at 100 % busy
     sampler.wait(4, timeout=10)
-    figure = live.stop().chart_figure()
+    figure = chart_figure(live.stop())
     for axes in figure.axes:
         bottom, top = axes.get_ylim()
         for line in axes.get_lines():
@@ -377,7 +378,7 @@ def test_the_final_chart_of_an_overflowed_buffer_counts_seconds_from_the_runs_st
     record = live.stop()
     assert record.count > 30 and len(record.samples) == 5
     first_kept = record.samples[0].time - record.started_at
-    busy = record.chart_figure().axes[0]
+    busy = chart_figure(record).axes[0]
     assert busy.get_lines()[0].get_xdata()[0] == pytest.approx(first_kept)
     assert first_kept > 0.25  # about 26 samples at 0.01 s were dropped before it
 
@@ -420,7 +421,7 @@ def test_the_final_chart_of_a_long_run_counts_minutes_or_hours_not_thousands_of_
     for seconds, every, label, last in ((120, 1, "seconds since start", 120),
                                         (3600, 10, "minutes since start", 60),
                                         (10 * 3600, 10, "hours since start", 10)):
-        busy, _, power, _ = record(seconds, every).chart_figure().axes
+        busy, _, power, _ = chart_figure(record(seconds, every)).axes
         assert power.get_xlabel() == label  # the bottom row carries the x axis' label
         assert busy.get_lines()[0].get_xdata()[-1] == pytest.approx(last)
 
@@ -437,7 +438,7 @@ def test_the_final_chart_of_an_hour_on_eight_gpus_draws_no_more_points_than_pixe
     samples = tuple(Sample(1000.0 + t, tuple(GPUReading(i, busy(i, t), None, None, 70.0, 40.0) for i in range(8)))
                     for t in range(3600))
     record = RunRecord("NVML", 1.0, samples, {i: "Tesla T4" for i in range(8)}, 1000.0, 4600.0, None, 3600)
-    figure = record.chart_figure()
+    figure = chart_figure(record)
     figure.canvas.draw()
     for axes in figure.axes:
         pixels = axes.get_window_extent().width
@@ -546,7 +547,7 @@ def test_the_chart_names_each_gpu_when_utilization_is_not_reported(monkeypatch):
     assert record.summaries()[0].utilization_peak is None  # this log has no busy %
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        record.chart_png()
+        chart_png(record)
     (legend,) = [axes.get_legend() for axes in drawn[0].axes if axes.get_legend() is not None]
     assert [text.get_text() for text in legend.get_texts()] == [f"GPU {index}" for index in range(8)]
 

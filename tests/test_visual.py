@@ -14,6 +14,7 @@ import pytest
 
 import colab_gpu
 from colab_gpu import live
+from colab_gpu.live.render import chart_figure, chart_png
 from colab_gpu.render import WIDTH
 from conftest import DATA, ROOT
 from test_multigpu import box
@@ -57,12 +58,12 @@ def test_the_live_run_chart_reads_on_a_dark_theme():
         sampler.wait(5, timeout=10)
     finally:
         record = live.stop()
-    assert_reads_on_light_and_dark(record.chart_png())
+    assert_reads_on_light_and_dark(chart_png(record))
     # The V100S trace has no power: its chart leaves the panel out; from NVML (a failed read)
     # the panel stays, without a made-up 0-1 scale.
-    assert "power (W)" not in [axes.get_title() for axes in record.chart_figure().axes]
+    assert "power (W)" not in [axes.get_title() for axes in chart_figure(record).axes]
     live_run = dataclasses.replace(record, recorded=False)
-    power = next(axes for axes in live_run.chart_figure().axes if axes.get_title() == "power (W)")
+    power = next(axes for axes in chart_figure(live_run).axes if axes.get_title() == "power (W)")
     assert not power.get_yticks().size
 
 

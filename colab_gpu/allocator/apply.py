@@ -17,8 +17,8 @@ import sys
 from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 from ..options import command, option
+from ..render.shown import Shown
 from ..runtime import TorchState, torch_state
-from ..words import count
 from .installed import env_names, installed_torch, read_names, reported_settings, runtime_setter
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
                     format_version, merge, parse, parse_many, to_torch, validate)
@@ -42,8 +42,8 @@ def _reset_by_every_string(name: str, version: Version) -> bool:
     return name in _RESET_BY_EVERY_STRING or (follows is not None and BY_NAME[follows].available(version))
 
 
-@dataclasses.dataclass(frozen=True)
-class AllocConfResult:
+@dataclasses.dataclass(frozen=True, repr=False)
+class AllocConfResult(Shown):
     """What one ``alloc_conf()`` call found and did."""
 
     action: str  # "show", "check" or "set"
@@ -81,24 +81,9 @@ class AllocConfResult:
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def __repr__(self) -> str:
-        text = to_torch(self.settings) or "nothing set"
-        extra = f"; {len(self.deferred)} deferred" if self.deferred else ""
-        return f"<AllocConfResult {self.action}: {text}; {count(len(self.warnings), 'warning')}{extra}>"
-
-    def __str__(self) -> str:
-        """The report ``%alloc_conf`` prints, so ``print(alloc_conf())`` shows it in a script."""
-        from .render import render_text
-
-        return render_text(self)
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        from .render import render_html
-
-        return render_html(self)
+    line_view = "colab_gpu.allocator.render:render_line"
+    text_view = "colab_gpu.allocator.render:render_text"  # the report %alloc_conf prints
+    html_view = "colab_gpu.allocator.render:render_html"
 
 
 def _env_snapshot(environ: MutableMapping[str, str], names: Sequence[str] = ENV_NAMES

@@ -5,7 +5,7 @@ from html import escape
 from typing import List, Tuple
 
 from ..options import command, option
-from ..render import fold, torch_summary
+from ..render import count, fold, torch_summary
 from ..render.html import STYLE, rows_table, unbroken_units
 from .parse import format_version, to_torch
 from .schema import KEYS
@@ -57,6 +57,13 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
             f"longer applies it" if result.forgotten else
             f"there was none to delete ({result.saved_path})"]))
     return sections
+
+
+def render_line(result) -> str:
+    """"set: expandable_segments:True; 0 warnings": the result's one line (its repr)."""
+    deferred = f"; {len(result.deferred)} deferred" if result.deferred else ""
+    return (f"{result.action}: {to_torch(result.settings) or 'nothing set'}; "
+            f"{count(len(result.warnings), 'warning')}{deferred}")
 
 
 def render_text(result) -> str:

@@ -62,8 +62,22 @@ def _facts(result):
     yield from result.notes
 
 
+def render_line(result) -> str:
+    """"bs = 16 (largest fitting on cuda:0, 3 trials, 1 out of memory)": the result's one line."""
+    tally = result.tally()
+    if result.stopped == RUNNING:
+        best = (f"{result.largest_fitting} fits so far" if result.largest_fitting is not None
+                else "nothing has fitted yet")
+        return f"searching {result.variable}: {best} ({tally})"
+    if result.answer is None:
+        return f"no {result.variable} found: {result.stopped}"
+    what = "fastest" if result.mode == "throughput" else "largest fitting"
+    where = f" on {result.device}" if result.device else ""
+    return f"{result.variable} = {result.answer} ({what}{where}, {tally})"
+
+
 def render_text(result) -> str:
-    return "\n".join([fold(result.summary(), 2), _table_text(result), *(fold(fact, 2) for fact in _facts(result))])
+    return "\n".join([fold(render_line(result), 2), _table_text(result), *(fold(fact, 2) for fact in _facts(result))])
 
 
 # Numbers right-aligned in tabular figures, words left; more specific than JupyterLab's rule
@@ -86,12 +100,16 @@ def table_html(result) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def render_html(result) -> str:
+def render_html(result) -> Optional[str]:
     """The card: the table, the facts and, once the search has ended, the chart inside it, so
-    that the one output a notebook keeps (a progress display or a cell's Out) holds all."""
+    that the one output a notebook keeps (a progress display or a cell's Out) holds all. None
+    for a result the user asked to see as text (``text_only``): IPython's HTML formatter then
+    leaves text/html out."""
+    if result.text_only:
+        return None
     facts = "".join(f"<li>{escape(fact)}</li>" for fact in _facts(result))
     return unbroken_units(
-        STYLE + TABLE_STYLE + f"<div class='cgpu-card cgpu-trials'><h4>{escape(result.summary())}</h4>"
+        STYLE + TABLE_STYLE + f"<div class='cgpu-card cgpu-trials'><h4>{escape(render_line(result))}</h4>"
         f"{table_html(result)}<ul class='cgpu-muted cgpu-facts'>{facts}</ul>{_chart_html(result)}</div>")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
+from ..render.shown import Shown
 from ..words import NA, count, duration, significant, size as format_size
 
 FITS = "fits"
@@ -75,8 +76,8 @@ class MemoryFit:
         return int((limit - self.intercept) // self.slope)
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchResult:
+@dataclasses.dataclass(frozen=True, repr=False)
+class BatchResult(Shown):
     """The search's trials and its answer: ``answer`` is always a size that ran and fitted."""
 
     variable: str
@@ -117,34 +118,6 @@ class BatchResult:
         """Like "2 trials, 1 out of memory": in the summary line and in the facts under the table."""
         return f"{count(len(self.trials), 'trial')}, {self.out_of_memory_count} out of memory"
 
-    def summary(self) -> str:
-        tally = self.tally()
-        if self.stopped == RUNNING:
-            best = (f"{self.largest_fitting} fits so far" if self.largest_fitting is not None
-                    else "nothing has fitted yet")
-            return f"searching {self.variable}: {best} ({tally})"
-        if self.answer is None:
-            return f"no {self.variable} found: {self.stopped}"
-        what = "fastest" if self.mode == "throughput" else "largest fitting"
-        where = f" on {self.device}" if self.device else ""
-        return f"{self.variable} = {self.answer} ({what}{where}, {tally})"
-
-    def __repr__(self) -> str:
-        return f"<BatchResult {self.summary()}>"
-
-    def __str__(self) -> str:
-        """The table ``%%find_batch`` shows, so ``print(find_batch(...))`` shows it in a script."""
-        from .render import render_text
-
-        return render_text(self)
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(repr(self) if cycle else str(self))
-
-    def _repr_html_(self) -> Optional[str]:
-        """None when text_only: IPython's HTML formatter then leaves text/html out."""
-        if self.text_only:
-            return None
-        from .render import render_html
-
-        return render_html(self)
+    line_view = "colab_gpu.batch.render:render_line"
+    text_view = "colab_gpu.batch.render:render_text"  # the table %%find_batch shows
+    html_view = "colab_gpu.batch.render:render_html"

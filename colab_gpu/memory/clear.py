@@ -15,9 +15,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from ..cuda import empty_cuda_cache
 from ..devices import DeviceSource
 from ..options import command, option
+from ..render.shown import Shown
 from ..runtime import cuda_torch, current_shell
 from ..words import count
-from .holders import Holders, _holders, _Shown, lying_on_arrays
+from .holders import Holders, _holders, lying_on_arrays
 from .namespace import (_MISSING, _OUTPUT_NAME, _exception_references, _is_dunder, _is_ipython_name,
                         _namespaces, _output_history)
 from .readings import Reading, _snapshot, read_memory
@@ -151,7 +152,7 @@ class Step:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class ClearReport(_Shown):
+class ClearReport(Shown):
     """What clear_cache did, what each step freed, and who still holds memory."""
 
     before: Tuple[Reading, ...]
@@ -177,7 +178,9 @@ class ClearReport(_Shown):
             return None
         return start - end
 
-    _renderers = "report"
+    line_view = "colab_gpu.render.memory:report_line"
+    text_view = "colab_gpu.render.memory:report_text"  # the report %clear_cache prints
+    html_view = "colab_gpu.render.memory:report_html"
 
 
 def _value(readings: Tuple[Reading, ...], device: str, field: str) -> Optional[int]:

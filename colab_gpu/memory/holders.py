@@ -1,8 +1,7 @@
 """The ranking: the user's variables by the tensor bytes they reach (what ``del name`` would
 about free), then what no variable holds: each output and the last error, the rest of the
-memory reading no reference reaches, and the GPU memory held outside torch. Also the result
-objects' common ways to show themselves (text, HTML, one line). Apart from the walk, which
-it runs once per root, and from the clearing, which ends with a ranking.
+memory reading no reference reaches, and the GPU memory held outside torch. Apart from the
+walk, which it runs once per root, and from the clearing, which ends with a ranking.
 """
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Set, Tuple
 
 from ..devices import DeviceSource
 from ..gpu_status import MemoryBreakdown, breakdown
+from ..render.shown import Shown
 from ..runtime import current_shell
 from .namespace import (_OUTPUT_NAME, _exception_references, _is_ipython_name, _namespaces,
                         _output_history, _user_variables)
@@ -50,40 +50,8 @@ class Elsewhere:
     shared: int = 0  # the tensors it reaches whose storage a variable reaches too
 
 
-class _Shown:
-    """One line (``summary()``, ``repr``), the text report and the HTML card, from
-    colab_gpu.render.memory's ``holders_*`` or ``report_*`` (as ``_renderers`` says)."""
-
-    _renderers = ""
-
-    def _render(self, form: str) -> str:
-        from ..render import memory
-
-        return {("holders", "line"): memory.holders_line, ("holders", "text"): memory.holders_text,
-                ("holders", "html"): memory.holders_html, ("report", "line"): memory.report_line,
-                ("report", "text"): memory.report_text, ("report", "html"): memory.report_html,
-                }[self._renderers, form](self)
-
-    def summary(self) -> str:
-        """One line: what was freed (a report), who holds the most."""
-        return self._render("line")
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.summary()}>"
-
-    def __str__(self) -> str:
-        """The report the magic prints, so ``print(...)`` shows it in a script."""
-        return self._render("text")
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        return self._render("html")
-
-
 @dataclasses.dataclass(frozen=True, repr=False)
-class Holders(_Shown):
+class Holders(Shown):
     """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch."""
 
     holders: Tuple[Holder, ...] = ()
@@ -101,7 +69,9 @@ class Holders(_Shown):
     # deleted torch.from_numpy tensor lay on stays with the array
     numpy_arrays: Dict[Tuple[str, int], Tuple[str, int]] = dataclasses.field(default_factory=dict)
 
-    _renderers = "holders"
+    line_view = "colab_gpu.render.memory:holders_line"
+    text_view = "colab_gpu.render.memory:holders_text"
+    html_view = "colab_gpu.render.memory:holders_html"
 
 
 def _by_device(storages: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int], ...]:
