@@ -676,18 +676,18 @@ def test_restoring_an_optimizer_gives_it_a_fresh_copy_of_what_it_would_keep():
     real GPU by gpu_checks/find_batch.py."""
     import torch
 
-    from colab_gpu.batch.state import Snapshot
+    from colab_gpu.batch.state import RestorePoint
 
     model = torch.nn.Linear(8, 8)
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.randn(4, 8)).sum().backward()
     optimizer.step()
-    snapshot = Snapshot(objects={"optimizer": optimizer})
-    saved = snapshot.objects[0].saved["state"][0]
+    restore_point = RestorePoint(objects={"optimizer": optimizer})
+    saved = restore_point.objects[0].saved["state"][0]
     given = []
     load = optimizer.load_state_dict
     optimizer.load_state_dict = lambda state: given.append(state["state"][0]) or load(state)
-    snapshot.restore()
+    restore_point.restore()
     assert given[0]["step"] is not saved["step"] and torch.equal(given[0]["step"], saved["step"])
     assert given[0]["exp_avg"] is not saved["exp_avg"] and torch.equal(given[0]["exp_avg"], saved["exp_avg"])
     assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], saved["exp_avg"])
@@ -1061,7 +1061,7 @@ def test_a_fitting_trials_progress_line_is_one_line_of_80_columns_however_fast(r
 def test_the_report_of_a_search_ended_by_the_users_error_does_not_claim_an_answer(shell):
     """A notebook keeps the report above the traceback. After sizes had fitted it read
     "batch_size = 2 (largest fitting ...)", while the error left batch_size as it was."""
-    from colab_gpu.batch import Snapshot, search_batch
+    from colab_gpu.batch import RestorePoint, search_batch
     from colab_gpu.batch.render import render_text
 
     progress = FinishedResults()
@@ -1071,7 +1071,7 @@ def test_the_report_of_a_search_ended_by_the_users_error_does_not_claim_an_answe
             raise ValueError("a bug in the cell")
 
     with pytest.raises(ValueError, match="a bug"):
-        search_batch(step, Snapshot(), maximum=64, progress=progress)
+        search_batch(step, RestorePoint(), maximum=64, progress=progress)
     (result,) = progress.finished
     assert result.answer is None and result.largest_fitting == 2
     report = render_text(result)
@@ -1390,7 +1390,7 @@ def test_a_restore_object_that_cannot_be_put_back_ends_the_progress_saying_why()
     """The notebook's progress table said "still running" above the one-line error."""
     import torch
 
-    from colab_gpu.batch import RestoreError, Snapshot, search_batch
+    from colab_gpu.batch import RestoreError, RestorePoint, search_batch
 
     head = torch.nn.Sequential(torch.nn.Linear(4, 2))
     progress = FinishedResults()
@@ -1399,7 +1399,7 @@ def test_a_restore_object_that_cannot_be_put_back_ends_the_progress_saying_why()
         head[0] = torch.nn.Linear(4, 3)
 
     with pytest.raises(RestoreError, match=r"^restore\['head'\]: its state could not be put back"):
-        search_batch(step, Snapshot(objects={"head": head}), maximum=8, progress=progress)
+        search_batch(step, RestorePoint(objects={"head": head}), maximum=8, progress=progress)
     assert [result.stopped.split(" (")[0] for result in progress.finished] == [
         "restore['head']: its state could not be put back after a trial"]
 

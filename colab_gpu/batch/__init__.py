@@ -19,7 +19,7 @@ from ..words import count
 from .oom import is_out_of_memory
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
-from .state import RestoreError, Snapshot
+from .state import RestoreError, RestorePoint
 from .trial import CtrlC, device_label, release_memory, run_trial
 
 __all__ = ["find_batch", "is_out_of_memory", "BatchResult", "Trial", "SearchError", "RestoreError"]
@@ -88,12 +88,12 @@ def check_options(*, variable: str = "batch_size", mode: str = "max", start: Opt
            multiple_of=multiple_of, headroom=headroom)  # its constructor checks the rest
 
 
-def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: str = "batch_size",
+def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
                  steps: int = 3, headroom=None, multiple_of: int = 1, device: str = "auto",
                  measure_memory: bool = True, progress=None,
                  around_run: Callable[[], Any] = contextlib.nullcontext) -> BatchResult:
-    """Search with ``step(size)``, restoring ``snapshot`` and freeing memory after every trial.
+    """Search with ``step(size)``, restoring ``restore_point`` and freeing memory after every trial.
 
     ``progress(search)`` is called after every trial and ``progress.finish(result)`` at the
     end. The user's own error (not an out-of-memory, not a broken device) is raised again
@@ -113,7 +113,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
                                          min_timed=THROUGHPUT_TIMED if mode == "throughput" else 0.0,
                                          around=around_run)
                 try:
-                    snapshot.restore()
+                    restore_point.restore()
                 finally:  # freed also when a --restore object cannot be put back
                     if trial.outcome != DEVICE_BROKEN:
                         release_memory(device)
@@ -220,7 +220,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     from .progress import NotebookProgress, reporter
 
     shown = reporter() if progress else None
-    result = search_batch(fn, Snapshot(objects=objects), variable=variable, mode=mode, start=start,
+    result = search_batch(fn, RestorePoint(objects=objects), variable=variable, mode=mode, start=start,
                           maximum=max, steps=steps, headroom=headroom, multiple_of=multiple_of,
                           device=device, measure_memory=measure_memory, progress=shown)
     if isinstance(shown, NotebookProgress):

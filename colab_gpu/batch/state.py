@@ -1,6 +1,6 @@
 """Leave the notebook as it was: names, model/optimizer state, random generators.
 
-A snapshot is taken once before the search and restored after every trial, so each trial
+A restore point is taken once before the search and restored after every trial, so each trial
 starts from the same weights and random stream, and nothing a trial left behind (tensors
 bound to the notebook's names, gradients, optimizer state) keeps memory alive.
 """
@@ -239,7 +239,7 @@ class _Generators:
 _GONE = object()  # a name the trial deleted
 
 
-class Snapshot:
+class RestorePoint:
     """Everything a trial may change, saved now and put back by ``restore()``."""
 
     def __init__(self, namespace: Optional[MutableMapping[str, Any]] = None,

@@ -402,7 +402,7 @@ class GPUMagics(Magics):
         from ..batch import RestoreError, SearchError, check_options, search_batch
         from ..batch.progress import NotebookProgress, TerminalProgress
         from ..batch.search import check_variable
-        from ..batch.state import Snapshot
+        from ..batch.state import RestorePoint
         from ..runtime import in_notebook
         from ..words import count, with_article
 
@@ -446,7 +446,7 @@ class GPUMagics(Magics):
                        device=args.device)
         try:  # a bad option or --restore object is one line, not after the warnings
             check_options(**options)
-            snapshot = Snapshot(namespace, {name: namespace[name] for name in args.restore})
+            restore_point = RestorePoint(namespace, {name: namespace[name] for name in args.restore})
         except (SearchError, RestoreError) as error:
             raise UsageError(str(error)) from None
         for warning in warnings:
@@ -464,7 +464,7 @@ class GPUMagics(Magics):
         notebook = in_notebook() and self.output != "text"
         progress = NotebookProgress(keep_report=not args.return_result) if notebook else TerminalProgress()
         try:
-            result = search_batch(step, snapshot, progress=progress, around_run=later_runs.around_run,
+            result = search_batch(step, restore_point, progress=progress, around_run=later_runs.around_run,
                                   **options)
         except (SearchError, RestoreError) as error:
             raise UsageError(str(error)) from None
