@@ -5,7 +5,8 @@ import base64
 from html import escape
 from typing import Optional
 
-from ..render import count, fold, size as format_size
+from .. import words
+from ..render import count, fold
 from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE, unbroken_units
 from .result import OUT_OF_MEMORY, RUNNING, trial_row
@@ -48,10 +49,10 @@ def _facts(result):
     if result.device:
         yield f"device: {result.device}"
     if result.capacity is not None:
-        usable = "" if result.usable == result.capacity else f", usable with headroom {format_size(result.usable)}"
-        yield f"capacity: {format_size(result.capacity)}{usable}"
+        usable = "" if result.usable == result.capacity else f", usable with headroom {words.size(result.usable)}"
+        yield f"capacity: {words.size(result.capacity)}{usable}"
     if result.fit is not None:
-        yield (f"memory fit: {format_size(result.fit.intercept)} + {format_size(result.fit.slope)} per sample "
+        yield (f"memory fit: {words.size(result.fit.intercept)} + {words.size(result.fit.slope)} per sample "
                f"(from {result.variable}={result.fit.sizes[0]} and {result.fit.sizes[1]})")
     ended = RUNNING if result.stopped == RUNNING else f"stopped: {result.stopped}"
     yield f"{result.tally()}, {count(result.samples_computed, 'sample')} computed; {ended}"

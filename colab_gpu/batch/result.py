@@ -4,8 +4,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
+from .. import words
 from ..render.shown import Shown
-from ..words import NA, count, duration, significant, size as format_size
+from ..words import NA, count, duration, significant
 
 FITS = "fits"
 OUT_OF_MEMORY = "out of memory"
@@ -57,7 +58,7 @@ class Trial:
 def trial_row(trial: Trial) -> Tuple[str, str, str, str, str]:
     # samples/s with significant digits: a slow step's 0.4, not 0
     speed = trial.samples_per_second
-    return (str(trial.size), trial.outcome, format_size(trial.peak_memory),
+    return (str(trial.size), trial.outcome, words.size(trial.peak_memory),
             duration(trial.seconds_per_step), NA if speed is None else significant(speed))
 
 

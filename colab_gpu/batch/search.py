@@ -26,8 +26,9 @@ import operator
 import re
 from typing import Callable, List, Optional
 
+from .. import words
 from ..options import option
-from ..words import count, size as format_size
+from ..words import count
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTERRUPTED_NOTE,
                      OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, BatchResult, MemoryFit, Trial)
 
@@ -280,7 +281,7 @@ class Search:
         nothing_fits = usable is not None and usable <= 0
         if nothing_fits:
             self.stopped = (f"{option('headroom', self.headroom.spec, plain=True)} keeps all of "
-                            f"the device's {format_size(trial.capacity)} free: no size can fit")
+                            f"the device's {words.size(trial.capacity)} free: no size can fit")
         self.on_trial(self)
         if nothing_fits:
             raise _Stop
