@@ -71,7 +71,7 @@ def load_ipython_extension(shell) -> None:
     _check_shell(shell, "load_ipython_extension")
     from .allocator import apply_saved
     from .magics import register
-    from .options import as_magic
+    from .spelling import as_magic
 
     register(shell)
     with as_magic():  # %load_ext's message names %alloc_conf's options

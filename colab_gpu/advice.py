@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB, gpu_models
 from .devices.nvml import DRIVER_PRESENT_PROBLEMS, NO_PYNVML
-from .options import command
+from .spelling import command
 from .runtime import COLAB, KAGGLE, cpu_only_build, names_a_device_twice, wheel_build
 from .words import count
 

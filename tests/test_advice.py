@@ -32,7 +32,7 @@ def make_status(gpus=(), platform="jupyter", torch=CUDA_TORCH, tpu=None, visible
 
 def fired(status):
     """The advice as %gpu_status shows it (inside the magic, which names the magics)."""
-    from colab_gpu.options import as_magic
+    from colab_gpu.spelling import as_magic
 
     with as_magic():
         return {advice.rule: advice.message for advice in advise(status)}

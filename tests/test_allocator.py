@@ -15,7 +15,7 @@ from colab_gpu.allocator import (AllocConfError, alloc_conf, apply_saved, instal
                                  to_torch, validate, version_of)
 from colab_gpu.allocator.parse import format_version
 from colab_gpu.allocator.schema import BY_NAME, KEYS, PRESETS
-from colab_gpu.options import as_magic
+from colab_gpu.spelling import as_magic
 from colab_gpu.runtime import TorchState
 
 NOT_IMPORTED = TorchState(imported=False)

@@ -280,7 +280,7 @@ def _layer_replaced():
 def test_hints_name_the_command_as_the_caller_runs_it(call, python, magic, ipython, monkeypatch, tmp_path):
     """A script author calling the plain API was sent to magics they never used ("%alloc_conf
     --keys lists every key"); the magics' own messages keep naming the magic."""
-    from colab_gpu.options import as_magic
+    from colab_gpu.spelling import as_magic
 
     config = {"COLAB_GPU_CONFIG_DIR": str(tmp_path / "python")}
     said = _message(lambda: call(config=config, ipython=ipython, monkeypatch=monkeypatch))

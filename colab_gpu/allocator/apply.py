@@ -16,9 +16,9 @@ import os
 import sys
 from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
-from ..options import command, option
 from ..render.shown import Shown
 from ..runtime import TorchState, torch_state
+from ..spelling import command, option
 from .installed import env_names, installed_torch, read_names, reported_settings, runtime_setter
 from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
                     format_version, merge, parse, parse_many, to_torch, validate)

@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..options import command
+from ..spelling import command
 from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, GREATER_AFTER_LAST,
                      INT_LIMIT, NEWEST, OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ROCM_ENV_NAMES,
                      ROUNDUP_INTERVALS, ZERO_DIVISIONS, Key, Version)

@@ -4,9 +4,9 @@ from __future__ import annotations
 from html import escape
 from typing import List, Tuple
 
-from ..options import command, option
 from ..render import count, fold, torch_summary
 from ..render.html import STYLE, rows_table, unbroken_units
+from ..spelling import command, option
 from .parse import format_version, to_torch
 from .schema import KEYS
 

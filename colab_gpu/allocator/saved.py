@@ -11,7 +11,7 @@ import pathlib
 import sys
 from typing import MutableMapping, Optional, Tuple
 
-from ..options import command, option
+from ..spelling import command, option
 from ..runtime import TorchState, torch_state
 from .apply import AllocConfResult, alloc_conf, current_settings
 from .installed import installed_env_names, installed_torch

@@ -13,7 +13,7 @@ import os
 import re
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
-from ..options import option
+from ..spelling import option
 from ..runtime import cpu_only_build, cuda_torch, torch_state
 from ..words import count
 from .oom import is_out_of_memory

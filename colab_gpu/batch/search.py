@@ -27,7 +27,7 @@ import re
 from typing import Callable, List, Optional
 
 from .. import words
-from ..options import option
+from ..spelling import option
 from ..words import count
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTERRUPTED_NOTE,
                      OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, BatchResult, MemoryFit, Trial)

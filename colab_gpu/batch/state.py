@@ -11,7 +11,7 @@ import random
 import sys
 from typing import Any, Dict, List, MutableMapping, Optional, Set
 
-from ..options import command
+from ..spelling import command
 from ..runtime import cuda_torch
 from ..words import with_article
 from .trial import describe

@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Any, Callable, List, Optional, Tuple
 
-from ..options import command, option
+from ..spelling import command, option
 from .panel import numbering_note, recording_note, running_words, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
 from .sampler import DEFAULT_HISTORY, DEFAULT_INTERVAL, Sampler, SourceError, check_history, check_interval

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..options import command
+from ..spelling import command
 from ..runtime import cuda_torch
 from ..words import count, size
 from .panel import source_title, torch_labels

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..devices import used_fraction
 from ..devices.replay import LABEL_PREFIX, ReplaySource, replay_label
-from ..options import command
+from ..spelling import command
 from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
 from ..render.html import STYLE, fraction_bar, unbroken_units
 from .sampler import Sample

@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument
 from traitlets import Enum, Float, Int, TraitError, validate
 
-from ..options import as_magic
+from ..spelling import as_magic
 from .arguments import WHOLE_NUMBER, Once, int_or_float, magic_arguments, number, parse
 from .cell import a_number, checked_names, pipes_its_commands, syntax_error
 from .later_runs import LaterRuns

@@ -14,8 +14,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..cuda import empty_cuda_cache
 from ..devices import DeviceSource
-from ..options import command, option
 from ..render.shown import Shown
+from ..spelling import command, option
 from ..runtime import cuda_torch, current_shell
 from ..words import count
 from .holders import Holders, _holders, lying_on_arrays

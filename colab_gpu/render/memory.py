@@ -4,7 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Optional, Tuple
 
-from ..options import command
+from ..spelling import command
 from . import NA, NOT_TOLD_APART, count, fold, fold_items, labelled_row, size
 from .html import STYLE, rows_table, unbroken_units
 
