@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # Public name -> module that defines it, imported on first use (PEP 562).
 _LAZY = {
     "status": "colab_gpu.gpu_status",
-    "Status": "colab_gpu.gpu_status",
+    "Status": "colab_gpu.torch_view",
     "detect_runtime": "colab_gpu.runtime",
     "open_source": "colab_gpu.devices",
     "clear_cache": "colab_gpu.memory",

@@ -18,7 +18,7 @@ from .runtime import COLAB, KAGGLE, cpu_only_build, names_a_device_twice, wheel_
 from .words import count
 
 if TYPE_CHECKING:
-    from .gpu_status import Status
+    from .torch_view import Status
 
 
 @dataclasses.dataclass(frozen=True)

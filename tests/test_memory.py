@@ -634,7 +634,7 @@ def test_memory_outside_torch_in_a_container_is_not_put_on_this_process(shell, c
 def test_the_status_cards_breakdown_says_what_it_cannot_split(others, text, legend):
     """The card's "where" row had "other processes unknown, CUDA context and non-torch 3 GiB"
     in a container: the 3 GiB were every process's, not this one's context."""
-    from colab_gpu.gpu_status import MemoryBreakdown
+    from colab_gpu.torch_view import MemoryBreakdown
     from colab_gpu.render import breakdown_summary
     from colab_gpu.render.html import _breakdown_bar
 

@@ -14,7 +14,7 @@ import os
 from typing import Any, Dict, Iterable, Mapping, Optional, Set, Tuple
 
 from ..devices import DeviceSource
-from ..gpu_status import MemoryBreakdown, breakdown
+from ..torch_view import MemoryBreakdown, breakdown
 from ..runtime import current_shell
 from .namespace import (_OUTPUT_NAME, _exception_references, _is_ipython_name, _namespaces,
                         _output_history, _user_variables)

@@ -9,7 +9,7 @@ import gc
 from typing import Dict, List, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
-from ..gpu_status import torch_memory, torch_view
+from ..torch_view import torch_memory, torch_view
 from ..runtime import detect_runtime
 from .walk import _walk
 
