@@ -29,7 +29,7 @@ _LAZY = {
     "live_url": "colab_gpu.live",
     "find_batch": "colab_gpu.batch",
     "BatchResult": "colab_gpu.batch",
-    "is_out_of_memory": "colab_gpu.batch",
+    "is_out_of_memory": "colab_gpu.oom",
 }
 
 # Subpackages a hint tells a script to use (colab_gpu.live.start(demo=True) on the status card,

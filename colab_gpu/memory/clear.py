@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..cuda import empty_cuda_cache
 from ..devices import DeviceSource
+from ..oom import ErrorKind, classify, describe
 from ..options import command, option
 from ..runtime import cuda_torch, current_shell
 from ..words import count
@@ -258,9 +259,6 @@ def _kept_by_arrays(storages: Dict[Tuple[str, int], int], holders: Holders) -> T
 def _failure(error: BaseException) -> str:
     """A step's error in one line; one that breaks the device (a device-side assert, an
     illegal memory access) says that only a restart mends it."""
-    from ..batch.oom import ErrorKind, classify
-    from ..batch.trial import describe
-
     if classify(error) is ErrorKind.DEVICE_BROKEN:
         return (f"{describe(error)} (the CUDA context is broken: nothing on the GPU can be "
                 f"freed until the runtime restarts)")
