@@ -12,6 +12,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 from ..torch_allocator.schema import ROUNDUP_INTERVALS
 from .readings import Reading
 
+__all__ = ["LARGE_BUFFER", "LOWEST_SPLIT_LIMIT", "UNSPLIT_REMAINDER", "unreached_bytes"]
+
 UNSPLIT_REMAINDER = 1024 ** 2  # CUDA's caching allocator splits a large block only for more left over
 LARGE_BUFFER = 20 * 1024 ** 2  # kLargeBuffer: how much larger an unsplit oversize block may be
 # The lowest max_split_size_mb any torch takes: 21 before 2.10, 20 in 2.10, and from 2.11
@@ -96,7 +98,7 @@ def _rounded(nbytes: int, divisions: List[int]) -> int:
     return max(-(-nbytes // step) * step, 512)
 
 
-def _unreached(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int],
+def unreached_bytes(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int],
                torch=None) -> Tuple[Tuple[str, int], ...]:
     """Per device, the bytes of the memory reading (live CPU tensors, torch's allocated) that
     no variable, output or error reaches: a library's cache, a thread, a reference cycle.
