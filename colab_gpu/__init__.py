@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 # Public name -> module that defines it, imported on first use (PEP 562).
 _LAZY = {
     "status": "colab_gpu.gpu_status",
-    "Status": "colab_gpu.gpu_status",
+    "Status": "colab_gpu.torch_view",
     "detect_runtime": "colab_gpu.runtime",
     "open_source": "colab_gpu.devices",
     "clear_cache": "colab_gpu.memory",
@@ -29,7 +29,7 @@ _LAZY = {
     "live_url": "colab_gpu.live",
     "find_batch": "colab_gpu.batch",
     "BatchResult": "colab_gpu.batch",
-    "is_out_of_memory": "colab_gpu.batch",
+    "is_out_of_memory": "colab_gpu.oom",
 }
 
 # Subpackages a hint tells a script to use (colab_gpu.live.start(demo=True) on the status card,

@@ -18,7 +18,7 @@ from .runtime import COLAB, KAGGLE, cpu_only_build, names_a_device_twice, wheel_
 from .words import count
 
 if TYPE_CHECKING:
-    from .gpu_status import Status
+    from .torch_view import Status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ def several_gpus(status):
 def _torch_version(status) -> Optional[str]:
     """The user's torch version: the imported one's, else the installed one's (read from its
     metadata, without importing it); None when there is none."""
-    from .allocator.installed import installed_torch_version
+    from .torch_allocator.installed import installed_torch_version
 
     torch = status.runtime.torch
     return torch.version if torch.imported else installed_torch_version(modules={})
@@ -245,8 +245,7 @@ def _expandable_segments_set() -> Optional[str]:
     """The variable that sets expandable_segments:True for this process (torch's own reading
     order, a ROCm build's PYTORCH_HIP_ALLOC_CONF too; %alloc_conf keeps it saying what the
     process runs with), else None."""
-    from .allocator.apply import current_settings
-    from .allocator.installed import installed_env_names
+    from .torch_allocator.installed import current_settings, installed_env_names
 
     try:
         name, settings = current_settings(os.environ, installed_env_names())

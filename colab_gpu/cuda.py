@@ -1,7 +1,6 @@
 """CUDA calls shared by clear_cache() and %%find_batch: which devices already have a CUDA
 context, the device the user's code works on, and emptying torch's cache without creating a
-context anywhere. Apart so that batch/ needs nothing of memory/ (which reports a failed step
-with batch/'s error description): neither package imports the other at import time.
+context anywhere. Shared core, so that batch/ (a feature) needs nothing of memory/.
 """
 from __future__ import annotations
 

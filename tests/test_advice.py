@@ -8,7 +8,7 @@ from colab_gpu.advice import RULES, advise
 from colab_gpu.devices import GPU, GPUProcess, GiB, MiB, Snapshot
 from colab_gpu.devices.nvml import NO_PYNVML
 from colab_gpu.runtime import Runtime, TorchState
-from colab_gpu.gpu_status import MemoryBreakdown, Status, TorchMemory
+from colab_gpu.torch_view import MemoryBreakdown, Status, TorchMemory
 
 # Values of the real Tesla T4 recording (shared/data/nvidia-smi-xml/tesla-t4.xml).
 T4 = GPU(index=0, name="Tesla T4", uuid="GPU-t4", compute_capability=(7, 5), memory_total=15360 * MiB,

@@ -13,10 +13,10 @@ from IPython.core.error import UsageError
 
 from colab_gpu.allocator import (AllocConfError, alloc_conf, apply_saved, installed_torch_version, parse,
                                  to_torch, validate, version_of)
-from colab_gpu.allocator.parse import format_version
-from colab_gpu.allocator.schema import BY_NAME, KEYS, PRESETS
 from colab_gpu.spelling import as_magic
 from colab_gpu.runtime import TorchState
+from colab_gpu.torch_allocator.parse import format_version
+from colab_gpu.torch_allocator.schema import BY_NAME, KEYS, PRESETS
 
 NOT_IMPORTED = TorchState(imported=False)
 # the installed torch's version as the reports name it ("2.13"), read as %alloc_conf reads it

@@ -22,9 +22,9 @@ from IPython.core.error import UsageError
 from allocator_probe import build_against_torch, torch_holds, torch_package
 from colab_gpu.allocator import (AllocConfError, alloc_conf, installed_torch_version, parse, roundup_table,
                                  to_torch, validate)
-from colab_gpu.allocator.parse import version_of
-from colab_gpu.allocator.schema import KEYS
 from colab_gpu.runtime import TorchState
+from colab_gpu.torch_allocator.parse import version_of
+from colab_gpu.torch_allocator.schema import KEYS
 from conftest import ROOT
 
 INSTALLED = version_of(installed_torch_version())

@@ -26,6 +26,7 @@ from colab_gpu.devices import GiB
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource
 from colab_gpu.render import FASTEST_FIRST_NOTE
+from colab_gpu.torch_view import torch_view
 from conftest import DATA, ROOT
 from nvml_recording import RecordedNvml
 from test_live import card_labels, line_labels, live_config, run_live  # noqa: F401 (a fixture)
@@ -279,7 +280,7 @@ def test_no_child_where_the_numbering_is_known(shell, capsys, driver, mixed_box,
     use_source(monkeypatch, box("tesla-t4.xml", "tesla-t4.xml"))
     assert card_labels(card(shell, capsys)) == {0: "cuda:0", 1: "cuda:1"}
     recording = dataclasses.replace(mixed_box.snapshot(), recorded=True, source="replay of a mixed box")
-    status = colab_gpu.gpu_status.torch_view(recording, colab_gpu.detect_runtime())
+    status = torch_view(recording, colab_gpu.detect_runtime())
     assert status.torch_index_of == {0: 0, 1: 1} and not status.cuda_numbering_asked
     from colab_gpu.memory import read_memory
 

@@ -23,10 +23,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from colab_gpu.batch import find_batch, is_out_of_memory
-from colab_gpu.batch.oom import ErrorKind, classify
 from colab_gpu.batch.result import FITS, OUT_OF_MEMORY, Trial
 from colab_gpu.batch.search import Headroom, Search, SearchError
 from colab_gpu.batch.state import assigned_names
+from colab_gpu.oom import ErrorKind, classify
 from conftest import DATA, ROOT
 from milabench_replay import CAPACITIES_GIB, HELD_OUT_GIB, Curve, ReplayDevice, fit_problems, problems
 

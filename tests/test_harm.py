@@ -428,7 +428,7 @@ def cuda_calls_in_the_code() -> dict:
 
 # Why each function that calls torch.cuda cannot start CUDA: the guard it sits behind.
 CUDA_GUARDS = {
-    "colab_gpu/gpu_status.py:torch_memory": "returns () unless torch.cuda.is_initialized()",
+    "colab_gpu/torch_view.py:torch_memory": "returns () unless torch.cuda.is_initialized()",
     "colab_gpu/cuda.py:cuda_devices_in_use": "called by empty_cuda_cache and _cuda_index, after their check",
     "colab_gpu/cuda.py:empty_cuda_cache": "returns at once unless CUDA is initialized",
     "colab_gpu/memory/rounding.py:_split_limit": "asked only for a storage on a CUDA device: CUDA already runs",

@@ -75,7 +75,10 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
         assert f"colab_gpu/devices/replay/{module}.py" in names
     for module in ("__init__", "walk", "namespace", "readings", "rounding", "holders", "clear"):
         assert f"colab_gpu/memory/{module}.py" in names
-    assert "colab_gpu/cuda.py" in names
+    for module in ("__init__", "schema", "parse", "installed"):
+        assert f"colab_gpu/torch_allocator/{module}.py" in names
+    for module in ("cuda", "torch_view", "oom"):
+        assert f"colab_gpu/{module}.py" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), "no MIT licence text"
 
 

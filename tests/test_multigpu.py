@@ -14,6 +14,7 @@ import colab_gpu
 from colab_gpu.devices import GPUProcess, GiB, MiB
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource
+from colab_gpu.torch_view import visible_seen
 from conftest import DATA
 from nvml_recording import RecordedNvml
 
@@ -70,7 +71,7 @@ def test_identical_gpus_and_uuids_keep_a_known_numbering(clean_env, cuda_on_cuda
     status = colab_gpu.status(box("tesla-t4.xml", "tesla-t4.xml"))
     assert "GPU 1  Tesla T4  (cuda:1," in str(status) and status.torch_memory_of(0).allocated == 10 * GiB
     clean_env.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001,GPU-00000000")
-    colab_gpu.gpu_status._visible_seen.clear()  # another kernel, whose CUDA started under these UUIDs
+    visible_seen.clear()  # another kernel, whose CUDA started under these UUIDs
     status = colab_gpu.status(box("rtx-3060-v12.xml", "rtx-3090-v12.xml"))
     assert "GPU 1  NVIDIA GeForce RTX 3090  (cuda:0," in str(status)
     assert status.torch_memory_of(1).allocated == 10 * GiB

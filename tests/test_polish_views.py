@@ -22,7 +22,6 @@ from colab_gpu import live
 from colab_gpu.allocator import alloc_conf
 from colab_gpu.allocator.apply import _ignored_variables, _warnings
 from colab_gpu.allocator.render import render_keys
-from colab_gpu.allocator.schema import KEYS, PRESETS
 from colab_gpu.batch.render import trial_line
 from colab_gpu.batch.result import OUT_OF_MEMORY, Trial
 from colab_gpu.batch.search import Search
@@ -31,6 +30,7 @@ from colab_gpu.devices.nvml import _INIT_PROBLEMS, DRIVER_WITHOUT_NVML, NO_PYNVM
 from colab_gpu.live.panel import render_panel
 from colab_gpu.render import WIDTH
 from colab_gpu.runtime import TorchState
+from colab_gpu.torch_allocator.schema import KEYS, PRESETS
 from conftest import DATA, ROOT
 from milabench_replay import Curve, ReplayDevice
 from nvml_recording import RecordedNvml

@@ -19,10 +19,11 @@ from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple
 from ..render.shown import Shown
 from ..runtime import TorchState, torch_state
 from ..spelling import command, option
-from .installed import env_names, installed_torch, read_names, reported_settings, runtime_setter
-from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
-                    format_version, merge, parse, parse_many, to_torch, validate)
-from .schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
+from ..torch_allocator.installed import (current_settings, env_names, installed_torch, read_names, reported_settings,
+                                         runtime_setter)
+from ..torch_allocator.parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
+                                     format_version, merge, parse, parse_many, to_torch, validate)
+from ..torch_allocator.schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
 
 # torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
 # from 2.10) puts only these keys back to their defaults for each new settings string, and from
@@ -98,20 +99,6 @@ def _restore(environ: MutableMapping[str, str], snapshot: Dict[str, Optional[str
             environ.pop(name, None)
         else:
             environ[name] = value
-
-
-def current_settings(environ: MutableMapping[str, str], names: Sequence[str] = ENV_NAMES
-                     ) -> Tuple[str, Settings]:
-    """The configuration torch will read: the first of ``names`` that is set."""
-    for name in names:
-        text = environ.get(name)
-        if text is not None:
-            try:
-                return name, parse(text)
-            except AllocConfError as error:
-                raise AllocConfError(f"{name} already holds something unreadable ({error}); "
-                                     f"use {option('reset', True)} to start over") from None
-    return "", ()
 
 
 def _warnings(settings: Settings, version: Optional[Tuple[int, int]],

@@ -7,8 +7,8 @@ from typing import List, Tuple
 from ..render import count, fold, torch_summary
 from ..render.html import STYLE, rows_table, unbroken_units
 from ..spelling import command, option
-from .parse import format_version, to_torch
-from .schema import KEYS
+from ..torch_allocator.parse import format_version, to_torch
+from ..torch_allocator.schema import KEYS
 
 _TITLES = {"show": "Allocator configuration", "check": "Allocator setting checked",
            "set": "Allocator configuration changed"}

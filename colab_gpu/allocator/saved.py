@@ -13,9 +13,9 @@ from typing import MutableMapping, Optional, Tuple
 
 from ..spelling import command, option
 from ..runtime import TorchState, torch_state
-from .apply import AllocConfResult, alloc_conf, current_settings
-from .installed import installed_env_names, installed_torch
-from .parse import AllocConfError, parse, to_torch, validate
+from ..torch_allocator.installed import current_settings, installed_env_names, installed_torch
+from ..torch_allocator.parse import AllocConfError, parse, to_torch, validate
+from .apply import AllocConfResult, alloc_conf
 
 SAVED_NAME = "alloc_conf.txt"
 

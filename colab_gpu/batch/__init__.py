@@ -13,10 +13,10 @@ import os
 import re
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
+from ..oom import is_out_of_memory
 from ..spelling import option
 from ..runtime import cpu_only_build, cuda_torch, torch_state
 from ..words import count
-from .oom import is_out_of_memory
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
 from .state import RestoreError, RestorePoint

@@ -5,14 +5,15 @@ import dataclasses
 from typing import Optional, Tuple
 
 from .. import words
+from ..oom import ErrorKind
 from ..render.shown import Shown
 from ..words import NA, count, duration, significant
 
 FITS = "fits"
-OUT_OF_MEMORY = "out of memory"
+OUT_OF_MEMORY = ErrorKind.OUT_OF_MEMORY.value
 OVER_HEADROOM = "over headroom"  # ran, but its peak left less free memory than asked
-DEVICE_BROKEN = "device broken"
-ERROR = "error"
+DEVICE_BROKEN = ErrorKind.DEVICE_BROKEN.value
+ERROR = ErrorKind.OTHER.value
 INTERRUPTED = "interrupted"
 RUNNING = "still running"  # ``stopped`` while the search goes on (the progress table)
 INTERRUPTED_NOTE = "interrupted (Ctrl-C); the best size so far is the answer"  # ``stopped`` by Ctrl-C

@@ -11,10 +11,10 @@ import random
 import sys
 from typing import Any, Dict, List, MutableMapping, Optional, Set
 
+from ..oom import describe
 from ..spelling import command
 from ..runtime import cuda_torch
 from ..words import with_article
-from .trial import describe
 
 
 class RestoreError(ValueError):

@@ -19,8 +19,8 @@ import time
 from typing import Callable, ContextManager, Optional, Tuple
 
 from ..cuda import cuda_devices_in_use, empty_cuda_cache, working_device
+from ..oom import ErrorKind, classify, describe, error_chain
 from ..runtime import cuda_torch
-from .oom import ErrorKind, classify, error_chain, message
 from .result import FITS, INTERRUPTED, Trial
 
 
@@ -189,14 +189,6 @@ def _forget_frames(error: BaseException) -> None:
     """Cut the tracebacks along the chain: they hold the failed trial's tensors."""
     for link in error_chain(error):
         link.__traceback__ = None
-
-
-def describe(error: BaseException) -> str:
-    """``Type: message`` in one line: the first line and, after a heading ending in a colon
-    (torch's "Error(s) in loading state_dict for Linear:"), the line that says what went wrong."""
-    lines = [line.strip() for line in message(error).strip().splitlines()]
-    text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__  # Ctrl-C has no message
 
 
 class CtrlC:

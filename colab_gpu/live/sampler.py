@@ -210,7 +210,7 @@ class Sampler:
         first, problem = self._read(self.source.snapshot)  # whole: the labels need UUIDs, MIG
         if problem is not None:
             raise SourceError(f"{self.label}: {problem}")
-        from ..gpu_status import torch_view
+        from ..torch_view import torch_view
         from ..runtime import detect_runtime
 
         self.torch_view = torch_view(first, detect_runtime())

@@ -13,14 +13,17 @@ import os
 from typing import Any, Dict, Iterable, Mapping, Optional, Set, Tuple
 
 from ..devices import DeviceSource
-from ..gpu_status import MemoryBreakdown, breakdown
 from ..render.shown import Shown
+from ..torch_view import MemoryBreakdown, breakdown
 from ..runtime import current_shell
-from .namespace import (_OUTPUT_NAME, _exception_references, _is_ipython_name, _namespaces,
-                        _output_history, _user_variables)
-from .readings import Reading, _gpu_view, _snapshot, read_memory
-from .rounding import _unreached
-from .walk import MAX_OBJECTS, _torch, _walk
+from .namespace import (OUTPUT_NAME, exception_references, is_ipython_name, namespaces,
+                        output_history, user_variables)
+from .readings import Reading, gpu_view, read_memory, read_snapshot
+from .rounding import unreached_bytes
+from .walk import MAX_OBJECTS, imported_torch, walk_from
+
+__all__ = ["Elsewhere", "Holder", "Holders", "holders_of", "lying_on_arrays", "memory_holders",
+           "rank_holders"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +96,7 @@ def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
                                      Dict[Tuple[str, int], Tuple[str, int]]]:
     """rank_holders() with the union of the storages reached, by (device, address), and the
     NumPy arrays' memory the variables reach: (the first variable reaching it, bytes)."""
-    reaches = [(name, value, _walk(value, torch, skip, max_objects)) for name, value in variables]
+    reaches = [(name, value, walk_from(value, torch, skip, max_objects)) for name, value in variables]
     tensor_storages = {key: n for _, _, reach in reaches for key, n in reach.storages.items()}
     arrays: Dict[Tuple[str, int], Tuple[str, int]] = {}  # by the first variable reaching each
     for name, _, reach in reaches:
@@ -144,16 +147,16 @@ def _other_roots(shell: Any, namespace: Mapping[str, Any],
     """What IPython keeps that is no variable of the user's: each output (``Out[3]``; ``_``,
     ``__``, ``_N`` only where the history has no such entry) and the last error, as one root."""
     seen: Set[int] = set()
-    for number, value in list((_output_history(shell, namespace) or {}).items()):
+    for number, value in list((output_history(shell, namespace) or {}).items()):
         seen.add(id(value))
         yield f"Out[{number}]", value
     for name, value in list(namespace.items()):
-        if (id(value) not in seen and _OUTPUT_NAME.match(name)
-                and _is_ipython_name(name, value, shell, hidden)):
+        if (id(value) not in seen and OUTPUT_NAME.match(name)
+                and is_ipython_name(name, value, shell, hidden)):
             seen.add(id(value))
             yield name, value
     error = []
-    for owner, attribute, _ in _exception_references(shell):
+    for owner, attribute, _ in exception_references(shell):
         value = getattr(owner, attribute, None)
         if isinstance(value, bdb.Bdb):  # a %debug: the locals of the frames it showed
             frames = [frame for frame, _ in getattr(value, "stack", ())]
@@ -170,8 +173,8 @@ def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], i
     One walk per root."""
     not_yours: Dict[Tuple[str, int], int] = {}
     found = []
-    for name, root in _other_roots(shell, *_namespaces(shell)):
-        reach = _walk(root, torch, skip, max_objects, known=union)
+    for name, root in _other_roots(shell, *namespaces(shell)):
+        reach = walk_from(root, torch, skip, max_objects, known=union)
         del root
         # each storage in one row only: the rows add up to what no variable holds
         own = {key: n for key, n in reach.storages.items() if key not in union and key not in not_yours}
@@ -187,7 +190,7 @@ def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], i
 def _outside_torch(snapshot, torch) -> Dict[str, Any]:
     """Holders' fields for the GPUs this process can use: per GPU, other processes and this
     process's non-torch memory (context, other libraries), and the cuda:N torch calls it."""
-    gpus, index_of, memory = _gpu_view(snapshot, torch)
+    gpus, index_of, memory = gpu_view(snapshot, torch)
     labels = {nvml: f"cuda:{index}" for nvml, index in index_of.items()}
     by_nvml = {m.nvml_index: m for m in memory if m.nvml_index is not None}
     if memory and not by_nvml:
@@ -209,23 +212,23 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     reaches. Also reads, through NVML, the GPU memory held outside torch. Never initializes
     CUDA and never keeps a reference to a tensor.
     """
-    return _holders(shell if shell is not None else current_shell(), _snapshot(source), max_objects)
+    return holders_of(shell if shell is not None else current_shell(), read_snapshot(source), max_objects)
 
 
-def _holders(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
-             readings: Optional[Tuple[Reading, ...]] = None) -> Holders:
+def holders_of(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
+               readings: Optional[Tuple[Reading, ...]] = None) -> Holders:
     """memory_holders() with the GPUs already read (``snapshot``, None when unreadable) and,
     where given, the memory (``readings``, taken after the snapshot)."""
-    torch = _torch()
+    torch = imported_torch()
     problem = snapshot.problem if snapshot is not None else None
     if torch is None:
         return Holders(torch_imported=False, problem=problem, **_outside_torch(snapshot, None))
-    namespace, hidden = _namespaces(shell)
+    namespace, hidden = namespaces(shell)
     skip = {id(namespace), id(hidden), id(shell)}
-    holders, union, arrays = _rank(_user_variables(shell), torch, skip, max_objects)
+    holders, union, arrays = _rank(user_variables(shell), torch, skip, max_objects)
     total = _by_device(union)
     elsewhere, not_yours = _elsewhere(shell, torch, skip, union, max_objects)
-    unreached = _unreached(read_memory(torch, snapshot) if readings is None else readings, union, torch)
+    unreached = unreached_bytes(read_memory(torch, snapshot) if readings is None else readings, union, torch)
     not_yours = collections.Counter(dict(_by_device(not_yours)))
     not_yours.update(dict(unreached))
     return Holders(holders=holders, total_by_device=total, not_yours=tuple(sorted(not_yours.items())),

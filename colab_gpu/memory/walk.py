@@ -16,12 +16,14 @@ import sys
 import types
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
+__all__ = ["MAX_OBJECTS", "OPAQUE", "Reach", "imported_torch", "walk_from"]
+
 # Types that hold no tensor and are not worth a visit.
 _LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, range, slice)
 # Types never walked into: they lead to the whole interpreter (modules, classes' namespaces).
 # A function is walked into its closure and defaults only, never its globals; a generator
 # into its paused frame's local variables only.
-_OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType, types.FrameType)
+OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType, types.FrameType)
 # A generator, a coroutine, an async generator -> its paused frame (None once it has finished).
 _SUSPENDED = {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame",
               types.AsyncGeneratorType: "ag_frame"}
@@ -33,7 +35,7 @@ MAX_OBJECTS = 1_000_000  # objects visited per variable: a bound so a huge conta
 
 
 @dataclasses.dataclass
-class _Reach:
+class Reach:
     """What one walk found: storages by (device, address), and what it stopped at."""
 
     storages: Dict[Tuple[str, int], int] = dataclasses.field(default_factory=dict)
@@ -48,7 +50,7 @@ class _Reach:
     arrays: Dict[Tuple[str, int], int] = dataclasses.field(default_factory=dict)
 
 
-def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch, part: bool = False) -> None:
+def _record_tensor(tensor, reach: Reach, stack: List[Any], torch, part: bool = False) -> None:
     """``part``: a sparse tensor's indices or values, its memory but not a tensor of the user's."""
     if not part:
         reach.tensors += 1
@@ -92,7 +94,7 @@ _CONTAINERS = (list, tuple, set, frozenset, collections.deque)
 _LRU_CACHE = getattr(functools, "_lru_cache_wrapper", None)  # C's: its cache is no attribute
 
 
-def _record_array(array, reach: _Reach, stack: List[Any], numpy) -> None:
+def _record_array(array, reach: Reach, stack: List[Any], numpy) -> None:
     """An array that views another object's memory leads to that owner (``t.numpy()``'s base is
     the tensor ``t``); one that owns its memory is noted by address, for a tensor lent it."""
     base = numpy.ndarray.base.__get__(array)  # the C getters: a subclass's properties never run
@@ -233,7 +235,7 @@ _SKIP, _TENSOR, _MODULE, _OTHER, _NODE, _ARRAY = range(6)
 
 
 def _classify(kind: type, torch) -> int:
-    if issubclass(kind, _LEAVES) or issubclass(kind, _OPAQUE):
+    if issubclass(kind, _LEAVES) or issubclass(kind, OPAQUE):
         return _SKIP
     if issubclass(kind, torch.Tensor):
         return _TENSOR
@@ -252,11 +254,11 @@ def _saved_attributes(kind: type) -> Tuple[str, ...]:
     return tuple(name for name in dir(kind) if name.startswith("_raw_saved_") or name == "variable")
 
 
-def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
-          known: Optional[Mapping[Tuple[str, int], int]] = None) -> _Reach:
+def walk_from(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
+              known: Optional[Mapping[Tuple[str, int], int]] = None) -> Reach:
     """Every tensor storage ``root`` reaches, each counted once, cycles and all; its tensors
     whose storage is one of ``known`` are counted as shared."""
-    reach = _Reach(known=known or {})
+    reach = Reach(known=known or {})
     kinds: Dict[type, int] = {}  # each type classified once: Tensor's metaclass makes issubclass slow
     saved: Dict[type, Tuple[str, ...]] = {}
     seen: Set[int] = set(skip)
@@ -304,6 +306,6 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
     return reach
 
 
-def _torch():
+def imported_torch():
     """The user's torch, only if already imported (never imported here)."""
     return sys.modules.get("torch")

@@ -1,6 +1,6 @@
 """What the installed torch is, as far as the allocator settings are concerned: its version,
-whether it is a ROCm build, the variables it reads, its run-time settings call and its report
-of the settings it holds.
+whether it is a ROCm build, the variables it reads and the settings they give it, its run-time
+settings call and its report of the settings it holds.
 
 Each answers before `import torch` too (from the installed package's metadata and version
 tag), since the settings must be right before torch first reads them. Nothing here imports
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import sys
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, MutableMapping, Optional, Sequence, Tuple
 
+from ..spelling import option
 from ..runtime import torch_state, wheel_build
-from .parse import version_of
+from .parse import AllocConfError, Settings, parse, version_of
 from .schema import ENV_NAMES, GENERIC_ENV_SINCE, HIP_ENV_SINCE, NEWEST, ROCM_ENV_NAMES, Version
 
 
@@ -57,6 +58,20 @@ def installed_env_names(modules=sys.modules) -> Tuple[str, ...]:
     """The variables the installed torch reads, in its order (see env_names, read_names)."""
     _, version, rocm = installed_torch(modules)
     return read_names(env_names(version, rocm), version)
+
+
+def current_settings(environ: MutableMapping[str, str], names: Sequence[str] = ENV_NAMES
+                     ) -> Tuple[str, Settings]:
+    """The configuration torch will read: the first of ``names`` that is set."""
+    for name in names:
+        text = environ.get(name)
+        if text is not None:
+            try:
+                return name, parse(text)
+            except AllocConfError as error:
+                raise AllocConfError(f"{name} already holds something unreadable ({error}); "
+                                     f"use {option('reset', True)} to start over") from None
+    return "", ()
 
 
 class _Setter:
