@@ -26,6 +26,7 @@ import operator
 import re
 from typing import Callable, List, Optional
 
+from ..errors import UserError
 from ..options import option
 from ..words import count, size as format_size
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTERRUPTED_NOTE,
@@ -51,7 +52,7 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
 
 
-class SearchError(ValueError):
+class SearchError(UserError, ValueError):
     """An option the search cannot work with; the message says what is accepted."""
 
 

@@ -18,6 +18,7 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
+from ..errors import UserError
 from ..words import count
 
 THREAD_NAME = "colab_gpu-sampler"
@@ -131,7 +132,7 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-class SourceError(ValueError):
+class SourceError(UserError, ValueError):
     """The source could not be read at the start; the message is one line for the user."""
 
 

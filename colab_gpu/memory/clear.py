@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..cuda import empty_cuda_cache
 from ..devices import DeviceSource
+from ..errors import UserError
 from ..options import command, option
 from ..runtime import cuda_torch, current_shell
 from ..words import count
@@ -24,7 +25,7 @@ from .readings import Reading, _snapshot, read_memory
 from .walk import _torch, _walk
 
 
-class ClearCacheError(ValueError):
+class ClearCacheError(UserError, ValueError):
     """A request that cannot be carried out (an unknown name, IPython's own name)."""
 
 
