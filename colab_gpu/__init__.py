@@ -30,6 +30,7 @@ _LAZY = {
     "find_batch": "colab_gpu.batch",
     "BatchResult": "colab_gpu.batch",
     "is_out_of_memory": "colab_gpu.oom",
+    "UserError": "colab_gpu.errors",
 }
 
 # Subpackages a hint tells a script to use (colab_gpu.live.start(demo=True) on the status card,

@@ -56,3 +56,24 @@ def clean_env(monkeypatch):
         if name.startswith(("COLAB_", "KAGGLE_", "BINDER_", "TPU_", "PYTORCH_", "CUDA_")) or name in ("PJRT_DEVICE", "ISTPUVM"):
             monkeypatch.delenv(name)
     return monkeypatch
+
+
+@pytest.fixture
+def fast_live_sampling(monkeypatch):
+    """For tests that replay recordings up to a thousand samples a second, to run in
+    milliseconds; a user's live.start() keeps to live.MIN_INTERVAL. The real floor, for the
+    tests among them that check it, is this fixture's value (see ``live_floor``)."""
+    from colab_gpu import live
+
+    floor = live.MIN_INTERVAL
+    monkeypatch.setattr(live, "MIN_INTERVAL", 0.001)
+    return floor
+
+
+@pytest.fixture
+def live_floor(monkeypatch, fast_live_sampling):
+    """The floor users get, which fast_live_sampling lowered for the other tests."""
+    from colab_gpu import live
+
+    monkeypatch.setattr(live, "MIN_INTERVAL", fast_live_sampling)
+    return fast_live_sampling

@@ -527,8 +527,9 @@ def test_heading_says_unchanged_and_forget_says_what_it_deleted(env):
     forgot = pretty(alloc_conf(forget=True, environ=env, modules={}))
     assert forgot.startswith("Allocator configuration unchanged: expandable_segments:True\n")
     assert "  saved setting:\n    deleted 'expandable_segments:True' from\n" in forgot  # the path on its own line
-    assert "applied through" not in forgot and "applied through" not in pretty(again)  # nothing was
-    assert "applied through:\n    environment" in pretty(alloc_conf(["max_split_size_mb=64"], environ=env, modules={}))
+    assert "applied:" not in forgot and "applied:" not in pretty(again)  # nothing was
+    assert ("applied:\n    written to PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF, which torch reads\n"
+            "      when CUDA starts\n") in pretty(alloc_conf(["max_split_size_mb=64"], environ=env, modules={}))
     assert "there was none to delete" in pretty(alloc_conf(forget=True, environ=env, modules={}))
     assert pretty(alloc_conf(reset=True, environ=env, modules={})).startswith(
         "Allocator configuration changed: (empty)\n")

@@ -158,7 +158,7 @@ def test_cuda_visible_devices_ordinals_are_the_drivers_fastest_first_ones(shell,
 
 
 def test_the_live_monitor_labels_its_gpus_as_the_card_does(live_config, capsys, driver, mixed_box):
-    run_live(live_config, "--live", live_lines=2, live_interval=0.02)
+    run_live(live_config, "--live", live_lines=2, live_interval=0.1)
     out = capsys.readouterr().out
     assert line_labels(out) == {0: "cuda:1", 1: "cuda:0"} and "cuda:?" not in out
     assert "GPU 1 NVIDIA GeForce RTX 3090 (cuda:0)" in out
@@ -257,7 +257,7 @@ def test_the_driver_is_asked_once_per_setting(shell, capsys, live_config, driver
     card(shell, capsys, "--json")
     assert colab_gpu.status().torch_index_of == {0: 1, 1: 0}
     shell.run_line_magic("clear_cache", "")
-    run_live(live_config, "--live", live_lines=2, live_interval=0.02)
+    run_live(live_config, "--live", live_lines=2, live_interval=0.1)
     capsys.readouterr()
     assert len(driver.children()) == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
@@ -320,7 +320,7 @@ colab_gpu.devices.default_source = colab_gpu.gpu_status.default_source = lambda:
 shell.run_line_magic("gpu_status", "")
 shell.run_line_magic("clear_cache", "")
 shell.run_line_magic("config", "GPUMagics.live_lines = 1")
-shell.run_line_magic("gpu_status", "--live --interval 0.02")
+shell.run_line_magic("gpu_status", "--live --interval 0.1")
 with open("/proc/self/maps") as maps:
     mapped = [line.split()[-1] for line in maps if "libcuda" in line]
 print("REPORT" + json.dumps(dict(pid=os.getpid(), mapped=mapped, opened=opened)))

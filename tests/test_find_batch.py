@@ -388,13 +388,35 @@ def test_throughput_mode_that_reaches_max_says_so():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(maximum=4, multiple_of=8), "max=4 is below the first size, 8 (a multiple of 8)"),
     (dict(maximum=4, start=6), "max=4 is below start=6"),
-    (dict(maximum=6, start=4, multiple_of=8), "max=6 is below start=4 as a multiple of 8, 8"),
+    (dict(maximum=90, start=100, multiple_of=8), "max=90 is below start=100 (96 as a multiple of 8)"),
 ])
 def test_a_max_below_the_first_size_names_what_set_that_size(options, message):
     with pytest.raises(SearchError, match=f"^{re.escape(message)}$"):
         Search(lambda size: Trial(size, FITS), **options)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(multiple_of=99999999999),
+     "multiple_of=99999999999 leaves no batch size to try up to 65536, the largest size tried without max: "
+     "give multiple_of=65536 or less, or max=99999999999 or more"),
+    (dict(start=3, max=4, multiple_of=8),
+     "multiple_of=8 leaves no batch size to try from start=3 to max=4: give multiple_of=4 or less, or max=8 or more"),
+    (dict(max=4, multiple_of=8),
+     "multiple_of=8 leaves no batch size to try up to max=4: give multiple_of=4 or less, or max=8 or more"),
+])
+def test_a_multiple_of_above_the_largest_size_is_refused_before_anything_runs(options, message):
+    """multiple_of=99999999999 ran the step at 99999999999, above the largest size tried (65536
+    without max); start=3, max=4, multiple_of=8 said "max=4 is below start=3 as a multiple of 8, 8"."""
+    sizes = []
+    with pytest.raises(SearchError) as refused:
+        find_batch(sizes.append, progress=False, **options)
+    assert str(refused.value) == message and sizes == []
+
+
+def test_a_multiple_of_up_to_the_largest_size_is_taken():
+    assert find_batch(lambda size: None, progress=False, max=8, multiple_of=8).answer == 8
+    assert find_batch(lambda size: None, progress=False, multiple_of=65536).answer == 65536
 
 
 def test_a_start_or_max_between_multiples_is_rounded_and_the_report_says_so(shell, capsys):
@@ -1650,6 +1672,11 @@ def test_help_shows_a_cell_magic(shell):
     ("--var 1abc", "--var '1abc': give a Python variable name"), ("--var class", "--var 'class'"),
     ("--headroom 0.1", "a number without a unit is bytes; for a share"), ("--max 0", "--max 0"),
     ("--start 8 --max 4", "--max 4 is below --start 8"),
+    ("--multiple-of 99999999999", "^--multiple-of 99999999999 leaves no batch size to try up to 65536, the "
+                                  "largest size tried without --max: give --multiple-of 65536 or less, or "
+                                  "--max 99999999999 or more$"),
+    ("--start 3 --max 4 --multiple-of 8", "^--multiple-of 8 leaves no batch size to try from --start 3 to --max "
+                                          "4: give --multiple-of 4 or less, or --max 8 or more$"),
     ("--restore n_layers", "^--restore n_layers: an int has no state_dict.*; --restore takes the names of "
                            "variables holding models"),
 ])

@@ -205,7 +205,7 @@ for formatter in shell.display_formatter.formatters.values():  # a notebook's: H
     formatter.enabled = True
 shell.run_line_magic("load_ext", "colab_gpu")
 shell.run_line_magic("config", "GPUMagics.live_lines = 2")
-shell.run_line_magic("config", "GPUMagics.live_interval = 0.01")
+shell.run_line_magic("config", "GPUMagics.live_interval = 0.1")
 shell.user_ns.update(batch_size=4, model=[1, 2])
 report = {{"runs": [], "heavy_after_load": sorted(
     name for name in set(sys.modules) - before_load if name in ("torch", "matplotlib", "ipywidgets", "pandas"))}}
@@ -338,7 +338,7 @@ def test_every_magic_and_api_without_an_optional_package(sessions, missing):
 def test_the_run_without_matplotlib_shows_its_summary_and_says_what_the_chart_needs(monkeypatch):
     from colab_gpu import live
 
-    live.start(demo=True, interval=0.01)
+    live.start(demo=True, interval=0.1)
     try:
         live.running().wait(2, timeout=5)
     finally:
@@ -352,7 +352,7 @@ BROKEN_MATPLOTLIB_CHARTS = r'''
 import html, json, sys
 from colab_gpu import find_batch, live
 
-live.start(demo=True, interval=0.01)
+live.start(demo=True, interval=0.1)
 try:
     live.running().wait(2, timeout=5)
 finally:

@@ -37,6 +37,8 @@ from conftest import DATA, ROOT
 from live_nvml import RecordedNvml
 
 V100 = DATA / "nvidia-smi-csv" / "v100s-pcie-32gb_miris.csv"
+# Replays run at up to a thousand samples a second here; the tests of the floor users get take live_floor.
+pytestmark = pytest.mark.usefixtures("fast_live_sampling")
 NANOGPT = DATA / "nvidia-smi-csv" / "8gpu-training_nanogpt-pr643.csv"
 
 
@@ -249,14 +251,16 @@ def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(interval="1"), TypeError, "interval is a number of seconds, e.g. 1 or 0.5; not '1'"),
     (dict(interval=[1]), TypeError, "interval is a number of seconds, e.g. 1 or 0.5; not [1]"),
-    (dict(interval=0), ValueError, "interval must be a positive number of seconds up to 3600"),
+    (dict(interval=0), ValueError, "interval must be a number of seconds from 0.1 (NVML's counters"),
+    (dict(interval=1e-7), ValueError, "interval must be a number of seconds from 0.1 (NVML's counters change "
+                                      "every 1/6 s to 1 s) to 3600 (an hour), e.g. 1 or 0.5; not 1e-07"),
     (dict(history=2.5), TypeError, "history is a whole number of samples, e.g. 3600; not 2.5"),
     (dict(history="10"), TypeError, "history is a whole number of samples, e.g. 3600; not '10'"),
     (dict(history=0), ValueError, "history must be at least 1 sample, not 0"),
     (dict(path=3), TypeError, "path is a recording's file name (str, bytes or os.PathLike), not 3"),
     (dict(path=""), ValueError, "path='': give the recording's file name; accepted: an `nvidia-smi -q -x`"),
 ])
-def test_start_with_a_wrong_option_names_the_keyword(kwargs, error, message):
+def test_start_with_a_wrong_option_names_the_keyword(live_floor, kwargs, error, message):
     """live.start(interval="1") raised "'<' not supported between instances of 'int' and 'str'",
     history=2.5 "an integer is required": neither said which argument was wrong; then
     history=0 said "the history length", a name the caller never wrote; path=3 "expected str,
@@ -579,7 +583,7 @@ EXIT_SCRIPT = textwrap.dedent("""
     nvml.on_shutdown = lambda: print("alive at NVML shutdown:",
         [t.name for t in threading.enumerate() if t.name.startswith("colab_gpu")])
     atexit.register(lambda: print("late NVML calls:", nvml.late_calls))
-    sampler, _ = live.start(interval=0.001)
+    sampler, _ = live.start(interval=0.1)
     live.page_server()
     sampler.wait(5, timeout=10)
     print("running:", sampler.running, [t.name for t in threading.enumerate() if t.name.startswith("colab_gpu")])
@@ -1567,16 +1571,18 @@ def test_cells_on_eight_gpus_names_only_those_that_held_memory(monkeypatch):
 
 @pytest.mark.parametrize("line, message", [
     ("--demo", "--interval, --demo and --cells go with --live"),
-    ("--live --interval 0", "--interval must be a positive number of seconds"),
-    ("--live --interval -1", "--interval must be a positive number of seconds"),
+    ("--live --interval 0", "--interval must be a number of seconds from 0.1"),
+    ("--live --interval -1", "--interval must be a number of seconds from 0.1"),
+    ("--live --demo --interval 0.05", "--interval must be a number of seconds from 0.1 (NVML's counters change "
+                                      "every 1/6 s to 1 s) to 3600 (an hour), e.g. 1 or 0.5; not 0.05"),
     ("--live --demo --from x.csv", "give one"),
     ("--stop --live", "--stop takes no other option"),
     ("--live --json", "--json does not go with --live"),
     ("--live --from /nonexistent/trace.csv", "cannot start the live monitor: replay of trace.csv: "
                                              "cannot replay /nonexistent/trace.csv: no such file"),
 ])
-def test_bad_live_options_are_one_line_usage_errors(shell, line, message):
-    with pytest.raises(UsageError, match=message.replace("(", r"\(")) as error:
+def test_bad_live_options_are_one_line_usage_errors(shell, live_floor, line, message):
+    with pytest.raises(UsageError, match=re.escape(message)) as error:
         shell.run_line_magic("gpu_status", line)
     assert "\n" not in str(error.value)
     assert live.running() is None and live_threads() == []
@@ -1599,11 +1605,12 @@ def test_live_on_a_colab_runtime_without_a_gpu_says_how_to_get_one(shell, clean_
                                      "%gpu_status --live --demo replays a recorded trace")
 
 
-INTERVAL_RULE = "must be a positive number of seconds up to 3600 (an hour), e.g. 1 or 0.5; not "
+INTERVAL_RULE = ("must be a number of seconds from 0.1 (NVML's counters change every 1/6 s to 1 s) to 3600 "
+                 "(an hour), e.g. 1 or 0.5; not ")
 
 
 @pytest.mark.parametrize("value", ["1e10", "inf", "nan"])
-def test_an_interval_beyond_an_hour_is_refused_and_leaves_no_monitor_behind(live_config, capsys, value):
+def test_an_interval_beyond_an_hour_is_refused_and_leaves_no_monitor_behind(live_config, live_floor, capsys, value):
     """A huge interval used to kill the sampler thread (OverflowError) and leave a monitor that
     --live called running and --stop called stopped."""
     live_config.run_line_magic("config", "GPUMagics.live_lines = 2")
@@ -1611,16 +1618,17 @@ def test_an_interval_beyond_an_hour_is_refused_and_leaves_no_monitor_behind(live
         live_config.run_line_magic("gpu_status", f"--live --demo --interval {value}")
     assert str(error.value) == f"--interval {INTERVAL_RULE}{float(value):g}"
     assert live.running() is None and live_threads() == []
-    run_live(live_config, "--live --demo --interval 0.01")
+    run_live(live_config, "--live --demo --interval 0.1")
     out = capsys.readouterr().out
     assert "already running" not in out and out.count("REPLAY") == 2
 
 
-def test_config_refuses_the_live_settings_the_monitor_would_refuse(live_config, caplog):
+def test_config_refuses_the_live_settings_the_monitor_would_refuse(live_config, live_floor, caplog):
     magics = live_config.magics_manager.registry["GPUMagics"]
     for setting, message in [
         ("live_interval = -5", f"GPUMagics.live_interval {INTERVAL_RULE}-5"),
         ("live_interval = 1e10", f"GPUMagics.live_interval {INTERVAL_RULE}1e+10"),
+        ("live_interval = 1e-7", f"GPUMagics.live_interval {INTERVAL_RULE}1e-07"),  # the floor, at %config
         ("live_history = 0", "'live_history' trait of a GPUMagics instance should not be less than 1"),
         ("live_lines = -1", "'live_lines' trait of a GPUMagics instance should not be less than 0"),
     ]:

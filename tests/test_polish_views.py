@@ -169,7 +169,7 @@ def find_batch_reports():
 
 
 @pytest.fixture
-def live_reports():
+def live_reports(fast_live_sampling):
     sampler, _ = live.start(path=str(DATA / "nvidia-smi-csv" / "8gpu-training_nanogpt-pr643.csv"), interval=0.01)
     try:
         sampler.wait(3, timeout=10)

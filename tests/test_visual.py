@@ -52,7 +52,7 @@ def test_the_find_batch_chart_reads_on_a_dark_theme():
     assert_reads_on_light_and_dark(chart_png(small_search()))
 
 
-def test_the_live_run_chart_reads_on_a_dark_theme():
+def test_the_live_run_chart_reads_on_a_dark_theme(fast_live_sampling):
     sampler, _ = live.start(demo=True, interval=0.01)
     try:
         sampler.wait(5, timeout=10)

@@ -16,14 +16,15 @@ import os
 import sys
 from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
-from ..render.shown import Shown
-from ..runtime import TorchState, torch_state
 from ..spelling import command, option
-from ..torch_allocator.installed import (current_settings, env_names, installed_torch, read_names, reported_settings,
-                                         runtime_setter)
-from ..torch_allocator.parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
-                                     format_version, merge, parse, parse_many, to_torch, validate)
+from ..runtime import TorchState
+from ..render.shown import Shown
+from ..torch_allocator.installed import TargetTorch, current_settings, read_names, reported_settings, runtime_setter
+from ..torch_allocator.parse import (AllocConfError, Settings, check_key_name, format_number, format_version,
+                                     merge, parse, parse_many, to_torch)
 from ..torch_allocator.schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
+
+__all__ = ["AllocConfResult", "alloc_conf"]
 
 # torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
 # from 2.10) puts only these keys back to their defaults for each new settings string, and from
@@ -177,41 +178,40 @@ def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Opti
     return tuple(found)
 
 
-def _refused_setting(source: str, held: Settings, version, rocm: bool, verb: str,
+def _refused_setting(source: str, held: Settings, target: TargetTorch, verb: str,
                      given: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """What the installed torch would refuse in a setting made before this call (by the user,
     before the kernel started), said as such; None when torch accepts it. ``given``: the whole
     setting ``held`` is judged in (``held`` itself where None)."""
     try:
-        validate(held, version, rocm, given)
+        target.validate(held, given)
     except AllocConfError as error:
-        torch = f"the installed torch {format_version(version)}" if version else "torch"
+        torch = f"the installed torch {format_version(target.version)}" if target.version else "torch"
         return (f"{source} {verb} what {torch} refuses ({error}): change it with KEY=VALUE, "
                 f"remove it with {option('unset', 'KEY', plain=True)} or {option('reset', True)}")
     return None
 
 
-def _left_refused(base: Settings, kept: Settings, merged: Settings, version: Version, rocm: bool,
-                  state: TorchState) -> Optional[str]:
+def _left_refused(base: Settings, kept: Settings, merged: Settings, target: TargetTorch) -> Optional[str]:
     """Where this call changes or unsets a key that a kept key's lowest value follows (the split
     sizes follow large_segment_size_mb from 2.11), what torch would refuse in the result, when,
     and how to fix it; None otherwise. The held setting is accepted: the change leaves it
     refused, so "already holds" would send the user looking in the wrong place."""
     before, after, found = dict(base), dict(merged), []
     for name, value in kept:
-        followed = BY_NAME[name].followed(version) if name in BY_NAME else None
+        followed = BY_NAME[name].followed(target.known) if name in BY_NAME else None
         if followed is None or before.get(followed) == after.get(followed):
             continue
         try:
-            canonical_value(BY_NAME[name], value, version, rocm, after)
+            target.canonical(name, value, after)
             continue
         except AllocConfError as error:
             why = str(error)
-        low = format_number(BY_NAME[name].lowest(version, after)[0])
+        low = format_number(BY_NAME[name].lowest(target.known, after)[0])
         done = f"{followed}={after[followed]}" if followed in after else \
             f"unsetting {followed} (default {BY_NAME[followed].default})"
         when = ""
-        if state.cuda_initialized and not BY_NAME[followed].runtime:
+        if target.state.cuda_initialized and not BY_NAME[followed].runtime:
             when = (f"torch keeps {followed}={before.get(followed, BY_NAME[followed].default)} until "
                     f"a restart, so this process takes {name}={value} now, but the next start "
                     f"would refuse it; ")
@@ -246,6 +246,34 @@ def _strings(argument: str, given: Any, example: str) -> Tuple[str, ...]:
     return items
 
 
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What one ``alloc_conf()`` call asks to change, its arguments checked."""
+
+    changes: Settings  # the settings given, after the preset's
+    unset: Tuple[str, ...]  # key names as given (torch's "a,b" split)
+    reset: bool
+    save: bool
+    forget: bool
+    preset: Optional[Tuple[str, str]]  # (name, explanation)
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.changes or self.unset or self.reset or self.save or self.forget)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """What the process holds before the call: the variables torch reads, the setting they give
+    (from ``source``, the first one set), and where torch no longer reads them, what it took."""
+
+    env_before: Dict[str, Optional[str]]
+    source: str  # the variable the setting comes from; "" when none is set
+    current: Settings  # the setting this call starts from (what torch took, after a hand edit)
+    taken: Optional[Tuple[str, str]]  # (setting, when) once torch took its settings
+    edited: Optional[str]  # what the variables hold instead of what torch took, set by hand
+
+
 def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Sequence[str]] = (),
                reset: bool = False, preset: Optional[str] = None, check: Optional[str] = None,
                save: bool = False, forget: bool = False, state: Optional[TorchState] = None,
@@ -267,10 +295,29 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     ``environ`` and ``modules`` (``os.environ`` and ``sys.modules`` when None) are the
     environment written and the module table inspected.
     """
-    from .saved import save_or_forget, saved_setting  # not at the top: .saved imports alloc_conf
-
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
+    request = _request(settings, unset, reset, preset, check, save, forget)
+    target = TargetTorch.installed(modules, state)
+    env_before = _env_snapshot(environ, target.env_names)
+    if check is not None:
+        return _check(check, target, env_before)
+    held = _held(target, environ, env_before, reset, modules)
+    # ROCm's spellings name the same key; a key torch does not know can go if it was set
+    request = dataclasses.replace(request, unset=tuple(
+        name if name in dict(held.current) else check_key_name(name).name for name in request.unset))
+    for name in request.unset:
+        if name in dict(request.changes):
+            raise AllocConfError(f"{name} is both set and unset in one call; pick one")
+    if not request.changes_anything:
+        return _show(target, held, environ, modules)
+    return _set(target, held, request, environ, modules)
+
+
+def _request(settings, unset, reset: bool, preset: Optional[str], check: Optional[str], save: bool,
+             forget: bool) -> _Request:
+    """alloc_conf()'s arguments as a _Request, or the TypeError or AllocConfError that says
+    which argument is wrong or which contradict each other."""
     settings = _strings("settings", settings, "'max_split_size_mb=128' or ['max_split_size_mb=128', "
                         "'expandable_segments=True']")
     unset = _strings("unset", unset, "'max_split_size_mb' or ['max_split_size_mb', 'expandable_segments']")
@@ -287,18 +334,6 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         raise AllocConfError(f"{option('check')} only validates its string and changes nothing: give "
                              f"it without settings, {option('unset')}, {option('reset')}, "
                              f"{option('preset')}, {option('save')} or {option('forget')}")
-    state = state or torch_state(modules)
-    version_text, version, rocm = installed_torch(modules)
-    names = env_names(version, rocm)
-    env_before = _env_snapshot(environ, names)
-    common = dict(torch=state, torch_version=version_text, env_before=env_before)
-
-    if check is not None:
-        checked = validate(parse(check), version, rocm)
-        return AllocConfResult(action="check", settings=checked, env_after=env_before,
-                               warnings=_warnings(checked, version)
-                               + _ignored_variables(version, env_before, written=False), **common)
-
     changes = parse_many(settings)
     explanation = None
     if preset is not None:
@@ -307,9 +342,15 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         text, why = PRESETS[preset]
         changes = parse(text) + changes
         explanation = (preset, why)
-    taken = _taken_setting(state, modules)
+    return _Request(changes, unset, reset, save, forget, explanation)
+
+
+def _held(target: TargetTorch, environ, env_before: Dict[str, Optional[str]], reset: bool, modules) -> _Held:
+    """What the process holds now; an unreadable variable is an AllocConfError unless ``reset``
+    (the way out of it) or torch no longer reads the variables."""
+    taken = _taken_setting(target.state, modules)
     try:
-        source, current = current_settings(environ, names)
+        source, current = current_settings(environ, target.env_names)
     except AllocConfError:
         if not reset and taken is None:
             raise
@@ -317,71 +358,94 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
     edited = _hand_edit(taken, source, env_before, current)
     if edited is not None:  # torch no longer reads the variables: start from what it holds
         current = parse(taken[0])
-    # ROCm's spellings name the same key; a key torch does not know can go if it was set
-    unset = [name if name in dict(current) else check_key_name(name).name for name in unset]
-    for name in unset:
-        if name in dict(changes):
-            raise AllocConfError(f"{name} is both set and unset in one call; pick one")
-    base = () if reset else current
-    if not (changes or unset or reset or save or forget):
-        saved, path = saved_setting(environ)
-        refused = () if edited else tuple(problem for problem in (
-            _key_value_form(source, env_before.get(source), base),
-            _refused_setting(source, base, version, rocm, "holds")) if problem)
-        warnings = (refused + _warnings((), version) if refused else _warnings(base, version)) + (
-            (_hand_edit_warning(edited, taken, written=False),) if edited else
-            _ignored_variables(version, env_before, False))
-        return AllocConfResult(action="show", settings=base, env_after=env_before,
-                               warnings=warnings, in_effect=_in_effect(state, modules),
-                               saved=saved, saved_path=str(path), **common)
+    return _Held(env_before, source, current, taken, edited)
 
-    kept = tuple((name, value) for name, value in base if name not in dict(changes)
-                 and name not in unset)
-    merged = merge(base, changes, unset)
-    # a kept key judged with the keys this call leaves: one the change fixes is no refusal, and
-    # one the change breaks is the change's fault, not the held setting's
-    if _refused_setting(source, kept, version, rocm, "already holds", dict(merged)):
-        refused = _refused_setting(source, kept, version, rocm, "already holds", dict(base))
-        raise AllocConfError(refused or _left_refused(base, kept, merged, version or NEWEST, rocm, state))
-    new_settings = validate(merged, version, rocm)
-    deferred = _deferred(current, new_settings, state, allow=save,
-                         setter=runtime_setter(modules) is not None, version=version or NEWEST, rocm=rocm)
+
+def _check(text: str, target: TargetTorch, env_before: Dict[str, Optional[str]]) -> AllocConfResult:
+    """``alloc_conf(check=text)``: ``text`` validated against ``target``, nothing changed."""
+    checked = target.validate(parse(text))
+    return AllocConfResult(action="check", torch=target.state, torch_version=target.version_text,
+                           settings=checked, env_before=env_before, env_after=env_before,
+                           warnings=_warnings(checked, target.version)
+                           + _ignored_variables(target.version, env_before, written=False))
+
+
+def _show(target: TargetTorch, held: _Held, environ, modules) -> AllocConfResult:
+    """``alloc_conf()`` with nothing to change: the setting held, what torch would refuse in it,
+    and the setting saved for after a restart."""
+    from .saved import saved_setting  # not at the top: .saved imports alloc_conf
+
+    saved, path = saved_setting(environ)
+    refused = () if held.edited else tuple(problem for problem in (
+        _key_value_form(held.source, held.env_before.get(held.source), held.current),
+        _refused_setting(held.source, held.current, target, "holds")) if problem)
+    warnings = (refused + _warnings((), target.version) if refused else _warnings(held.current, target.version)) + (
+        (_hand_edit_warning(held.edited, held.taken, written=False),) if held.edited else
+        _ignored_variables(target.version, held.env_before, False))
+    return AllocConfResult(action="show", torch=target.state, torch_version=target.version_text,
+                           settings=held.current, env_before=held.env_before, env_after=held.env_before,
+                           warnings=warnings, in_effect=_in_effect(target.state, modules),
+                           saved=saved, saved_path=str(path))
+
+
+def _set(target: TargetTorch, held: _Held, request: _Request, environ, modules) -> AllocConfResult:
+    """``alloc_conf()`` with something to change: all of it (the environment, torch's run-time
+    setting, the saved file) or, on any refusal, none of it."""
+    from .saved import save_or_forget, saved_setting  # not at the top: .saved imports alloc_conf
+
+    base = () if request.reset else held.current
+    new_settings = _merged(base, request, held.source, target)
+    deferred = _deferred(held.current, new_settings, target, allow=request.save)
     # The file first: one that cannot be written or deleted then changes nothing, and a setting
     # torch refuses puts the file back, so that either all of it happens or none.
     previous, _ = saved_setting(environ)
     waiting, to_save = (), new_settings
-    if save and not reset:
-        waiting, to_save = _still_waiting(previous, new_settings, set(dict(changes)) | set(unset), state,
-                                          runtime_setter(modules) is not None, version, rocm)
-    saved, forgotten, path = save_or_forget(to_torch(to_save), save, forget, environ)
-    dropped = _dropped_defaults(current, new_settings, version or NEWEST, rocm)
+    if request.save and not request.reset:
+        waiting, to_save = _still_waiting(previous, new_settings, set(dict(request.changes)) | set(request.unset),
+                                          target)
+    saved, forgotten, path = save_or_forget(to_torch(to_save), request.save, request.forget, environ)
+    dropped = _dropped_defaults(held.current, new_settings, target)
     try:
-        result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
-                        env_before, dropped)
+        result = _apply(_live(held.current, new_settings, deferred), deferred, target.state, environ, modules,
+                        held.env_before, dropped)
     except AllocConfError:
-        if save or forget:
+        if request.save or request.forget:
             save_or_forget(previous, previous is not None, previous is None, environ)
         raise
     return dataclasses.replace(
-        result, action="set", preset=explanation, saved=saved, saved_path=str(path),
-        forgotten=forgotten, deferred=result.deferred + waiting,
-        warnings=_warnings(new_settings, version) + result.warnings + (
-            (_hand_edit_warning(edited, taken, written=True),) if edited else
-            _ignored_variables(version, env_before, written=True,
-                               cleared=all(value is None for value in result.env_after.values()))),
-        **common)
+        result, action="set", preset=request.preset, saved=saved, saved_path=str(path),
+        forgotten=forgotten, deferred=result.deferred + waiting, torch=target.state,
+        torch_version=target.version_text, env_before=held.env_before,
+        warnings=_warnings(new_settings, target.version) + result.warnings + (
+            (_hand_edit_warning(held.edited, held.taken, written=True),) if held.edited else
+            _ignored_variables(target.version, held.env_before, written=True,
+                               cleared=all(value is None for value in result.env_after.values()))))
+
+
+def _merged(base: Settings, request: _Request, source: str, target: TargetTorch) -> Settings:
+    """``base`` with the request's changes and unset keys, validated; a kept key torch would
+    refuse is said as the held setting's fault, or the change's where the change breaks it."""
+    kept = tuple((name, value) for name, value in base if name not in dict(request.changes)
+                 and name not in request.unset)
+    merged = merge(base, request.changes, request.unset)
+    # a kept key judged with the keys this call leaves: one the change fixes is no refusal, and
+    # one the change breaks is the change's fault, not the held setting's
+    if _refused_setting(source, kept, target, "already holds", dict(merged)):
+        refused = _refused_setting(source, kept, target, "already holds", dict(base))
+        raise AllocConfError(refused or _left_refused(base, kept, merged, target))
+    return target.validate(merged)
 
 
 _NO_SETTER = ("the installed torch has no run-time settings call: it read its allocator "
               "settings once, when CUDA started")
 
 
-def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, setter: bool = True,
-              version: Version = NEWEST, rocm: bool = False) -> Tuple[Tuple[str, str], ...]:
-    """Changed keys that cannot take effect now, with why; a refused change raises. ``setter``:
-    the installed torch has a run-time settings call (without one, once CUDA runs, none can).
-    A key whose lowest value follows a deferred key waits too where torch, which keeps that
-    key's old value until a restart, would refuse it now."""
+def _deferred(current: Settings, new: Settings, target: TargetTorch, allow: bool) -> Tuple[Tuple[str, str], ...]:
+    """Changed keys that cannot take effect now, with why; a refused change raises. Without a
+    run-time settings call in ``target``, once CUDA runs, none can. A key whose lowest value
+    follows a deferred key waits too where torch, which keeps that key's old value until a
+    restart, would refuse it now."""
+    state = target.state
     if not state.imported:
         return ()
     before, after = dict(current), dict(new)
@@ -401,37 +465,36 @@ def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, 
             deferred.append((name, key.runtime_reason))
         elif state.cuda_initialized and not key.runtime:
             deferred.append((name, key.runtime_reason))
-        elif state.cuda_initialized and not setter:
+        elif state.cuda_initialized and not target.setter:
             deferred.append((name, _NO_SETTER))
     waiting = {name for name, _ in deferred}
     for name in sorted(set(changed) - waiting):
-        followed = BY_NAME[name].followed(version)
+        followed = BY_NAME[name].followed(target.known)
         if followed in waiting and name in after:
             kept = before.get(followed, BY_NAME[followed].default)
             try:
-                canonical_value(BY_NAME[name], after[name], version, rocm, {followed: kept})
+                target.canonical(name, after[name], {followed: kept})
             except AllocConfError:
                 deferred.append((name, f"torch checks it against the {followed} this process "
                                        f"keeps until a restart ({kept}), and refuses it"))
     return tuple(deferred)
 
 
-def _still_waiting(previous: Optional[str], settings: Settings, named, state: TorchState, setter: bool,
-                   version: Optional[Version], rocm: bool) -> Tuple[Tuple[Tuple[str, str], ...], Settings]:
+def _still_waiting(previous: Optional[str], settings: Settings, named, target: TargetTorch
+                   ) -> Tuple[Tuple[Tuple[str, str], ...], Settings]:
     """(deferred, setting to save): the keys of the saved setting that this process cannot take
     now (as :func:`_deferred` says, with why) and that this call neither sets nor unsets are
     kept in what ``--save`` writes: they wait for the restart, and saving only what this
     process holds lost them without a word."""
     try:
-        saved = validate(parse(previous or ""), version, rocm)
+        saved = target.validate(parse(previous or ""))
     except AllocConfError:  # a file edited by hand into something torch refuses: replaced
         return (), settings
     rest = tuple((name, value) for name, value in saved if name not in named)
-    deferred = _deferred(settings, merge(settings, rest), state, allow=True, setter=setter,
-                         version=version or NEWEST, rocm=rocm)
+    deferred = _deferred(settings, merge(settings, rest), target, allow=True)
     kept = tuple((name, value) for name, value in rest if name in dict(deferred))
     try:
-        to_save = validate(merge(settings, kept), version, rocm)
+        to_save = target.validate(merge(settings, kept))
     except AllocConfError as error:
         raise AllocConfError(
             f"{option('save', True)} keeps {to_torch(kept)} from the setting saved before, which "
@@ -441,7 +504,7 @@ def _still_waiting(previous: Optional[str], settings: Settings, named, state: To
     return tuple((name, f"kept from the setting saved before; {why}") for name, why in deferred), to_save
 
 
-def _dropped_defaults(current: Settings, new: Settings, version: Version, rocm: bool
+def _dropped_defaults(current: Settings, new: Settings, target: TargetTorch
                       ) -> Tuple[Tuple[str, Optional[str]], ...]:
     """The keys ``current`` held and ``new`` drops, each with the value that puts it back to
     torch's default through the run-time setter, or None where torch takes no value meaning
@@ -449,10 +512,11 @@ def _dropped_defaults(current: Settings, new: Settings, version: Version, rocm: 
     after, dropped = dict(new), []
     for name in dict(current):
         key = BY_NAME.get(name)
-        if name in after or _reset_by_every_string(name, version) or key is None or not key.available(version):
+        if name in after or _reset_by_every_string(name, target.known) or key is None \
+                or not key.available(target.known):
             continue
         try:
-            dropped.append((name, canonical_value(key, key.default, version, rocm)))
+            dropped.append((name, target.canonical(name, key.default)))
         except ValueError:  # AllocConfError, or a list parser given "[] (none)"
             dropped.append((name, None))
     return tuple(dropped)

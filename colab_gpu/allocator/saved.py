@@ -13,8 +13,8 @@ from typing import MutableMapping, Optional, Tuple
 
 from ..spelling import command, option
 from ..runtime import TorchState, torch_state
-from ..torch_allocator.installed import current_settings, installed_env_names, installed_torch
-from ..torch_allocator.parse import AllocConfError, parse, to_torch, validate
+from ..torch_allocator.installed import TargetTorch, current_settings, installed_env_names
+from ..torch_allocator.parse import AllocConfError, parse, to_torch
 from .apply import AllocConfResult, alloc_conf
 
 SAVED_NAME = "alloc_conf.txt"
@@ -123,9 +123,8 @@ def apply_saved(environ: MutableMapping[str, str] = os.environ, modules=sys.modu
 
 def _refused_saved(saved: str, modules) -> Optional[str]:
     """Why the installed torch refuses the saved setting (as its first load would say), else None."""
-    _, version, rocm = installed_torch(modules)
     try:
-        validate(parse(saved), version, rocm)
+        TargetTorch.installed(modules).validate(parse(saved))
     except AllocConfError as error:
         return str(error)
     return None
@@ -134,11 +133,11 @@ def _refused_saved(saved: str, modules) -> Optional[str]:
 def _holding(saved: str, environ, modules) -> Optional[str]:
     """The variable torch reads when it already holds every key of ``saved`` at its value (as
     after ``%reload_ext colab_gpu`` once CUDA runs), else None."""
-    _, version, rocm = installed_torch(modules)
+    target = TargetTorch.installed(modules)
     try:
         source, current = current_settings(environ, installed_env_names(modules))
-        held = set(validate(current, version, rocm))
-        return source if set(validate(parse(saved), version, rocm)) <= held else None
+        held = set(target.validate(current))
+        return source if set(target.validate(parse(saved))) <= held else None
     except AllocConfError:
         return None
 

@@ -190,7 +190,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     killed (with ``measure_memory=False`` nothing is measured, so nothing is kept free, a
     ``headroom`` given included).
     ``multiple_of``: only its multiples are tried (``start`` and ``max`` rounded down to one,
-    in a note). ``device``: ``"auto"`` (CUDA once your code has started it, else the CPU),
+    in a note); one above ``max`` (65536 when not given) leaves no size and is refused. ``device``: ``"auto"`` (CUDA once your code has started it, else the CPU),
     ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or N, or a ``torch.device``).
     ``measure_memory=False`` measures no peak memory: the search doubles, then bisects on real
     failures (on a CPU without an address-space limit there are none to bisect on: the first

@@ -27,6 +27,7 @@ import re
 from typing import Callable, List, Optional
 
 from .. import words
+from ..errors import UserError
 from ..spelling import option
 from ..words import count
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTERRUPTED_NOTE,
@@ -52,7 +53,7 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
 
 
-class SearchError(ValueError):
+class SearchError(UserError, ValueError):
     """An option the search cannot work with; the message says what is accepted."""
 
 
@@ -187,6 +188,19 @@ def check_variable(variable: str) -> str:
     return variable
 
 
+def _check_multiple(multiple_of: int, start: Optional[int], maximum: Optional[int]) -> None:
+    """SearchError for a ``multiple_of`` above the largest size tried: no size would be left to
+    try, and the search tried one above ``max`` (a start below the first multiple is raised to it)."""
+    largest = maximum if maximum is not None else max(DEFAULT_MAX, start or 0)
+    if multiple_of <= largest:
+        return
+    span = f"from {option('start', start)} to " if start is not None else "up to "
+    span += option("max", maximum) if maximum is not None else \
+        f"{largest}, the largest size tried without {option('max')}"
+    raise SearchError(f"{option('multiple_of', multiple_of)} leaves no batch size to try {span}: give "
+                      f"{option('multiple_of', largest)} or less, or {option('max', multiple_of)} or more")
+
+
 class Search:
     """One search; ``result()`` may be called at any time for the best so far."""
 
@@ -200,20 +214,16 @@ class Search:
         multiple_of = whole_number("multiple_of", multiple_of)
         start, maximum = (None if value is None else whole_number(name, value)
                           for name, value in (("start", start), ("max", maximum)))
+        _check_multiple(multiple_of, start, maximum)
         self.step = multiple_of
         first_size = max(DEFAULT_START, multiple_of)
         if start is None and maximum is not None:  # --max 1 alone asks for 1, not for 2
             first_size = min(first_size, maximum)
         self.start = self._align(start if start is not None else first_size)
         self.maximum = maximum if maximum is not None else max(DEFAULT_MAX, self.start)
-        if self.maximum < self.start:
-            if start is None:
-                first = f"the first size, {self.start}"
-                first += f" (a multiple of {multiple_of})" if multiple_of > 1 else ""
-            else:  # the size the user typed, and what --multiple-of made of it
-                first = option("start", start)
-                first += f" as a multiple of {multiple_of}, {self.start}" if self.start != start else ""
-            raise SearchError(f"{option('max', self.maximum)} is below {first}")
+        if self.maximum < self.start:  # a --start above --max: the size typed, and what --multiple-of made of it
+            rounded = f" ({self.start} as a multiple of {multiple_of})" if self.start != start else ""
+            raise SearchError(f"{option('max', self.maximum)} is below {option('start', start)}{rounded}")
         self._run, self.variable, self.mode, self.device = run, variable, mode, device
         self._headroom = (headroom if isinstance(headroom, Headroom) or headroom is None
                           else Headroom(headroom))

@@ -11,13 +11,14 @@ import random
 import sys
 from typing import Any, Dict, List, MutableMapping, Optional, Set
 
+from ..errors import UserError
 from ..oom import describe
 from ..spelling import command
 from ..runtime import cuda_torch
 from ..words import with_article
 
 
-class RestoreError(ValueError):
+class RestoreError(UserError, ValueError):
     """An object given to --restore whose state cannot be saved."""
 
 

@@ -11,10 +11,19 @@ import os
 import threading
 from typing import Any, Callable, List, Optional, Tuple
 
+from ..errors import UserError
 from ..spelling import command, option
 from .panel import numbering_note, recording_note, running_words, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
-from .sampler import DEFAULT_HISTORY, DEFAULT_INTERVAL, Sampler, SourceError, check_history, check_interval
+from .sampler import (DEFAULT_HISTORY, DEFAULT_INTERVAL, LiveOptionError, Sampler, SourceError, check_history,
+                      check_interval)
+
+# The shortest interval start() takes. NVML's utilization counters are averaged over a sample
+# period of 1/6 s to 1 s, depending on the product (nvidia-smi's documentation of
+# utilization.gpu): at 0.1 s every new value is seen, while a shorter interval only reads the
+# same values again, keeps a core busy and floods a terminal with lines (1e-7 took 756k samples
+# in 5 s). A replay, one recorded step per sample, plays at most ten steps a second too.
+MIN_INTERVAL = 0.1
 
 # How long the live page is still served after a stop: an open page polls at least once a
 # second, so it shows when and why the run stopped instead of "sampling" and a lost server.
@@ -41,8 +50,14 @@ def running() -> Optional[Sampler]:
     return _sampler if _sampler is not None and _sampler.running else None
 
 
-class AlreadyRunning(ValueError):
+class AlreadyRunning(UserError, ValueError):
     """start() was asked for another source than the running monitor's."""
+
+
+def checked_interval(seconds: float, name: str = "interval") -> float:
+    """``seconds`` as start() takes it: the sampler's rule, from MIN_INTERVAL up to an hour
+    (LiveOptionError; TypeError for what is not a number). ``name``: as the caller wrote it."""
+    return check_interval(seconds, name, MIN_INTERVAL)
 
 
 def _replays(sampler: Sampler, path) -> bool:
@@ -62,27 +77,25 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
     """(the sampler, whether it was started now): a running sampler is reused as it is (given
     another ``path``, ``demo``, ``interval`` or ``history``, AlreadyRunning says so); one that
     stopped by itself is ended and replaced (``stop()`` before returns its record). ``interval``:
-    seconds between samples, 1 for a new monitor when not given; ``history``: samples kept for
-    the charts, 3600 for a new monitor when not given.
+    seconds between samples, from MIN_INTERVAL (0.1) to 3600, 1 for a new monitor when not
+    given; ``history``: samples kept for the charts, 3600 for a new monitor when not given.
 
     Reads the live GPUs through NVML, or replays the recording at ``path`` (or the bundled
     demo trace) one time step per sample, looping. Raises :class:`SourceError` when the
-    source cannot be read at all (no driver, a bad file), ValueError for both a ``path`` and
-    ``demo`` (the magic's --from with --demo).
+    source cannot be read at all (no driver, a bad file), LiveOptionError for an interval or
+    history out of range or both a ``path`` and ``demo``, RecordingError for an empty ``path``.
     """
     global _sampler
-    if demo and path is not None:  # replaying the bundled trace would drop the user's file silently
-        raise ValueError("demo=True replays the bundled trace and path= your recording: give one")
     if path is not None and not isinstance(path, (str, bytes, os.PathLike)):  # os.fspath named no argument
         raise TypeError(f"path is a recording's file name (str, bytes or os.PathLike), not {path!r}")
-    if path is not None and not os.fspath(path).strip():  # it read "cannot replay : no such file"
-        from ..devices.replay import ACCEPTED
-
-        raise ValueError(f"path={path!r}: give the recording's file name; {ACCEPTED}")
+    replay = _replay(DEMO_TRACE if demo and path is None else path)  # an empty path is refused here
+    if demo and path is not None:  # replaying the bundled trace would drop the user's file silently
+        raise LiveOptionError(f"{option('demo', True)} replays the bundled trace and "
+                              f"{option('path', os.fsdecode(path))} your recording: give one")
     # Named as the caller wrote them: the sampler's own check says "the interval".
     asked_interval, asked_history = interval, history
     if interval is not None:
-        interval = check_interval(interval, "interval")
+        interval = checked_interval(interval, option("interval"))
     if history is not None:
         history = check_history(history, "history")
     stopped_by_itself()  # ended as stop() ends it, before it is replaced
@@ -104,11 +117,8 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
         history = DEFAULT_HISTORY if history is None else history
         if _sampler is not None:  # stopped by itself: nothing may stay registered at exit
             _sampler.stop()
-        if demo or path is not None:
-            from ..devices.replay import ReplaySource
-
-            sampler = Sampler(ReplaySource(DEMO_TRACE if demo else os.fspath(path), follow=True),
-                              interval, history, close_source=True)
+        if replay is not None:
+            sampler = Sampler(replay, interval, history, close_source=True)
         else:
             from ..devices import default_source
 
@@ -117,6 +127,16 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
         sampler.start()
         _sampler = sampler
         return sampler, True
+
+
+def _replay(path) -> Any:
+    """A ReplaySource following the recording at ``path`` (which reads nothing yet), or None
+    for the live GPUs."""
+    if path is None:
+        return None
+    from ..devices.replay import ReplaySource
+
+    return ReplaySource(path, follow=True)
 
 
 def stop(reason: Optional[str] = None) -> Optional[RunRecord]:

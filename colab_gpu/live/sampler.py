@@ -18,6 +18,7 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
+from ..errors import UserError
 from ..words import count
 
 THREAD_NAME = "colab_gpu-sampler"
@@ -31,23 +32,32 @@ DEFAULT_HISTORY = 3600  # samples kept: an hour at the default interval
 POLL_SECONDS = 0.01
 
 
-def check_interval(seconds: float, name: str = "the interval") -> float:
-    """``seconds`` as a float, or a ValueError that says what is accepted; the one rule for
-    the sampler, ``--interval`` and ``GPUMagics.live_interval``. Not a number: TypeError."""
+class LiveOptionError(UserError, ValueError):
+    """An interval or history length the monitor cannot use, or sources start() cannot take
+    together; the message says what was given and what is accepted."""
+
+
+def check_interval(seconds: float, name: str = "the interval", shortest: float = 0.0) -> float:
+    """``seconds`` as a float, or a LiveOptionError that says what is accepted; the one rule for
+    the sampler, ``--interval`` and ``GPUMagics.live_interval``. ``shortest``: the shortest
+    interval taken (start()'s floor, see ``colab_gpu.live.MIN_INTERVAL``); by default any
+    positive number. Not a number: TypeError."""
     if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
         raise TypeError(f"{name} is a number of seconds, e.g. 1 or 0.5; not {seconds!r}")
-    if not 0 < seconds <= MAX_INTERVAL:  # also refuses nan and inf
-        raise ValueError(f"{name} must be a positive number of seconds up to {MAX_INTERVAL:g} "
-                         f"(an hour), e.g. 1 or 0.5; not {seconds:g}")
+    if not (0 < seconds <= MAX_INTERVAL and seconds >= shortest):  # also refuses nan and inf
+        accepted = (f"a number of seconds from {shortest:g} (NVML's counters change every 1/6 s "
+                    f"to 1 s) to {MAX_INTERVAL:g}" if shortest else
+                    f"a positive number of seconds up to {MAX_INTERVAL:g}")
+        raise LiveOptionError(f"{name} must be {accepted} (an hour), e.g. 1 or 0.5; not {seconds:g}")
     return float(seconds)
 
 
 def check_history(samples: int, name: str = "the history length") -> int:
-    """``samples``, the buffer's length, or a ValueError (TypeError: not a whole number)."""
+    """``samples``, the buffer's length, or a LiveOptionError (TypeError: not a whole number)."""
     if isinstance(samples, bool) or not isinstance(samples, numbers.Integral):
         raise TypeError(f"{name} is a whole number of samples, e.g. 3600; not {samples!r}")
     if samples < 1:
-        raise ValueError(f"{name} must be at least 1 sample, not {samples!r}")
+        raise LiveOptionError(f"{name} must be at least 1 sample, not {samples!r}")
     return samples
 
 
@@ -131,7 +141,7 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-class SourceError(ValueError):
+class SourceError(UserError, ValueError):
     """The source could not be read at the start; the message is one line for the user."""
 
 

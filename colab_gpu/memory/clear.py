@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..cuda import empty_cuda_cache
 from ..devices import DeviceSource
+from ..errors import UserError
 from ..oom import ErrorKind, classify, describe
 from ..spelling import command, option
 from ..runtime import cuda_torch, current_shell
@@ -29,7 +30,7 @@ __all__ = ["ClearCacheError", "ClearReport", "Step", "check_names", "clear_cache
            "delete_variables", "drop_exception", "holds_torch"]
 
 
-class ClearCacheError(ValueError):
+class ClearCacheError(UserError, ValueError):
     """A request that cannot be carried out (an unknown name, IPython's own name)."""
 
 

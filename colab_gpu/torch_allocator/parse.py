@@ -13,6 +13,7 @@ import re
 import sys
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ..errors import UserError
 from ..spelling import command
 from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, GREATER_AFTER_LAST,
                      INT_LIMIT, NEWEST, OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ROCM_ENV_NAMES,
@@ -27,7 +28,7 @@ _DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")  # no sign, no exponent, no
 _INTERVAL_LIMIT = 2 ** 62
 
 
-class AllocConfError(ValueError):
+class AllocConfError(UserError, ValueError):
     """A setting that is malformed, unknown, out of range or not in the installed torch."""
 
 

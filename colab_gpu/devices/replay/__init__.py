@@ -18,6 +18,7 @@ import os
 import threading
 from typing import Dict, Optional, Sequence, Tuple
 
+from ...options import option
 from .. import GPU, Snapshot
 from .csv_log import _csv_frames, _query_gpu_logs
 from .nvsmi_xml import _xml_frames
@@ -100,10 +101,13 @@ class ReplaySource:
 
     ``follow=False``: every snapshot is the recording's final state (the last row per GPU).
     ``follow=True``: each snapshot is the next time step, looping at the end (a demo trace).
+    An empty ``path`` is refused at once (RecordingError), for ``status()`` and the live monitor alike.
     """
 
     def __init__(self, path: "str | bytes | os.PathLike", follow: bool = False):
         self.path = os.fsdecode(path)
+        if not self.path.strip():  # it read "cannot replay : no such file", under "replay of "
+            raise RecordingError(f"{option('path', self.path)}: give the recording's file name; {ACCEPTED}")
         self.follow = follow
         self.label = replay_label(self.path)
         self._frames: Optional[Tuple[Snapshot, ...]] = None

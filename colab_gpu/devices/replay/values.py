@@ -14,13 +14,14 @@ import datetime
 import re
 from typing import Dict, Optional, Tuple
 
+from ...errors import UserError
 from .. import MiB, Snapshot
 from ..nvml import decode_clock_event_reasons
 
 UNKNOWN_NAME = "name not recorded"
 
 
-class RecordingError(ValueError):
+class RecordingError(UserError, ValueError):
     """A recording that cannot be replayed; the message is one line for the user."""
 
 
