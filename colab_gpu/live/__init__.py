@@ -75,10 +75,10 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
         raise ValueError("demo=True replays the bundled trace and path= your recording: give one")
     if path is not None and not isinstance(path, (str, bytes, os.PathLike)):  # os.fspath named no argument
         raise TypeError(f"path is a recording's file name (str, bytes or os.PathLike), not {path!r}")
-    if path is not None and not os.fspath(path).strip():  # it read "cannot replay : no such file"
-        from ..devices.replay import ACCEPTED
+    if path is not None:  # "", a directory, a FIFO ...: refused before a running monitor is looked at
+        from ..devices.replay import check_path
 
-        raise ValueError(f"path={path!r}: give the recording's file name; {ACCEPTED}")
+        check_path(path)
     # Named as the caller wrote them: the sampler's own check says "the interval".
     asked_interval, asked_history = interval, history
     if interval is not None:
