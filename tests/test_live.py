@@ -202,9 +202,10 @@ def test_eight_gpus_fit_the_terminal_one_gpu_under_another():
 
 
 def test_a_source_that_cannot_be_read_at_all_does_not_start_a_thread(tmp_path):
-    missing = tmp_path / "missing.csv"
-    with pytest.raises(SourceError, match="no such file"):
-        Sampler(ReplaySource(missing, follow=True)).start()
+    empty = tmp_path / "empty.csv"  # a missing file is refused before: ReplaySource raises
+    empty.write_text("")
+    with pytest.raises(SourceError, match="it is empty"):
+        Sampler(ReplaySource(empty, follow=True)).start()
     assert live_threads() == []
 
 
@@ -1578,7 +1579,7 @@ def test_cells_on_eight_gpus_names_only_those_that_held_memory(monkeypatch):
     ("--live --demo --from x.csv", "give one"),
     ("--stop --live", "--stop takes no other option"),
     ("--live --json", "--json does not go with --live"),
-    ("--live --from /nonexistent/trace.csv", "cannot start the live monitor: replay of trace.csv: "
+    ("--live --from /nonexistent/trace.csv", "cannot start the live monitor: "
                                              "cannot replay /nonexistent/trace.csv: no such file"),
 ])
 def test_bad_live_options_are_one_line_usage_errors(shell, live_floor, line, message):

@@ -454,13 +454,12 @@ def test_gpu_status_from_a_recording(shell, capsys, path, expected):
 
 
 @pytest.mark.parametrize("content, expected", [
-    (None, "no such file"),
+    # no file at all is a UsageError, no card: test_replay_hostile.py
     (b"<nvidia_smi_log><gpu>", "it is not well-formed XML"),
 ])
 def test_gpu_status_from_a_bad_file_is_one_line(shell, capsys, tmp_path, content, expected):
     path = tmp_path / "pasted.xml"
-    if content is not None:
-        path.write_bytes(content)
+    path.write_bytes(content)
     text = run_status(shell, capsys, f"--from {path}")
     said = " ".join(text.split())  # folded at 80 columns: the path alone is 70 characters here
     assert said.count("No GPU read: ") == 1 and f"No GPU read: cannot replay {path}: " in said and expected in said
