@@ -30,8 +30,8 @@ TABLE = DATA / "nvidia-smi-text" / "Tesla-T4__drv525.105.17__captured-2023-08-09
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's /dev and /proc")
 
 
-def within(seconds: float, call, fifo: "pathlib.Path | None" = None):
-    """call()'s RecordingError, failing (not hanging the suite) if it is still running after
+def within(seconds: float, call, fifo: "pathlib.Path | None" = None, raises=RecordingError):
+    """call()'s error (a RecordingError unless ``raises`` says), failing (not hanging the suite) if it is still running after
     ``seconds``: a FIFO opened for reading waits for a writer, /dev/zero never ends."""
     outcome = {}
 
@@ -47,7 +47,7 @@ def within(seconds: float, call, fifo: "pathlib.Path | None" = None):
     if thread.is_alive() and fifo is not None:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the blocked reader's writer: it ends
     assert not thread.is_alive(), f"still running after {seconds} s"
-    assert isinstance(outcome.get("error"), RecordingError), outcome
+    assert isinstance(outcome.get("error"), raises), outcome
     return outcome["error"]
 
 
@@ -76,7 +76,7 @@ def test_a_fifo_is_refused_at_once_by_every_entry_point(fifo):
 
 
 def test_live_from_a_fifo_starts_nothing(fifo):
-    one_line(within(2, lambda: live.start(path=str(fifo), interval=0.01), fifo),
+    one_line(within(2, lambda: live.start(path=str(fifo), interval=0.01), fifo, live.SourceError),
              f"cannot replay {fifo}: it is a named pipe (FIFO), not a saved recording")
     assert live.running() is None
 

@@ -88,10 +88,12 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
     global _sampler
     if path is not None and not isinstance(path, (str, bytes, os.PathLike)):  # os.fspath named no argument
         raise TypeError(f"path is a recording's file name (str, bytes or os.PathLike), not {path!r}")
-    replay = _replay(DEMO_TRACE if demo and path is None else path)  # an empty path is refused here
-    if demo and path is not None:  # replaying the bundled trace would drop the user's file silently
+    if demo and path is not None and os.fsdecode(path).strip():  # a blank one is refused as such below
+        # replaying the bundled trace would drop the user's file silently
         raise LiveOptionError(f"{option('demo', True)} replays the bundled trace and "
                               f"{option('path', os.fsdecode(path))} your recording: give one")
+    if path is not None:  # "", a directory, a FIFO ...: refused before a running monitor is looked at
+        _check_path(path)
     # Named as the caller wrote them: the sampler's own check says "the interval".
     asked_interval, asked_history = interval, history
     if interval is not None:
@@ -117,8 +119,11 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
         history = DEFAULT_HISTORY if history is None else history
         if _sampler is not None:  # stopped by itself: nothing may stay registered at exit
             _sampler.stop()
-        if replay is not None:
-            sampler = Sampler(replay, interval, history, close_source=True)
+        if demo or path is not None:
+            from ..devices.replay import ReplaySource
+
+            sampler = Sampler(ReplaySource(DEMO_TRACE if demo else path, follow=True), interval, history,
+                              close_source=True)
         else:
             from ..devices import default_source
 
@@ -129,14 +134,17 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
         return sampler, True
 
 
-def _replay(path) -> Any:
-    """A ReplaySource following the recording at ``path`` (which reads nothing yet), or None
-    for the live GPUs."""
-    if path is None:
-        return None
-    from ..devices.replay import ReplaySource
+def _check_path(path) -> None:
+    """Refuse a ``path`` that names no regular file: a blank one is a wrong option
+    (RecordingError), any other a source that cannot be read (SourceError)."""
+    from ..devices.replay import RecordingError, check_path
 
-    return ReplaySource(path, follow=True)
+    try:
+        check_path(path)
+    except RecordingError as error:
+        if not os.fsdecode(path).strip():
+            raise
+        raise SourceError(str(error)) from None
 
 
 def stop(reason: Optional[str] = None) -> Optional[RunRecord]:
