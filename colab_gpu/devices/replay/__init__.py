@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Dict, Optional, Sequence, Tuple
 
-from .. import GPU, Snapshot
+from .. import GPU, InvalidIndex, Snapshot
 from .csv_log import _csv_frames, _query_gpu_logs
 from .nvsmi_xml import _xml_frames
 from .table import _table_frames
@@ -50,7 +50,7 @@ def load_frames(path: "str | os.PathLike[str]") -> Tuple[Snapshot, ...]:
         raise RecordingError(f"cannot replay {path}: {error.strerror or error}; {ACCEPTED}") from None
     try:
         return _parse(data, label, fallback_time)
-    except RecordingError as error:
+    except (RecordingError, InvalidIndex) as error:
         raise RecordingError(f"cannot replay {path}: it {error}; {ACCEPTED}") from None
 
 
