@@ -102,7 +102,7 @@ def test_a_gpu_index_of_20_digits_refuses_the_recording_in_one_line(tmp_path):
     status, text, html = taken(tmp_path, "v100.csv", edited_csv(index="12345678901234567891"))
     problem = status.snapshot.problem
     assert problem.startswith(f"cannot replay {tmp_path / 'v100.csv'}: it gives GPU index 12345678901234567891, "
-                              f"which no GPU has (NVML numbers GPUs from 0, below 4294967296)")
+                              f"which none has (NVML numbers them from 0, below 4294967296)")
     assert "\n" not in problem and "12345678901234567168" not in text + html
     assert status.gpus == () and "memory_nearly_full" not in rules(status)
 
@@ -110,7 +110,7 @@ def test_a_gpu_index_of_20_digits_refuses_the_recording_in_one_line(tmp_path):
 @pytest.mark.parametrize("index", ["-1", "4294967296", "9" * 5000])
 def test_any_index_no_gpu_has_refuses_the_recording(tmp_path, index):
     status, _, _ = taken(tmp_path, "v100.csv", edited_csv(index=index))
-    assert "which no GPU has" in status.snapshot.problem and len(status.snapshot.problem) < 400
+    assert "which none has" in status.snapshot.problem and len(status.snapshot.problem) < 400
 
 
 def test_numbers_past_a_float_are_invalid_readings_not_a_traceback(tmp_path):
@@ -125,7 +125,7 @@ def test_numbers_past_a_float_are_invalid_readings_not_a_traceback(tmp_path):
 def test_a_process_holding_more_than_its_gpu_has_is_an_invalid_reading(tmp_path):
     xml = T4_XML.replace("<used_memory>1005 MiB</used_memory>", "<used_memory>999999 MiB</used_memory>")
     status, text, html = taken(tmp_path, "t4.xml", xml)
-    assert "invalid process memory n/a (pid 5762 holding 976.56 GiB of 15.00 GiB)" in text
+    assert "invalid pid 5762 holding 976.56 GiB of 15.00 GiB: its memory n/a" in text
     assert "976.56&nbsp;GiB" not in html.split("invalid</td>")[0]  # not in the process list
     assert "largest: pid 5762" not in " ".join(advice.message for advice in status.advice)
 
@@ -149,11 +149,31 @@ def test_the_dataclasses_check_every_source_s_readings_when_built():
     assert [process.used_memory for process in gpu.processes] == [None, 10 * MiB]
     assert dict(gpu.invalid) == {"utilization_gpu": "compute 4.29497e+09%", "power_draw": "power draw -5 W",
                                  "sm_clock": "SM clock -1 MHz", "pcie_width": "PCIe width nan",
-                                 "processes": "pid 7 holding -1 B"}
+                                 "processes": "pid 7 holding -1 B: its memory n/a"}
     assert MigInstance(index=0, memory_total=10, memory_used=11).invalid == (("memory", "11 B used of 10 B"),)
+    mig = MigInstance(index=1, gpu_instance_id=2 ** 40, multiprocessors=-14)
+    assert (mig.gpu_instance_id, mig.multiprocessors) == (None, None)
+    assert [what for _, what in mig.invalid] == ["gpu instance id 1099511627776", "multiprocessors -14"]
+    with pytest.raises(InvalidIndex):
+        MigInstance(index=-1)
+    listed = GPU(index=0, name="T4", processes=(GPUProcess(pid=-3), GPUProcess(pid=2 ** 40), GPUProcess(pid=9)))
+    assert [process.pid for process in listed.processes] == [9]
+    assert [what for _, what in listed.invalid] == ["a process numbered -3: left out",
+                                                    "a process numbered 1099511627776: left out"]
     for index in (-1, 2 ** 32, True, 1.5):
         with pytest.raises(InvalidIndex):
             GPU(index=index, name="T4")
     valid = GPU(index=3, name="T4", memory_total=100, memory_used=100, memory_free=0, utilization_gpu=100.0,
                 temperature=-20.0, power_draw=0.0)
     assert valid.invalid == () and valid.memory_used_fraction == 1.0
+
+
+def test_a_number_past_4300_digits_in_an_nvidia_smi_table_is_no_traceback(tmp_path):
+    """The table's process and MIG rows were read with int(): a 5000-digit pid raised ValueError."""
+    capture = (DATA / "nvidia-smi-captures" / "linux-x86_64__nvidia-geforce-rtx-4080-super__595.71.05.txt")
+    lines = capture.read_text().splitlines()
+    start = next(number for number, line in enumerate(lines) if line.startswith("| NVIDIA-SMI")) - 2
+    table = "\n".join(lines[start:start + 30]).replace("2165    C+G", "9" * 5000 + "    C+G", 1)
+    status, text, _ = taken(tmp_path, "table.txt", table)
+    assert "invalid a process numbered inf: left out" in text  # past int(str), read through a float
+    assert "2496" in text and status.gpus[0].memory_used == 596 * MiB

@@ -23,7 +23,8 @@ from ..words import size
 
 MiB = 1024 ** 2
 GiB = 1024 ** 3
-INDEX_LIMIT = 2 ** 32  # NVML numbers GPUs with an unsigned int: no GPU's index is beyond it
+INDEX_LIMIT = 2 ** 32  # NVML numbers GPUs, MIG devices and their ids with an unsigned int
+PID_LIMIT = 2 ** 32  # NVML's process ids are unsigned ints too
 SILICON_MELTS = 1414.0  # °C: no working GPU reads hotter, none colder than absolute zero
 ABSOLUTE_ZERO = -273.15
 
@@ -114,14 +115,28 @@ def _checked_processes(gpu, notes: List[Tuple[str, str]]) -> None:
         return
     kept = []
     for process in gpu.processes:
+        if not _is_number(process.pid, PID_LIMIT):  # no process at all: left out of the list
+            notes.append(("processes", f"a process numbered {_figure(process.pid)}: left out"))
+            continue
         used = process.used_memory
         beyond = _readable(used) and gpu.memory_total is not None and used > gpu.memory_total
         if used is not None and (not _readable(used) or used < 0 or beyond):
             of = f" of {size(gpu.memory_total)}" if beyond else ""
-            notes.append(("processes", f"pid {process.pid} holding {_bytes_text(used)}{of}"))
+            notes.append(("processes", f"pid {process.pid} holding {_bytes_text(used)}{of}: its memory n/a"))
             process = dataclasses.replace(process, used_memory=None)
         kept.append(process)
     object.__setattr__(gpu, "processes", tuple(kept))
+
+
+def _is_number(value, limit: int) -> bool:
+    """Whether ``value`` is an index or id a device has: a whole number from 0, below ``limit``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < limit
+
+
+def _checked_index(what: str, value) -> None:
+    if not _is_number(value, INDEX_LIMIT):
+        raise InvalidIndex(f"gives {what} {_figure(value)}, which none has (NVML numbers them from 0, "
+                           f"below {INDEX_LIMIT})")
 
 
 def invalid_readings(reading, fields: Iterable[str]) -> List[str]:
@@ -164,8 +179,14 @@ class MigInstance:
     invalid: Invalid = ()  # impossible readings, replaced by None (see GPU.invalid)
 
     def __post_init__(self) -> None:
+        _checked_index("MIG device index", self.index)
         notes = list(self.invalid)
         _checked_memory(self, notes)
+        for name in ("gpu_instance_id", "compute_instance_id", "multiprocessors"):
+            value = getattr(self, name)
+            if value is not None and not _is_number(value, INDEX_LIMIT):
+                object.__setattr__(self, name, None)
+                notes.append((name, f"{name.replace('_', ' ')} {_figure(value)}"))
         object.__setattr__(self, "invalid", tuple(notes))
 
     @property
@@ -210,10 +231,7 @@ class GPU:
     invalid: Invalid = ()
 
     def __post_init__(self) -> None:
-        if isinstance(self.index, bool) or not isinstance(self.index, numbers.Integral) \
-                or not 0 <= self.index < INDEX_LIMIT:
-            raise InvalidIndex(f"gives GPU index {_figure(self.index)}, which no GPU has (NVML numbers "
-                               f"GPUs from 0, below {INDEX_LIMIT})")
+        _checked_index("GPU index", self.index)
         notes = list(self.invalid)
         _checked_memory(self, notes)
         _checked_ranges(self, notes)

@@ -47,10 +47,10 @@ def gpu_rows(status, gpu) -> List[Tuple[str, Optional[str]]]:
     left_out = unrecorded_rows(status.snapshot, gpu) - {label for label, notes in invalid.items() if notes}
     rows = [(label, value if label == "processes" else with_invalid(value, invalid.get(label, [])))
             for label, value in rows if label not in left_out]
-    if invalid["processes"]:  # under the list, whose memory column shows them as n/a
-        rows.append(("invalid", f"process memory n/a ({'; '.join(invalid['processes'])})"))
+    if invalid["processes"]:  # under the list of processes, which lacks them
+        rows.append(("invalid", "; ".join(invalid["processes"])))
     rows += [(f"MIG {mig.index}", with_invalid(mig_instance_summary(status, gpu, mig),
-                                               invalid_readings(mig, ["memory"])))
+                                               [what for _, what in mig.invalid]))
              for mig in gpu.mig_instances or ()]
     memory, part = status.torch_memory_of(gpu.index), status.breakdown_of(gpu.index)
     if memory:

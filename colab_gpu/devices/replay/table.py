@@ -87,8 +87,8 @@ def _table_mig_instance(cells: List[str]) -> Optional[Tuple[int, MigInstance]]:
     if match is None or len(cells) < 3:
         return None
     memory = re.fullmatch(_TABLE_CELLS["Memory-Usage"], cells[1])
-    return int(match["gpu"]), MigInstance(
-        index=int(match["index"]), gpu_instance_id=int(match["gi"]), compute_instance_id=int(match["ci"]),
+    return _int(match["gpu"]), MigInstance(
+        index=_int(match["index"]), gpu_instance_id=_int(match["gi"]), compute_instance_id=_int(match["ci"]),
         multiprocessors=_int(cells[2].split()[0]) if cells[2] else None,
         memory_used=_bytes(memory["memory__used"]) if memory else None,
         memory_total=_bytes(memory["memory__total"]) if memory else None)
@@ -105,8 +105,8 @@ def _table_frame(lines: Sequence[str], label: str, timestamp: float) -> Snapshot
     for block in sections.get("processes", ((), ()))[1]:
         match = _TABLE_PROCESS.fullmatch(block[0][0])
         if match:
-            processes.setdefault(int(match["gpu"]), []).append(GPUProcess(
-                pid=int(match["pid"]), name=_text(match["name"]), used_memory=_bytes(match["memory"]),
+            processes.setdefault(_int(match["gpu"]), []).append(GPUProcess(
+                pid=_int(match["pid"]), name=_text(match["name"]), used_memory=_bytes(match["memory"]),
                 kind=_process_kind(match["kind"])))
     instances: Dict[int, List[MigInstance]] = {}
     for block in sections.get("mig devices", ((), ()))[1]:
