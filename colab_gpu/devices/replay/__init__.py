@@ -26,7 +26,7 @@ from typing import Any, Callable, Generator, NamedTuple, Optional, Tuple
 
 from ... import words
 from ...spelling import option
-from .. import MiB, Snapshot
+from .. import InvalidIndex, MiB, Snapshot
 from . import capture, csv_log, nvsmi_xml, query_text, table
 from .values import UNKNOWN_NAME, RecordingError, decode, latest, not_a_file, open_regular, with_note
 
@@ -142,7 +142,7 @@ def _read_whole(file: _File, label: str) -> Tuple[Snapshot, ...]:
     return frames
 
 
-def _problem(name: str, error: RecordingError) -> str:
+def _problem(name: str, error: "RecordingError | InvalidIndex") -> str:
     return f"cannot replay {name}: it {error}; {ACCEPTED}"
 
 
@@ -156,7 +156,7 @@ def load_frames(path: "str | os.PathLike[str]") -> Tuple[Snapshot, ...]:
         if file.large is not None:
             return tuple(file.large(file.name, file.data, file.size, replay_label(file.name), file.mtime).frames())
         return _read_whole(file, replay_label(file.name))
-    except RecordingError as error:
+    except (RecordingError, InvalidIndex) as error:
         raise RecordingError(_problem(file.name, error)) from None
 
 
@@ -228,7 +228,7 @@ class ReplaySource:
             if self._problem is None:
                 try:
                     return self._read()
-                except RecordingError as error:
+                except (RecordingError, InvalidIndex) as error:
                     self._problem = _problem(self._name, error)
             return Snapshot(source=self.label, problem=self._problem, recorded=True)
 

@@ -90,8 +90,9 @@ def as_float(text: Optional[str]) -> Optional[float]:
 
 
 def as_int(text: Optional[str]) -> Optional[int]:
+    """An integer as written: through a float, a 20-digit GPU index read 12345678901234567168."""
     parsed = value_and_unit(text)
-    return None if parsed is None else int(parsed[0])
+    return None if parsed is None else _whole(text, parsed[0], 1)
 
 
 def as_bytes(text: Optional[str], default_unit: str = "MiB") -> Optional[int]:
@@ -101,9 +102,20 @@ def as_bytes(text: Optional[str], default_unit: str = "MiB") -> Optional[int]:
         return None
     value, unit = parsed
     scale = UNIT_BYTES.get(unit or default_unit)
-    if scale is None or not math.isfinite(value * scale):  # 1e308 GiB
-        return None
-    return int(round(value * scale))
+    return None if scale is None else _whole(text, value, scale)
+
+
+def _whole(text: str, value: float, scale: int):
+    """``text``'s number times ``scale``, exact where it is an integer; one past what ``int()``
+    reads of a string (4300 digits) or past a float (1e308) stays a float, infinite at worst,
+    which :class:`~colab_gpu.devices.GPU` refuses as a reading (int(inf) raised OverflowError)."""
+    literal = _NUMBER.match(text).group(1)
+    if "." not in literal:
+        try:
+            return int(literal) * scale
+        except ValueError:  # longer than sys.get_int_max_str_digits()
+            pass
+    return int(round(value * scale)) if math.isfinite(value * scale) else value * scale
 
 
 def as_text(text: Optional[str]) -> Optional[str]:
