@@ -173,21 +173,24 @@ def test_a_field_over_the_csv_limit_is_the_problem_line_not_a_traceback(tmp_path
     assert problem.startswith(f"cannot replay {capture}: it looks like the `nvidia-smi` table")
 
 
-def test_a_number_of_400_or_5000_digits_is_read_as_unknown(tmp_path):
+def test_a_number_of_400_or_5000_digits_is_an_invalid_reading(tmp_path):
     """"9" * 400 MiB overflowed a float into int(inf): OverflowError; 5000 digits passed
-    Python's 4300-digit limit of int(): ValueError. No GPU has such a value: it is unknown."""
+    Python's 4300-digit limit of int(): ValueError. No GPU has such a value: it is an invalid
+    reading (n/a, and said), never a traceback; an index of 5000 digits refuses the recording
+    (tests/test_hostile_readings.py)."""
     path = tmp_path / "digits.csv"
     path.write_text("index, name, memory.used [MiB], memory.total [MiB], compute_cap, temperature.gpu\n"
-                    f"{'1' * 5000}, Tesla T4, {'9' * 400} MiB, 15360 MiB, {'7' * 5000}.5, {'4' * 400}\n")
+                    f"0, Tesla T4, {'9' * 400} MiB, 15360 MiB, {'7' * 5000}.5, {'4' * 400}\n")
     (gpu,) = ReplaySource(path).snapshot().gpus
     assert (gpu.index, gpu.memory_used, gpu.memory_total, gpu.compute_capability, gpu.temperature) == (
-        0, None, 15360 * MiB, (7, 5), None)  # the capability known by the T4's name
+        0, None, None, (7, 5), None)  # which of used and total is wrong is unknown; the T4's capability by its name
+    assert {field for field, _ in gpu.invalid} >= {"memory", "temperature"}
     assert "GPU 0  Tesla T4" in str(colab_gpu.status(path=str(path)))
     xml = tmp_path / "digits.xml"
     xml.write_text((XML / "tesla-t4.xml").read_text().replace("<used>1032 MiB</used>",
                                                               f"<used>{'9' * 400} MiB</used>", 1))
     (gpu,) = ReplaySource(xml).snapshot().gpus
-    assert gpu.memory_used is None and gpu.memory_total == 15360 * MiB
+    assert gpu.memory_used is None and gpu.invalid == (("memory", "104857599… (407 digits) bytes used"),)
     table = tmp_path / "digits.txt"
     rows = (f"|    0   N/A  N/A    {'9' * 5000}      C   python                        1000MiB |\n"
             "|    0   N/A  N/A      4242      C   python                        2000MiB |")

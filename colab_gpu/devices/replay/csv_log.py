@@ -136,7 +136,7 @@ def row_gpu(position: int, row: Dict[str, str]) -> GPU:
     capability = fields.pop("compute_capability", None)
     if capability is not None:
         major, _, minor = (as_int(part) if part.isdigit() else None for part in str(capability).partition("."))
-        if major is not None and minor is not None:
+        if isinstance(major, int) and isinstance(minor, int):  # not None, nor inf of 5000 digits
             fields["compute_capability"] = (major, minor)
     if "memory_total" not in fields and "memory_used" in fields and "memory_free" in fields:
         # nvidia-smi's total is used + free + the driver's reserve (tesla-t4.xml: 1032 + 13939 + 388

@@ -73,15 +73,16 @@ _NUMBER = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([A-Za-z%]*)\s*$")
 
 
 def value_and_unit(text: Optional[str]) -> Optional[Tuple[float, str]]:
-    """(value, unit) of "26.78 W" / "16x" / "40"; None for "N/A", "[Not Supported]" ..., and for
-    a number too large for a float (400 digits): no reading is that, and int() of it overflowed."""
+    """(value, unit) of "26.78 W" / "16x" / "40"; None for "N/A", "[Not Supported]" .... A number
+    too large for a float (400 digits) is infinite: :class:`~colab_gpu.devices.GPU` refuses it
+    as a reading, with what was read."""
     if text is None:
         return None
     match = _NUMBER.match(text)
     if match is None:
         return None
     value = float(match.group(1))
-    return (value, match.group(2)) if math.isfinite(value) else None
+    return value, match.group(2)
 
 
 def as_float(text: Optional[str]) -> Optional[float]:
