@@ -10,7 +10,7 @@ from ..render import count, fold, labelled_row, size
 from ..render.html import STYLE, rows_table, unbroken_units
 from .report import THIS_KERNEL, OomReport
 
-__all__ = ["report_line", "report_text", "report_html", "title", "rows"]
+__all__ = ["report_line", "report_text", "report_html", "title", "origin", "rows"]
 
 LABEL = 10  # the rows' label column: "  variables  "
 _SHORT = {"request_too_large": "request too large", "other_process": "other processes",
@@ -25,9 +25,14 @@ def title(report: OomReport) -> str:
         where += f" ({report.device_name})"
     asked = (f"the failing call asked for {size(report.requested_bytes)}" if report.requested_bytes is not None
              else f"{report.kind} could not allocate")
-    origin = "" if report.source == THIS_KERNEL else f" [{report.source}" + (
-        f", {report.wording}]" if report.wording else "]")
-    return f"Out of memory on {where}: {asked}{origin}"
+    return f"Out of memory on {where}: {asked}"
+
+
+def origin(report: OomReport) -> Optional[str]:
+    """Where the numbers come from, unless measured here: "pasted message, PyTorch 2.1"."""
+    if report.source == THIS_KERNEL:
+        return None
+    return report.source + (f", {report.wording}" if report.wording else "")
 
 
 def _known(*parts: Tuple[str, Optional[int]]) -> str:
@@ -46,6 +51,7 @@ def _others(report: OomReport) -> Optional[str]:
 def rows(report: OomReport) -> List[Tuple[str, str]]:
     """(label, text) rows, the same in the text and the HTML card; rows without a number left out."""
     found = [
+        ("from", origin(report) or ""),
         ("device", _known(("capacity", report.capacity_bytes), ("allowed", report.allowed_bytes),
                           ("in use by this process", report.in_use_bytes), ("free", report.free_bytes))),
         ("torch", _known(("allocated", report.allocated_bytes), ("reserved", report.reserved_bytes),
@@ -94,9 +100,7 @@ def _code(text: str) -> str:
 
 
 def report_html(report: OomReport) -> str:
-    source = "" if report.source == THIS_KERNEL else escape(f" · {report.source}")
-    parts = [STYLE, '<div class="cgpu-card cgpu-oom">', f"<div><b>{escape(title(report))}</b>",
-             f"<span class='cgpu-muted'>{source}</span></div>" if source else "</div>",
+    parts = [STYLE, '<div class="cgpu-card cgpu-oom">', f"<div><b>{escape(title(report))}</b></div>",
              rows_table([(label, escape(text)) for label, text in rows(report)])]
     if report.causes:
         parts.append("<h4>Causes, the fix that gives back most first</h4><ul>")

@@ -375,9 +375,9 @@ class GPUMagics(Magics):
     @line_cell_magic
     @_friendly_errors
     def explain_oom(self, line: str = "", cell=None):
-        """Why did the last cell run out of memory, and what to do: the card shown under it.
+        """Why did the last cell run out of memory, and what to do? Its card again.
 
-        With a message (or --from FILE), explains that message from its numbers.
+        With a MESSAGE (or --from FILE), explains that message from its numbers.
         """
         from .doctor import explain_oom_magic
 

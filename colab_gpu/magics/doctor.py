@@ -157,7 +157,7 @@ def _last_report(shell):
     if error is not None and is_out_of_memory(error):
         return doctor.explain(error)
     raise UsageError("no out-of-memory error in this session yet; "
-                     f"%explain_oom \"CUDA out of memory. Tried to allocate ...\" explains a pasted message")
+                     "%explain_oom \"CUDA out of memory. Tried to allocate ...\" explains a pasted message")
 
 
 def explain_oom_magic(magics, line: str, cell: Optional[str]) -> None:
