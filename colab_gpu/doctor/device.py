@@ -138,13 +138,13 @@ def read_cpu() -> DeviceNow:
         import resource
 
         limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-        status = _proc_status()
+        status, memory, (cgroup, room) = _proc_status(), _meminfo(), _cgroup()
+        capacity = memory["MemTotal"] if cgroup is None else min(memory["MemTotal"], cgroup)
         if limit != resource.RLIM_INFINITY:
-            return DeviceNow("cpu", capacity=limit, allowed=limit, in_use=status["VmSize"],
+            return DeviceNow("cpu", capacity=capacity, allowed=limit, in_use=status["VmSize"],
                              free=max(0, limit - status["VmSize"]))
-        memory, (cgroup, room) = _meminfo(), _cgroup()
-        capacity, free = memory["MemTotal"], memory["MemAvailable"]
-        return DeviceNow("cpu", capacity=capacity if cgroup is None else min(capacity, cgroup),
-                         free=free if room is None else min(free, room), in_use=status["VmRSS"])
+        free = memory["MemAvailable"]
+        return DeviceNow("cpu", capacity=capacity, free=free if room is None else min(free, room),
+                         in_use=status["VmRSS"])
     except (ImportError, OSError, KeyError, ValueError, IndexError):  # not Linux
         return DeviceNow("cpu", problem="the CPU's memory is read on Linux only")

@@ -75,16 +75,17 @@ def graph_tensors(value: Any, torch) -> Tuple[List[Any], bool]:
 
 
 def accumulated_steps(tensor) -> int:
-    """How many additions of a graph onto itself ``tensor`` holds: ``total = total + loss``
-    run 120 times gives a chain of 120 AddBackward nodes, each over the one before."""
-    node, steps = tensor.grad_fn, 1
-    kind = type(node).__name__ if node is not None else ""
-    while kind.startswith("AddBackward") and steps < CHAIN_LIMIT:
-        previous = [child for child, _ in node.next_functions if type(child).__name__.startswith("AddBackward")]
-        if not previous:
+    """How many additions of a graph onto itself ``tensor`` holds: ``total = total + loss`` run
+    120 times leaves a chain of 120 AddBackward nodes, each over the one before (its left
+    operand), down to the ``0 + loss`` the sum started from (an operand without a graph)."""
+    node, steps = tensor.grad_fn, 0
+    while type(node).__name__.startswith("AddBackward") and steps < CHAIN_LIMIT:
+        steps += 1
+        operands = [child for child, _ in node.next_functions]
+        if len(operands) < 2 or None in operands:  # tensor + a number: where the sum started
             break
-        node, steps = previous[0], steps + 1
-    return steps
+        node = operands[0]
+    return max(steps, 1)
 
 
 def _is_model(value: Any, torch) -> bool:
