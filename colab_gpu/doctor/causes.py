@@ -57,7 +57,7 @@ def _room_for_torch(report: OomReport) -> Tuple[Optional[int], str]:
     """The most the device could ever give torch, and how that was reckoned."""
     room, how = report.capacity_bytes, "its capacity"
     if report.allowed_bytes is not None and (room is None or report.allowed_bytes < room):
-        room, how = report.allowed_bytes, ("the address-space limit (ulimit -v)" if report.device == "cpu"
+        room, how = report.allowed_bytes, ("the address-space limit, ulimit -v" if report.device == "cpu"
                                            else "torch's per-process memory fraction")
     if room is not None and report.non_torch_bytes:
         room -= report.non_torch_bytes
@@ -75,15 +75,24 @@ def request_too_large(report: OomReport, evidence: Evidence) -> Optional[Cause]:
         return Cause("request_too_large", f"The request alone, {size(requested)}, is more than "
                      f"{where} could ever give torch: {size(room)} ({how}).",
                      _shrink(evidence.cell), decisive=True)
-    if report.free_bytes is None or report.reserved_bytes is None:
+    held, what = _held(report, evidence.scan)
+    if report.free_bytes is None or held is None or requested <= report.free_bytes + held:
         return None
-    could = report.free_bytes + report.reserved_bytes
-    if requested <= could:
-        return None
+    could = report.free_bytes + held
     others = report.other_processes_bytes or 0
     return Cause("request_too_large", f"The request alone, {size(requested)}, is more than torch could get "
-                 f"with every tensor freed: {size(report.free_bytes)} free and {size(report.reserved_bytes)} "
-                 f"it holds.", _shrink(evidence.cell), decisive=others < requested - could)
+                 f"with every tensor freed: {size(report.free_bytes)} free and {size(held)} {what}.",
+                 _shrink(evidence.cell), decisive=others < requested - could)
+
+
+def _held(report: OomReport, scan: KernelScan) -> Tuple[Optional[int], str]:
+    """What torch could get back on the device: its cache (a GPU's), else the tensors this
+    kernel holds there, once all were measured."""
+    if report.reserved_bytes is not None:
+        return report.reserved_bytes, "it holds"
+    if report.device == "cpu" and scan.complete and scan.torch_imported:
+        return scan.held_bytes, "in the tensors this kernel holds"
+    return None, ""
 
 
 def _stop_command(evidence: Evidence, pids: List[int]) -> str:
@@ -117,15 +126,11 @@ def kept_by_ipython(report: OomReport, evidence: Evidence) -> Optional[Cause]:
     kept = report.kept_bytes
     if not evidence.live or not kept or kept < SMALLEST:
         return None
-    places = ", ".join(f"{_place(place.name)} {size(place.nbytes)}" for place in report.kept[:3])
+    places = ", ".join(f"{place.name} {size(place.nbytes)}" for place in report.kept[:3])
     return Cause("kept_by_ipython", f"IPython keeps {size(kept)} of tensors that no variable of yours "
                  f"holds: {places}.", "`" + command("%clear_cache", "colab_gpu.clear_cache()") + "`", frees=kept,
                  why="The last error's traceback keeps the failed cell's local tensors until the next "
                      "error, and Out keeps every output; clearing drops them and empties torch's cache.")
-
-
-def _place(name: str) -> str:
-    return "the last error's traceback" if name == "the last error" else name
 
 
 def autograd_graph(report: OomReport, evidence: Evidence) -> List[Cause]:

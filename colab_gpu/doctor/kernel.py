@@ -39,6 +39,7 @@ class KernelScan:
     model_bytes: Optional[int] = None  # the modules' and optimizers' tensors, once all were walked
     float32_modules: Tuple[str, ...] = ()  # modules whose parameters are float32 on the device
     modules_in_eval: Optional[bool] = None  # every module on the device is in eval mode (None: none)
+    held_bytes: int = 0  # every storage on the device the variables and IPython's references reach
     walked: int = 0  # variables walked
     total: int = 0  # variables there are
     complete: bool = True  # nothing was cut short by the deadline
@@ -164,7 +165,7 @@ def _kept(roots: List[Tuple[str, Storages]], union: Storages, device: str) -> Tu
         own = {key: n for key, n in storages.items() if key not in union and key not in counted}
         counted.update(own)
         if _on(own, device):
-            places.append(Place(name, _on(own, device)))
+            places.append(Place("the last error's traceback" if name == "the last error" else name, _on(own, device)))
     return tuple(sorted(places, key=lambda place: -place.nbytes))
 
 
@@ -209,8 +210,9 @@ def _scan(walks: _Walks, roots: list, device: str, left: int) -> KernelScan:
     places = sorted((Place(name, _on(storages, device), type_name) for name, type_name, storages, _ in walks.reaches),
                     key=lambda place: -place.nbytes)
     model: Storages = {key: n for _, _, storages, is_model in walks.reaches if is_model for key, n in storages.items()}
+    kept = _kept([(name, storages) for name, storages, _ in roots], union, device)
     return KernelScan(
-        kept=_kept([(name, storages) for name, storages, _ in roots], union, device),
+        kept=kept, held_bytes=_on(union, device) + sum(place.nbytes for place in kept),
         variables=tuple(place for place in places[:TOP] if place.nbytes),
         graphs=_graphs(walks, owners, device), model_bytes=_on(model, device) if complete else None,
         float32_modules=tuple(walks.float32), modules_in_eval=not any(walks.training) if walks.training else None,
