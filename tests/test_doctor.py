@@ -243,6 +243,24 @@ def test_explain_oom_shows_the_last_card_again_and_reads_pasted_messages(fresh, 
         fresh.run_line_magic("explain_oom", f"--from {tmp_path / 'missing.txt'}")
 
 
+def test_the_readmes_example_lines_work_pasted_with_their_comments(fresh, capsys, tmp_path, monkeypatch):
+    from conftest import ROOT
+
+    section = (ROOT / "README.md").read_text().split("## Out of memory: the card under the cell", 1)[1]
+    lines = [line for line in section.split("```python", 1)[1].split("```", 1)[0].splitlines() if line]
+    assert len(lines) == 4 and sum("  # " in line for line in lines) == 3
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "error.log").write_text(EXPANDABLE_2_2)
+    run(fresh, "raise MemoryError()")
+    capsys.readouterr()
+    for line in lines[:3]:
+        run(fresh, line)
+        shown = capsys.readouterr()
+        assert shown.err == "" and shown.out.startswith("Out of memory on "), (line, shown)
+    run(fresh, lines[3] + "\n" + MESSAGES[2])
+    assert card(capsys).startswith("Out of memory on cuda:0: the failing call asked for 78 MiB")
+
+
 def test_explain_oom_with_no_error_yet_says_what_it_takes(ipython):
     from IPython.core.error import UsageError
 

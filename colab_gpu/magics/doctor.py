@@ -131,9 +131,18 @@ def read_line(line: str) -> Tuple[bool, Optional[str], str]:
         json, rest = True, rest[:-len("--json")].strip()
     if rest.startswith("-"):  # no message starts so: an option misspelt
         raise UsageError(f"unrecognized option {rest.split()[0]!r} (usage: {USAGE})")
-    if len(rest) >= 2 and rest[0] == rest[-1] and rest[0] in "'\"":
-        rest = rest[1:-1]
-    return json, path, rest
+    return json, path, _unquoted(rest)
+
+
+def _unquoted(rest: str) -> str:
+    """The message without the quotes around it, and without a ``# comment`` after them (as the
+    README writes its examples); a line that is only a comment is no message."""
+    if rest.startswith("#"):
+        return ""
+    close = rest.find(rest[0], 1) if rest[:1] in ("'", '"') else -1
+    if close > 0 and rest[close + 1:].strip()[:1] in ("", "#"):
+        return rest[1:close]
+    return rest
 
 
 def _read_file(path: str) -> str:
