@@ -82,12 +82,14 @@ def test_the_card_under_real_cpu_out_of_memory_errors_and_nothing_kept():
     assert "cgpu-card" in html and "<code>%%find_batch --var batch_size</code>" in html
 
     leak = " ".join(card(cells[2])["text/plain"].split())
-    steps, kept = re.search(r"`total` keeps the autograd graphs of (\d+) steps .*?: ([\d.]+) MiB of tensors", leak).groups()
+    found = re.search(r"`total` keeps the autograd graphs of (\d+) steps .*?: ([\d.]+) MiB of tensors", leak)
+    steps, kept = found.groups()
     assert int(steps) >= 100 and float(kept) >= 4 * (int(steps) - 1), leak  # 4 MiB a step, the last one x's too
     assert "`%clear_cache total` frees it now; then add numbers, not tensors: `total += loss.item()`" in leak
     assert stream(cells[3]).startswith("clear_cache: freed cpu tensors ")
 
     kept_card = " ".join(card(cells[4])["text/plain"].split())
     assert "the failing call asked for 4096.00 GiB" in kept_card  # 2 ** 40 float32
-    assert "IPython keeps 64 MiB of tensors that no variable of yours holds: the last error's traceback 64 MiB" in kept_card
+    assert ("IPython keeps 64 MiB of tensors that no variable of yours holds: the last error's traceback 64 MiB"
+            in kept_card)
     assert stream(cells[6]) == "dead: True\n"  # the card held nothing of the failed cell

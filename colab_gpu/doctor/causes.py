@@ -170,7 +170,7 @@ def _defragment(evidence: Evidence) -> Tuple[str, str]:
 
 def fragmentation(report: OomReport, evidence: Evidence) -> Optional[Cause]:
     """Torch's cache holds enough free memory for the request, in pieces: a share worth a
-    restart (2% of the device at least), not the few MiB a small pool keeps."""
+    restart (2% of what torch may use at least), not the few MiB a small pool keeps."""
     unallocated, reserved = report.reserved_unallocated_bytes, report.reserved_bytes
     if unallocated is None or unallocated < SMALLEST or not reserved:
         return None
@@ -178,7 +178,7 @@ def fragmentation(report: OomReport, evidence: Evidence) -> Optional[Cause]:
     if requested is None:
         if unallocated < reserved / 4:
             return None
-    elif unallocated < requested or unallocated < (report.capacity_bytes or reserved) / 50:
+    elif unallocated < requested or unallocated < (_room_for_torch(report)[0] or reserved) / 50:
         return None
     share = f"{100 * unallocated / reserved:.0f}% of the {size(reserved)} it reserved"
     pieces = f", in pieces none of which fits the {size(requested)} asked" if requested is not None else ""
