@@ -331,6 +331,73 @@ def test_a_gpus_other_processes_are_named_from_nvml(fresh, clean_env):
     assert report.other_processes_bytes == 22 * MiB
     assert [(p.pid, p.name) for p in report.processes] == [(675, "/usr/lib/xorg/Xorg")]
     other = next(cause for cause in report.causes if cause.kind == "other_process")
-    assert "1 other process holds" not in other.finding and "675 /usr/lib/xorg/Xorg (22 MiB)" in other.finding
+    assert other.finding == "1 other process holds 22 MiB of this GPU: 675 /usr/lib/xorg/Xorg (22 MiB)."
     assert other.fix == "`kill 675`"  # a terminal shell: no notebook to shut down
     assert report.causes[0].kind == "request_too_large"
+
+
+# --- the rules that need a GPU, on the numbers such a GPU gives ----------------------------
+
+def _evidence(**changes):
+    from colab_gpu.doctor.causes import Evidence
+    from colab_gpu.doctor.cell import CellFacts
+    from colab_gpu.doctor.kernel import KernelScan
+
+    cell = CellFacts(calls_backward=True, known=True)
+    scan = KernelScan(float32_modules=("model",), model_bytes=2 * GiB)
+    return Evidence(**{"live": True, "cuda_running": True, "cell": cell, "scan": scan,
+                       "compute_capability": (7, 5), **changes})
+
+
+def _gpu_report(**changes):
+    from colab_gpu.doctor import OomReport
+
+    return OomReport(**{"source": "this kernel", "kind": "CUDA", "error": "CUDA out of memory", "device": "cuda:0",
+                        "requested_bytes": 512 * MiB, "capacity_bytes": 15 * GiB, "free_bytes": 100 * MiB,
+                        "allocated_bytes": 10 * GiB, "reserved_bytes": 10 * GiB + 200 * MiB, **changes})
+
+
+def test_float32_training_on_a_t4_is_told_autocast_with_a_grad_scaler_and_checkpointing():
+    from colab_gpu.doctor.causes import mixed_precision
+
+    with_options = _evidence()
+    cause = mixed_precision(_gpu_report(), with_options)
+    assert cause.finding == "`model` trains in float32 on a GPU with fast float16 (compute capability 7.5)."
+    assert "dtype=torch.float16" in cause.fix and "GradScaler" in cause.fix
+    assert cause.frees == 4 * GiB  # half the 8 GiB that no module or optimizer holds
+    assert cause.why.startswith("Activations take 8.00 GiB of the 10.00 GiB allocated: torch.utils.checkpoint")
+    ampere = mixed_precision(_gpu_report(), _evidence(compute_capability=(8, 0)))
+    assert "dtype=torch.bfloat16" in ampere.fix and "GradScaler" not in ampere.fix
+    from colab_gpu.doctor.cell import CellFacts
+
+    for evidence in (_evidence(compute_capability=(6, 0)), _evidence(cuda_running=False),
+                     _evidence(cell=CellFacts(calls_backward=True, uses_autocast=True, known=True)),
+                     _evidence(cell=CellFacts(known=True))):  # no evidence, no cause
+        assert mixed_precision(_gpu_report(), evidence) is None
+
+
+def test_fragmentation_once_cuda_runs_is_fixed_with_save_and_a_restart():
+    from colab_gpu.doctor.causes import fragmentation
+    from colab_gpu.options import as_magic
+
+    report = _gpu_report(reserved_bytes=12 * GiB)  # 2 GiB unallocated, 512 MiB asked
+    with as_magic():
+        cause = fragmentation(report, _evidence(expandable=True))
+        old = fragmentation(report, _evidence(expandable=False))
+    assert cause.frees == 2 * GiB
+    assert cause.fix == "`%alloc_conf expandable_segments=True --save`, then restart the runtime and run again"
+    assert "stay split until CUDA restarts" in cause.why
+    assert old.fix.startswith("`%alloc_conf max_split_size_mb=128 --save`") and "This torch has no" in old.why
+    assert fragmentation(_gpu_report(), _evidence()) is None  # 200 MiB unallocated, less than asked
+
+
+def test_another_notebook_on_colab_is_stopped_from_the_runtime_menu():
+    from colab_gpu.doctor import OtherProcess
+    from colab_gpu.doctor.causes import other_process
+    from colab_gpu.runtime import COLAB
+
+    report = _gpu_report(other_processes_bytes=6 * GiB, processes=(OtherProcess(4242, 6 * GiB, "python3"),))
+    cause = other_process(report, _evidence(others_known=True, platform=COLAB))
+    assert cause.finding == "1 other process holds 6.00 GiB of this GPU: 4242 python3 (6.00 GiB)."
+    assert cause.fix.startswith("Runtime > Manage sessions") and cause.frees == 6 * GiB
+    assert other_process(report, _evidence(others_known=False)) is None  # a container: whose it is is unknown

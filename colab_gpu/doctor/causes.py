@@ -55,10 +55,11 @@ def _shrink(cell: CellFacts) -> str:
 
 def _room_for_torch(report: OomReport) -> Tuple[Optional[int], str]:
     """The most the device could ever give torch, and how that was reckoned."""
+    if report.allowed_bytes is not None and (report.capacity_bytes is None
+                                             or report.allowed_bytes < report.capacity_bytes):
+        return report.allowed_bytes, ("the address-space limit, ulimit -v" if report.device == "cpu"
+                                      else "torch's per-process memory fraction")  # torch's cache alone
     room, how = report.capacity_bytes, "its capacity"
-    if report.allowed_bytes is not None and (room is None or report.allowed_bytes < room):
-        room, how = report.allowed_bytes, ("the address-space limit, ulimit -v" if report.device == "cpu"
-                                           else "torch's per-process memory fraction")
     if room is not None and report.non_torch_bytes:
         room -= report.non_torch_bytes
         how += f" less this process's {size(report.non_torch_bytes)} outside torch (CUDA context, libraries)"
@@ -116,7 +117,8 @@ def other_process(report: OomReport, evidence: Evidence) -> Optional[Cause]:
     named = [f"{p.pid} {p.name + ' ' if p.name else ''}({size(p.nbytes)})" for p in report.processes[:3]]
     more = f" and {len(report.processes) - 3} more" if len(report.processes) > 3 else ""
     holders = count(len(report.processes), "other process") if report.processes else "Other processes"
-    return Cause("other_process", f"{holders} hold {size(others)} of this GPU"
+    verb = "holds" if len(report.processes) == 1 else "hold"
+    return Cause("other_process", f"{holders} {verb} {size(others)} of this GPU"
                  + (f": {', '.join(named)}{more}." if named else "."),
                  _stop_command(evidence, [p.pid for p in report.processes]), frees=others,
                  why="A second notebook or an old kernel keeps its GPU memory until it ends.")

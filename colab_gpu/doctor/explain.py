@@ -80,7 +80,9 @@ def _from_message(parsed: OomMessage, source: str) -> OomReport:
         source=source, kind=parsed.kind, error=parsed.line, device=parsed.device,
         requested_bytes=parsed.requested, capacity_bytes=parsed.capacity, free_bytes=parsed.free,
         allocated_bytes=parsed.allocated, reserved_bytes=parsed.reserved, allowed_bytes=parsed.allowed,
-        other_processes_bytes=sum(nbytes for _, nbytes in parsed.processes) if parsed.processes else None,
+        # torch lists every process on the GPU where it names this one: none listed is none there
+        other_processes_bytes=(sum(nbytes for _, nbytes in parsed.processes)
+                               if parsed.processes or parsed.this_process is not None else None),
         non_torch_bytes=non_torch, processes=processes, wording=parsed.wording)
 
 
@@ -145,7 +147,7 @@ def explain_error(error: BaseException, shell: Any = None, source: Optional[Devi
         grad_enabled=bool(torch is not None and torch.is_grad_enabled()),
         expandable=allocator_key_available("expandable_segments"))
     del link, error
-    report = _merged(_from_message(parsed, THIS_KERNEL), dataclasses.replace(now, device=device or now.device), scan)
+    report = _merged(_from_message(parsed, THIS_KERNEL), now, scan)
     notes = _message_notes(parsed) + _live_notes(now, scan, budget)
     report = dataclasses.replace(report, causes=find_causes(report, evidence))
     notes += _no_cause(report)
@@ -170,7 +172,7 @@ def _merged(report: OomReport, now: DeviceNow, scan: KernelScan) -> OomReport:
     if now.others_known:
         others = sum(process.nbytes for process in now.processes)
     return dataclasses.replace(
-        report, device=report.device or now.device, device_name=now.name,
+        report, device=report.device or (now.device if now.device != "unknown" else None), device_name=now.name,
         capacity_bytes=_first(report.capacity_bytes, now.capacity), free_bytes=_first(now.free, report.free_bytes),
         allocated_bytes=_first(now.allocated, report.allocated_bytes),
         reserved_bytes=_first(now.reserved, report.reserved_bytes),
