@@ -208,7 +208,7 @@ def test_the_card_comes_within_half_a_second_with_100k_tensors(fresh):
     assert took < 0.5 and report.seconds <= took, took
     stopped = [note for note in report.notes if note.startswith("Measuring stopped")]
     if stopped:  # cut short on this machine: it says so, and what finishes it
-        assert stopped[0].endswith("colab_gpu.memory_holders() ranks them all.")
+        assert stopped[0].endswith("`colab_gpu.memory_holders()` ranks them all.")
     cut = explain_error(MemoryError(), shell=fresh, budget=0.0)
     assert any(note.startswith("Measuring stopped after 0.0 s (0 of ") for note in cut.notes), cut.notes
     assert BUDGET < 0.5

@@ -213,8 +213,10 @@ def tensors_fill(report: OomReport, evidence: Evidence) -> Optional[Cause]:
         return None
     return Cause("tensors_fill", f"torch's tensors hold {size(allocated)} of the {size(capacity)} "
                  f"({100 * allocated / capacity:.0f}%): the model, its activations and whatever the kernel "
-                 f"still keeps.", "in that kernel, `%clear_cache --vars` ranks what holds them and `%clear_cache` "
-                 "frees what no variable needs (the last error, outputs); else " + _shrink(evidence.cell))
+                 f"still keeps.", "in that kernel, " + command(
+                     "`%clear_cache --vars` ranks what holds them and `%clear_cache` frees",
+                     "`colab_gpu.memory_holders()` ranks what holds them and `colab_gpu.clear_cache()` frees")
+                 + " what no variable needs (the last error, outputs); else " + _shrink(evidence.cell))
 
 
 def _activations(report: OomReport, scan: KernelScan) -> Optional[int]:

@@ -65,9 +65,9 @@ def explain_text(text: str, source: str = PASTED) -> OomReport:
     evidence = Evidence(others_known=parsed.this_process is not None, expandable=expandable)
     report = dataclasses.replace(report, causes=find_causes(report, evidence))
     notes = _message_notes(parsed) + _no_cause(report) + [
-        "Explained from the message's numbers alone; "
+        "Explained from the message's numbers alone; `"
         + command("%explain_oom", "colab_gpu.explain_oom(sys.last_value)")
-        + " right after a failed cell also measures the kernel."]
+        + "` right after a failed cell also measures the kernel."]
     return dataclasses.replace(report, notes=tuple(notes))
 
 
@@ -189,6 +189,6 @@ def _live_notes(now: DeviceNow, scan: KernelScan, budget: float) -> list:
         notes.append(f"GPU not read: {now.problem}")
     if not scan.complete:
         notes.append(f"Measuring stopped after {budget:.1f} s ({scan.walked} of {scan.total} variables walked, "
-                     f"the figures are lower bounds): "
-                     + command("%clear_cache --vars", "colab_gpu.memory_holders()") + " ranks them all.")
+                     f"the figures are lower bounds): `"
+                     + command("%clear_cache --vars", "colab_gpu.memory_holders()") + "` ranks them all.")
     return notes
