@@ -7,7 +7,7 @@ Adding a cause is adding one function to RULES (and a test).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple, Union
 
 from ..options import command
 from ..runtime import COLAB, JUPYTER, KAGGLE
@@ -192,10 +192,11 @@ def fragmentation(report: OomReport, evidence: Evidence) -> Optional[Cause]:
 def outside_torch(report: OomReport, evidence: Evidence) -> Optional[Cause]:
     """Memory neither free nor torch's, where the other processes are not told apart: this
     process's CUDA context takes a few hundred MiB of it; more, and another process holds it."""
-    if evidence.others_known or None in (report.capacity_bytes, report.free_bytes, report.reserved_bytes):
+    capacity, free, reserved = report.capacity_bytes, report.free_bytes, report.reserved_bytes
+    if evidence.others_known or capacity is None or free is None or reserved is None:
         return None
-    outside = report.capacity_bytes - report.free_bytes - report.reserved_bytes
-    if outside < min(CONTEXT, report.capacity_bytes / 4) or (
+    outside = capacity - free - reserved
+    if outside < min(CONTEXT, capacity / 4) or (
             report.requested_bytes is not None and outside < report.requested_bytes):
         return None
     return Cause("outside_torch", f"{size(outside)} of the device is neither free nor torch's, more than a CUDA "
@@ -291,7 +292,7 @@ def library(report: OomReport, evidence: Evidence) -> Optional[Cause]:
     return Cause("library", meaning, fix)
 
 
-RULES: Tuple[Callable[[OomReport, Evidence], object], ...] = (
+RULES: Tuple[Callable[[OomReport, Evidence], Union[Optional[Cause], List[Cause]]], ...] = (
     request_too_large, other_process, outside_torch, kept_by_ipython, autograd_graph, fragmentation,
     tensors_fill, mixed_precision, eval_graph, library)
 
@@ -305,5 +306,8 @@ def find_causes(report: OomReport, evidence: Evidence) -> Tuple[Cause, ...]:
     found: List[Cause] = []
     for rule in RULES:
         result = rule(report, evidence)
-        found.extend(result if isinstance(result, list) else [result] if result is not None else [])
+        if isinstance(result, list):
+            found.extend(result)
+        elif result is not None:
+            found.append(result)
     return rank(found)

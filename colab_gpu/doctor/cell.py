@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 __all__ = ["CellFacts", "read_cell", "BATCH_NAME"]
 
@@ -39,7 +39,8 @@ def _names(source: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
     except SyntaxError:
         words = tuple(dict.fromkeys(re.findall(r"[A-Za-z_]\w*", source)))
         return words, ()
-    read, bound = [], []
+    read: List[str] = []
+    bound: List[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             (bound if isinstance(node.ctx, ast.Store) else read).append(node.id)

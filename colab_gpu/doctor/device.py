@@ -58,7 +58,8 @@ def read_cuda(index: int, source: Optional[DeviceSource] = None) -> DeviceNow:
     """cuda:``index``: NVML's view of its GPU (matched as the status card matches it), and
     torch's allocator counters once CUDA runs."""
     snapshot = _snapshot(source)
-    gpu, index_of, problem = None, {}, "NVML could not be read"
+    gpu, index_of = None, {}
+    problem: Optional[str] = "NVML could not be read"
     if snapshot is not None:
         view = torch_view(snapshot, detect_runtime())
         index_of = view.torch_index_of if view.cuda_numbering_known else {}
@@ -83,7 +84,7 @@ def _with_gpu(now: DeviceNow, gpu: GPU, memory: Optional[TorchMemory]) -> Device
     return dataclasses.replace(
         now, name=gpu.name, capacity=gpu.memory_total, free=gpu.memory_free,
         allocated=memory.allocated if memory else None, reserved=memory.reserved if memory else None,
-        non_torch=part.context_and_non_torch if others_known else None,
+        non_torch=part.context_and_non_torch if part is not None and others_known else None,
         processes=tuple(sorted(processes, key=lambda p: -p.nbytes)), others_known=others_known,
         compute_capability=gpu.compute_capability or known_compute_capability(gpu.name))
 

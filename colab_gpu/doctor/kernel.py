@@ -224,7 +224,8 @@ def failed_call_builds_graph(error: BaseException, torch) -> bool:
     """Whether a frame of the failed call held a tensor with an autograd graph: the forward
     pass was recording one for a backward() when memory ran out. Reads each frame's local
     variables (not what they contain) and keeps none."""
-    traceback, tensor_types = error.__traceback__, {}
+    traceback = error.__traceback__
+    tensor_types: Dict[type, bool] = {}
     for _ in range(500):
         if traceback is None:
             return False

@@ -11,7 +11,6 @@ Sizes are binary whatever their unit says: torch's MPS messages write "GB" for 1
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Optional, Pattern, Tuple
 
@@ -142,9 +141,12 @@ def _tensorflow_request(text: str) -> Optional[int]:
     """TensorFlow writes the shape and type it could not allocate: their product in bytes."""
     match = _TF_SHAPE.search(text)
     item = _TF_ITEM.get(match.group(2)) if match else None
-    if item is None:
+    if match is None or item is None:
         return None
-    return item * math.prod(int(part) for part in match.group(1).split(",") if part.strip())
+    count = 1
+    for part in match.group(1).split(","):
+        count *= int(part) if part.strip() else 1
+    return item * count
 
 
 def _reserved(text: str, allocated: Optional[int], unallocated: Optional[int]) -> Optional[int]:
