@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import weakref
 from typing import Any, Optional, Tuple
 
@@ -72,10 +73,12 @@ class OomDoctor:
         return self.explain(error, cell)
 
     def explain(self, error: BaseException, cell: Optional[str] = None):
-        from ..doctor import explain_error
+        started = time.perf_counter()
+        from ..doctor import BUDGET, explain_error  # the first import counts in the half second too
 
+        budget = max(0.05, BUDGET - (time.perf_counter() - started))
         with as_magic():  # its commands read as magics: %clear_cache, not colab_gpu.clear_cache()
-            report = explain_error(error, shell=self.shell, cell=_transformed(self.shell, cell))
+            report = explain_error(error, shell=self.shell, cell=_transformed(self.shell, cell), budget=budget)
         self.last, self.last_error_id = report, id(error)
         return report
 
