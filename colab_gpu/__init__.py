@@ -1,8 +1,9 @@
 """colab_gpu: see and tune the GPU inside a notebook.
 
-``%load_ext colab_gpu`` adds ``%gpu_status``, ``%alloc_conf``, ``%clear_cache`` and
-``%%find_batch``. Each is a thin layer over the plain functions exported here, which
-scripts and tests use directly. Importing this package is cheap: torch, matplotlib,
+``%load_ext colab_gpu`` adds ``%gpu_status``, ``%alloc_conf``, ``%clear_cache``,
+``%%find_batch`` and ``%explain_oom`` (and its card under every cell that runs out of
+memory). Each is a thin layer over the plain functions exported here, which scripts and
+tests use directly. Importing this package is cheap: torch, matplotlib,
 ipywidgets and even IPython are imported only when a feature needs them, and nothing here
 ever initializes CUDA.
 """
@@ -31,6 +32,8 @@ _LAZY = {
     "BatchResult": "colab_gpu.batch",
     "is_out_of_memory": "colab_gpu.oom",
     "UserError": "colab_gpu.errors",
+    "explain_oom": "colab_gpu.doctor",
+    "OomReport": "colab_gpu.doctor",
 }
 
 # Subpackages a hint tells a script to use (colab_gpu.live.start(demo=True) on the status card,
@@ -72,9 +75,11 @@ def load_ipython_extension(shell) -> None:
     _check_shell(shell, "load_ipython_extension")
     from .allocator import apply_saved
     from .magics import register
+    from .magics.doctor import watch
     from .spelling import as_magic
 
     register(shell)
+    watch(shell)  # the out-of-memory card under a failed cell
     with as_magic():  # %load_ext's message names %alloc_conf's options
         message = apply_saved()  # a setting saved with `%alloc_conf --save`, before CUDA starts
     if message:
@@ -85,5 +90,7 @@ def unload_ipython_extension(shell) -> None:
     """Remove every magic, hook and thread the extension added."""
     _check_shell(shell, "unload_ipython_extension")
     from .magics import unregister
+    from .magics.doctor import unwatch
 
+    unwatch(shell)
     unregister(shell)

@@ -67,9 +67,9 @@ def largest_size(text: str) -> int:
     return max((int(float(value) * UNITS[unit]) for value, unit in SIZE.findall(text)), default=0)
 
 
-def test_the_four_notebooks_are_there():
+def test_the_five_notebooks_are_there():
     assert NAMES == ["01-gpu-status.ipynb", "02-alloc-conf.ipynb", "03-clear-cache.ipynb",
-                     "04-find-batch.ipynb"]
+                     "04-find-batch.ipynb", "05-out-of-memory.ipynb"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -292,3 +292,38 @@ def test_04_find_batch_sets_a_size_that_ran_and_leaves_the_model(executed):
     oom = stream(code_cell(notebook, "try:\n    torch.empty(2**60"))
     assert "out of memory? True" in oom and "wrapped, out of memory? True" in oom
     assert "a shape error, out of memory? False" in oom
+
+
+def card(cell) -> str:
+    """The out-of-memory card under a failed cell (its text, rows unfolded), after the traceback."""
+    assert [output.output_type for output in cell.outputs][0] == "error"
+    (found,) = [bundle for bundle in bundles(cell) if bundle.get("text/plain", "").startswith("Out of memory on ")]
+    assert "cgpu-card" in found["text/html"]
+    return " ".join(found["text/plain"].split())
+
+
+def test_05_out_of_memory_shows_each_card_and_its_fix_works(executed):
+    notebook = executed("05-out-of-memory.ipynb")
+    kept = card(code_cell(notebook, "train_step()", exact=True))
+    assert "the failing call asked for 8.00 GiB" in kept
+    assert "IPython keeps 256 MiB of tensors that no variable of yours holds: the last error's traceback 256 MiB" in kept
+    assert stream(code_cell(notebook, "%clear_cache --quiet", exact=True)).startswith("clear_cache: freed cpu tensors 256 MiB")
+
+    leak = card(code_cell(notebook, "batch = torch.randn(128 * 1024, 1024"))
+    # five 64 MiB inputs and five relu outputs, the last step's shared with `loss`: 4 x 128 MiB
+    assert "`total` keeps the autograd graphs of 5 steps" in leak and "512 MiB of tensors saved for backward()" in leak
+    assert "fix: `%clear_cache total` frees it now; then add numbers, not tensors: `total += loss.item()`" in leak
+    fixed = stream(code_cell(notebook, "%clear_cache total --quiet"))
+    assert fixed.startswith("clear_cache: freed cpu tensors 512 MiB; deleted total") and "batch of 512 MiB" in fixed
+
+    too_large = card(code_cell(notebook, "batch_size = 131072"))
+    assert "the failing call asked for 1.50 GiB" in too_large and "[nothing else can make room]" in too_large
+    assert "fix: `%%find_batch --var batch_size` as the cell's first line" in too_large
+    found = re.match(r"batch_size = (\d+): ", stream(code_cell(notebook, 'print(f"batch_size =')))
+    assert found and 1024 <= int(found.group(1)) < 131072 * 2 // 3  # it fits in the 1 GiB, with the rest
+
+    pasted = " ".join(shown(code_cell(notebook, "%explain_oom ")).split())
+    assert "from pasted message, PyTorch 2.1" in pasted and "the cache is fragmented" in pasted
+    assert "fix: `%alloc_conf expandable_segments=True` right after `%load_ext colab_gpu`" in pasted
+    api = stream(code_cell(notebook, "report = colab_gpu.explain_oom("))
+    assert api.startswith(f"{round(1.70 * 2 ** 30)} {round(2.30 * 2 ** 30)} None\nfragmentation ")

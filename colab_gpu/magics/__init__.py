@@ -16,9 +16,9 @@ import sys
 from typing import Callable
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument
-from traitlets import Enum, Float, Int, TraitError, validate
+from traitlets import Bool, Enum, Float, Int, TraitError, validate
 
 from ..errors import UserError
 from ..spelling import as_magic
@@ -96,6 +96,11 @@ class GPUMagics(Magics):
         0, min=0, help="In a terminal, %gpu_status --live ends its lines after this many, as "
                        "Ctrl-C does (the monitor stops only if that --live started it); 0 prints "
                        "until Ctrl-C.",
+    ).tag(config=True)
+
+    oom_doctor = Bool(
+        True, help="After a cell fails with an out-of-memory error, show under its traceback why and what "
+                   "to do (%explain_oom shows it again).",
     ).tag(config=True)
 
     @validate("live_interval")
@@ -289,6 +294,23 @@ class GPUMagics(Magics):
             print(result.to_json())
         else:
             self.show(result)
+
+    @magic_arguments()
+    @argument("message", nargs="*", metavar="MESSAGE",
+              help="An out-of-memory message pasted from elsewhere, explained from its numbers alone "
+                   "(or, with %%explain_oom, in the cell below).")
+    @argument("--from", dest="path", metavar="FILE", help="Read the message from a log or traceback file.")
+    @argument("--json", action="store_true", help="Print the report as JSON, for scripts.")
+    @line_cell_magic
+    @_friendly_errors
+    def explain_oom(self, line: str = "", cell=None):
+        """Why did the last cell run out of memory, and what to do? Its card again.
+
+        With a MESSAGE (or --from FILE), explains that message from its numbers.
+        """
+        from .doctor import explain_oom_magic
+
+        explain_oom_magic(self, line, cell)
 
     @magic_arguments("%find_batch")  # usage reads %%find_batch: it is a cell magic
     @argument("--var", action=Once, default="batch_size", metavar="NAME",

@@ -22,7 +22,7 @@ from .readings import Reading, gpu_view, read_memory, read_snapshot
 from .rounding import unreached_bytes
 from .walk import MAX_OBJECTS, imported_torch, walk_from
 
-__all__ = ["Elsewhere", "Holder", "Holders", "holders_of", "lying_on_arrays", "memory_holders",
+__all__ = ["Elsewhere", "Holder", "Holders", "holders_of", "lying_on_arrays", "memory_holders", "other_roots",
            "rank_holders"]
 
 
@@ -142,7 +142,7 @@ def lying_on_arrays(storages: Mapping[Tuple[str, int], int],
     return found
 
 
-def _other_roots(shell: Any, namespace: Mapping[str, Any],
+def other_roots(shell: Any, namespace: Mapping[str, Any],
                  hidden: Mapping[str, Any]) -> Iterable[Tuple[str, Any]]:
     """What IPython keeps that is no variable of the user's: each output (``Out[3]``; ``_``,
     ``__``, ``_N`` only where the history has no such entry) and the last error, as one root."""
@@ -173,7 +173,7 @@ def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], i
     One walk per root."""
     not_yours: Dict[Tuple[str, int], int] = {}
     found = []
-    for name, root in _other_roots(shell, *namespaces(shell)):
+    for name, root in other_roots(shell, *namespaces(shell)):
         reach = walk_from(root, torch, skip, max_objects, known=union)
         del root
         # each storage in one row only: the rows add up to what no variable holds

@@ -13,6 +13,7 @@ import functools
 import gc
 import itertools
 import sys
+import time
 import types
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
@@ -255,9 +256,11 @@ def _saved_attributes(kind: type) -> Tuple[str, ...]:
 
 
 def walk_from(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
-              known: Optional[Mapping[Tuple[str, int], int]] = None) -> Reach:
+              known: Optional[Mapping[Tuple[str, int], int]] = None, deadline: Optional[float] = None) -> Reach:
     """Every tensor storage ``root`` reaches, each counted once, cycles and all; its tensors
-    whose storage is one of ``known`` are counted as shared."""
+    whose storage is one of ``known`` are counted as shared. Past ``deadline`` (a
+    ``time.perf_counter()`` value) the walk stops, truncated: the out-of-memory card must come
+    within half a second."""
     reach = Reach(known=known or {})
     kinds: Dict[type, int] = {}  # each type classified once: Tensor's metaclass makes issubclass slow
     saved: Dict[type, Tuple[str, ...]] = {}
@@ -267,7 +270,7 @@ def walk_from(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
     made: List[Any] = []
     stack = [root]
     for visit in range(max_objects):  # every object counts, ints and strings too
-        if not stack:
+        if not stack or deadline is not None and not visit & 255 and time.perf_counter() > deadline:
             break
         obj = stack.pop()
         kind = type(obj)  # never obj.__class__: proxies and deprecated objects lie or warn
