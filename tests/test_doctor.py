@@ -378,7 +378,7 @@ def test_float32_training_on_a_t4_is_told_autocast_with_a_grad_scaler_and_checkp
 
 def test_fragmentation_once_cuda_runs_is_fixed_with_save_and_a_restart():
     from colab_gpu.doctor.causes import fragmentation
-    from colab_gpu.options import as_magic
+    from colab_gpu.spelling import as_magic
 
     report = _gpu_report(reserved_bytes=12 * GiB)  # 2 GiB unallocated, 512 MiB asked
     with as_magic():

@@ -183,7 +183,6 @@ class GPUMagics(Magics):
         ``%alloc_conf`` is safe. torch's allocator view appears only once your own code
         has started CUDA.
         """
-        from ..devices.replay import RecordingError
         from ..gpu_status import status
 
         args = parse(self.gpu_status, line)
@@ -197,10 +196,7 @@ class GPUMagics(Magics):
                 checked_interval(args.interval, "--interval")
             raise UsageError("--interval, --demo and --cells go with --live, "
                              "e.g. %gpu_status --live --demo")
-        try:
-            result = status(path=args.path, shell=self.shell)
-        except RecordingError as error:  # --from a missing file, a directory, a FIFO: one line, no card
-            raise UsageError(str(error)) from None
+        result = status(path=args.path, shell=self.shell)  # --from a FIFO ...: a UserError, one line
         if args.json:
             print(result.to_json())
         else:
