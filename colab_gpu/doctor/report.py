@@ -10,6 +10,8 @@ import dataclasses
 import json
 from typing import Any, Dict, Optional, Tuple
 
+from ..render.shown import Shown
+
 __all__ = ["Cause", "OomReport", "OtherProcess", "Place", "Graph",
            "THIS_KERNEL", "PASTED"]
 
@@ -60,8 +62,8 @@ class Cause:
     decisive: bool = False  # nothing else can help: listed first whatever it frees
 
 
-@dataclasses.dataclass(frozen=True)
-class OomReport:
+@dataclasses.dataclass(frozen=True, repr=False)
+class OomReport(Shown):
     """Why a cell ran out of memory and what to do, from measurements (``source`` says whose:
     this kernel's, or a pasted message's numbers alone). Sizes are bytes, None where neither
     the message nor the machine says."""
@@ -110,24 +112,6 @@ class OomReport:
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def summary(self) -> str:
-        from .render import report_line
-
-        return report_line(self)
-
-    def __repr__(self) -> str:
-        return f"<OomReport {self.summary()}>"
-
-    def __str__(self) -> str:
-        """The text card, so ``print(report)`` shows it in a script."""
-        from .render import report_text
-
-        return report_text(self)
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        from .render import report_html
-
-        return report_html(self)
+    line_view = "colab_gpu.doctor.render:report_line"
+    text_view = "colab_gpu.doctor.render:report_text"  # the card under a failed cell in a terminal
+    html_view = "colab_gpu.doctor.render:report_html"
