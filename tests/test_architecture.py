@@ -24,7 +24,7 @@ from conftest import ROOT
 # allocator accepts and runs with (%alloc_conf, the advice, memory/'s block rounding); oom
 # tells an out-of-memory error (%%find_batch, %clear_cache, the doctor).
 CORE = frozenset({"errors", "words", "runtime", "devices", "cuda", "cuda_order", "torch_view", "oom",
-                  "torch_allocator", "memory", "advice", "render", "spelling", "data"})
+                  "torch_allocator", "memory", "advice", "render", "spelling", "host", "data"})
 FEATURES = frozenset({"gpu_status", "allocator", "batch", "live", "doctor"})
 TOP = frozenset({"__init__", "magics"})
 

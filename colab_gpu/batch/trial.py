@@ -19,6 +19,7 @@ import time
 from typing import Callable, ContextManager, Optional, Tuple
 
 from ..cuda import cuda_devices_in_use, empty_cuda_cache, working_device
+from ..host import cgroup_memory, meminfo, process_status
 from ..oom import ErrorKind, classify, describe, error_chain
 from ..runtime import cuda_torch
 from .result import FITS, INTERRUPTED, Trial
@@ -65,17 +66,6 @@ class CudaGauge:
     capacity_kills = False  # torch raises OutOfMemoryError
 
 
-def proc_status() -> dict:
-    """This process's /proc/self/status sizes (VmSize, VmPeak, VmRSS, VmHWM ...) in bytes."""
-    values = {}
-    with open("/proc/self/status") as status:
-        for line in status:
-            name, _, rest = line.partition(":")
-            if rest.strip().endswith("kB"):
-                values[name] = int(rest.split()[0]) * 1024
-    return values
-
-
 class CpuGauge:
     """Linux only: peak resident memory of this process, reset per trial.
 
@@ -90,7 +80,7 @@ class CpuGauge:
 
         self.unlimited = resource.RLIM_INFINITY
         self.limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-        self.before = proc_status()
+        self.before = process_status()
 
     @staticmethod
     def available() -> bool:
@@ -99,10 +89,10 @@ class CpuGauge:
     def reset(self) -> None:
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # resets VmHWM, the peak resident set
-        self.before = proc_status()
+        self.before = process_status()
 
     def peak(self) -> int:
-        now = proc_status()
+        now = process_status()
         grown = max(0, now["VmHWM"] - self.before["VmRSS"])
         if self.limit == self.unlimited:
             return self.before["VmRSS"] + grown
@@ -119,31 +109,13 @@ class CpuGauge:
     def capacity(self) -> int:
         if self.limit != self.unlimited:
             return self.limit
-        available = _meminfo("MemAvailable")
-        cgroup = _cgroup_room()
+        available = meminfo()["MemAvailable"]
+        cgroup = cgroup_memory()[1]
         room = available if cgroup is None else min(available, cgroup)
-        return proc_status()["VmRSS"] + room
+        return process_status()["VmRSS"] + room
 
     def label(self) -> str:
         return "cpu"
-
-
-def _meminfo(name: str) -> int:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith(name + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(name)
-
-
-def _cgroup_room() -> Optional[int]:
-    """Bytes left under a cgroup v2 memory limit (containers, Colab), or None."""
-    try:
-        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
-            text = limit.read().strip()
-            return None if text == "max" else int(text) - int(used.read())
-    except (OSError, ValueError):
-        return None
 
 
 def open_gauge(device: str, index: Optional[int], measure: bool = True):

@@ -12,6 +12,7 @@ import os
 from typing import Optional, Tuple
 
 from ..devices import GPU, DeviceSource, default_source, known_compute_capability
+from ..host import cgroup_memory, meminfo, process_status
 from ..torch_view import TorchMemory, breakdown, torch_memory, torch_view
 from ..runtime import cuda_torch, detect_runtime
 from .report import OtherProcess
@@ -106,31 +107,6 @@ def _with_torch_cap(now: DeviceNow, index: int) -> DeviceNow:
     return dataclasses.replace(now, name=name, compute_capability=capability, capacity=total, allowed=allowed)
 
 
-def _proc_status() -> dict:
-    values = {}
-    with open("/proc/self/status") as status:
-        for line in status:
-            name, _, rest = line.partition(":")
-            if rest.strip().endswith("kB"):
-                values[name] = int(rest.split()[0]) * 1024
-    return values
-
-
-def _meminfo() -> dict:
-    with open("/proc/meminfo") as meminfo:
-        return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo if line.strip().endswith("kB")}
-
-
-def _cgroup() -> Tuple[Optional[int], Optional[int]]:
-    """A cgroup v2 memory limit (containers, Colab) and what is left under it, or Nones."""
-    try:
-        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
-            text = limit.read().strip()
-            return (None, None) if text == "max" else (int(text), int(text) - int(used.read()))
-    except (OSError, ValueError):
-        return None, None
-
-
 def read_cpu() -> DeviceNow:
     """Under an address-space limit, allocations fail at it (torch raises): the limit and the
     address space in use. Without one, the machine's memory (or the container's), where Linux
@@ -139,7 +115,7 @@ def read_cpu() -> DeviceNow:
         import resource
 
         limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-        status, memory, (cgroup, room) = _proc_status(), _meminfo(), _cgroup()
+        status, memory, (cgroup, room) = process_status(), meminfo(), cgroup_memory()
         capacity = memory["MemTotal"] if cgroup is None else min(memory["MemTotal"], cgroup)
         if limit != resource.RLIM_INFINITY:
             return DeviceNow("cpu", capacity=capacity, allowed=limit, in_use=status["VmSize"],
