@@ -22,9 +22,10 @@ from conftest import ROOT
 # the out-of-memory doctor both rank its holders; torch_view is torch's numbering and memory
 # of the GPUs (the card, the live monitor, the readings); torch_allocator/ is what torch's
 # allocator accepts and runs with (%alloc_conf, the advice, memory/'s block rounding); oom
-# tells an out-of-memory error (%%find_batch, %clear_cache, the doctor).
+# tells an out-of-memory error (%%find_batch, %clear_cache, the doctor); state is what the
+# kernel keeps between calls, each part written by the module it belongs to.
 CORE = frozenset({"errors", "words", "runtime", "devices", "cuda", "cuda_order", "torch_view", "oom",
-                  "torch_allocator", "memory", "advice", "render", "spelling", "data"})
+                  "torch_allocator", "memory", "advice", "render", "spelling", "data", "state"})
 FEATURES = frozenset({"gpu_status", "allocator", "batch", "live", "doctor"})
 TOP = frozenset({"__init__", "magics"})
 

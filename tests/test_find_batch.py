@@ -27,6 +27,7 @@ from colab_gpu.batch.result import FITS, OUT_OF_MEMORY, Trial
 from colab_gpu.batch.search import Headroom, Search, SearchError
 from colab_gpu.batch.state import assigned_names
 from colab_gpu.oom import ErrorKind, classify
+from colab_gpu.state import session
 from conftest import DATA, ROOT
 from milabench_replay import CAPACITIES_GIB, HELD_OUT_GIB, Curve, ReplayDevice, fit_problems, problems
 
@@ -856,7 +857,7 @@ def test_a_gpu_machine_without_pynvml_is_not_told_it_has_no_cuda_device(shell, c
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: not installed
     monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: True)  # /proc/driver/nvidia is there
     nvml_module.nvidia_driver_present.cache_clear()
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     try:
         assert colab_gpu.devices.default_source().snapshot().problem == NO_PYNVML
         shell.user_ns.update(batch_size=2, ran=[])
@@ -875,7 +876,6 @@ def test_kaggles_two_t4s_with_a_cpu_only_torch_refuse_a_cuda_device(shell, clean
     import torch
     from IPython.core.error import UsageError
 
-    import colab_gpu.devices
     from colab_gpu.devices.nvml import NvmlSource
     from nvml_recording import RecordedNvml
     from test_harm import two_t4s
@@ -883,7 +883,7 @@ def test_kaggles_two_t4s_with_a_cpu_only_torch_refuse_a_cuda_device(shell, clean
     monkeypatch.setattr(torch.version, "cuda", None)  # a CPU-only build, whichever build tests run with
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
     clean_env.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=RecordedNvml(two_t4s())))
+    monkeypatch.setattr(session, "default_source", NvmlSource(nvml=RecordedNvml(two_t4s())))
     shell.user_ns.update(batch_size=2, ran=[])
     for device in ("cuda:1", "cuda"):
         with pytest.raises(UsageError) as refused:

@@ -16,6 +16,7 @@ import colab_gpu.devices
 import colab_gpu.devices.nvml as nvml_module
 from colab_gpu.devices.nvml import NO_PYNVML, NvmlSource, decode_clock_event_reasons, describe_nvml_error
 from colab_gpu.devices.replay import ReplaySource
+from colab_gpu.state import session
 
 from conftest import DATA
 from nvml_recording import COMPUTE_CAPABILITY, RecordedNvml
@@ -367,7 +368,7 @@ def test_close_waits_for_a_call_in_flight():
 def live(monkeypatch):
     """Point %gpu_status's live source at NvmlSource over a stand-in; returns a setter."""
     def use(nvml):
-        monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=nvml))
+        monkeypatch.setattr(session, "default_source", NvmlSource(nvml=nvml))
         return nvml
 
     return use
@@ -392,7 +393,7 @@ def test_gpu_status_shows_an_init_failure_as_one_line(shell, capsys, live, name)
 def test_gpu_status_without_pynvml(shell, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: True)
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     text = run_status(shell, capsys)
     assert f"No GPU read: {NO_PYNVML}" in text.splitlines()
 
@@ -407,7 +408,7 @@ def test_a_driver_the_card_says_is_here_is_not_called_no_gpu(shell, capsys, live
     no_gpu = ("No NVIDIA GPU found", "This Kaggle notebook has no GPU")
     monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: True)
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     text = run_status(shell, capsys)
     assert f"No GPU read: {NO_PYNVML}" in text.splitlines() and not any(words in text for words in no_gpu)
     for code in (pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH):

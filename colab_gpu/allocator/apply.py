@@ -19,6 +19,7 @@ from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple
 from ..spelling import command, option
 from ..runtime import TorchState
 from ..render.shown import Shown
+from ..state import session
 from ..torch_allocator.installed import TargetTorch, current_settings, read_names, reported_settings, runtime_setter
 from ..torch_allocator.parse import (AllocConfError, Settings, check_key_name, format_number, format_version,
                                      merge, parse, parse_many, to_torch)
@@ -538,7 +539,6 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
 
     ``dropped``: keys the setting held before and no longer does, with their defaults
     (:func:`_dropped_defaults`); torch keeps a key's value until the setter's string names it."""
-    global _given_to_torch
     text = to_torch(settings)
     setter = runtime_setter(modules) if state.imported else None
     skip = {name for name, _ in deferred} | {"backend"}
@@ -563,7 +563,7 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
         if hands_to_torch:
             setter.set(runtime_text)
             via.append(setter.name)
-            _given_to_torch = text
+            session.given_to_torch = text
     except Exception as error:
         _restore(environ, env_before)
         if previous is not None:
@@ -582,11 +582,6 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
                            in_effect=reported_settings(modules) if hands_to_torch else None)
 
 
-# The setting (as written to the environment) last given to torch's run-time setter in this
-# process: from that call on, torch holds its settings and never reads the variables again.
-_given_to_torch: Optional[str] = None
-
-
 def _taken_setting(state: TorchState, modules) -> Optional[Tuple[str, str]]:
     """(setting, when) once torch has read its settings and ignores the variables: from
     %alloc_conf's call of its run-time setter (what torch reports then lacks the keys held
@@ -594,8 +589,8 @@ def _taken_setting(state: TorchState, modules) -> Optional[Tuple[str, str]]:
     parsed, is what it uses; None before either."""
     if not state.imported:
         return None
-    if _given_to_torch is not None:
-        return _given_to_torch, "when %alloc_conf applied them through its run-time setter"
+    if session.given_to_torch is not None:  # the setting last given to torch's setter
+        return session.given_to_torch, "when %alloc_conf applied them through its run-time setter"
     try:
         reported = _in_effect(state, modules)
     except Exception:  # a variable torch refuses, read for the first time: it holds nothing yet

@@ -19,6 +19,7 @@ import re
 import time
 from typing import FrozenSet, Iterable, List, Optional, Protocol, Sequence, Tuple
 
+from ..state import session
 from ..words import size
 
 MiB = 1024 ** 2
@@ -329,15 +330,12 @@ def open_source(path: Optional[str] = None) -> "DeviceSource":
     return NvmlSource()
 
 
-_default_source: Optional[DeviceSource] = None
-
-
 def default_source() -> DeviceSource:
-    """The process's one live NVML source, initialized once and shut down at exit."""
-    global _default_source
-    if _default_source is None:
+    """The process's one live NVML source (``session.default_source``), initialized once and
+    shut down at exit."""
+    if session.default_source is None:
         import atexit
 
-        _default_source = open_source()
-        atexit.register(_default_source.close)
-    return _default_source
+        session.default_source = open_source()
+        atexit.register(session.default_source.close)
+    return session.default_source

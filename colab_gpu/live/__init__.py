@@ -8,11 +8,11 @@ imports IPython; ``notebook.LiveSession`` picks the display that updates in the 
 from __future__ import annotations
 
 import os
-import threading
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from ..errors import UserError
 from ..spelling import command, option
+from ..state import session
 from .panel import numbering_note, recording_note, running_words, torch_labels
 from .record import ROW_FIELDS, RunRecord, rows
 from .sampler import (DEFAULT_HISTORY, DEFAULT_INTERVAL, LiveOptionError, Sampler, SourceError, check_history,
@@ -32,22 +32,21 @@ FINAL_STATE_SECONDS = 3.0
 DEMO_TRACE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
                           "v100s-pcie-32gb_miris.csv")
 
-_lock = threading.Lock()
-_sampler: Optional[Sampler] = None  # the running sampler, or the last one (for history())
-_server: Any = None  # the live page's server, started on first request
-_cleanups: List[Callable[[], None]] = []  # what the next stop() also ends (on_stop)
+# The kernel's monitor (its sampler, page server, on_stop cleanups and their lock) is kept in
+# colab_gpu.state's session, as live_*.
 
 
 def on_stop(cleanup: Callable[[], None]) -> None:
     """Call ``cleanup()`` once at the next stop(), whoever calls it: the magic's --cells hooks
     went on after a script's ``colab_gpu.live.stop()``, a route that knows nothing of them."""
-    with _lock:
-        _cleanups.append(cleanup)
+    with session.live_lock:
+        session.live_cleanups.append(cleanup)
 
 
 def running() -> Optional[Sampler]:
     """The process's sampler while it runs, else None."""
-    return _sampler if _sampler is not None and _sampler.running else None
+    sampler = session.live_sampler
+    return sampler if sampler is not None and sampler.running else None
 
 
 class AlreadyRunning(UserError, ValueError):
@@ -85,7 +84,6 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
     source cannot be read at all (no driver, a bad file), LiveOptionError for an interval or
     history out of range or both a ``path`` and ``demo``, RecordingError for an empty ``path``.
     """
-    global _sampler
     if path is not None and not isinstance(path, (str, bytes, os.PathLike)):  # os.fspath named no argument
         raise TypeError(f"path is a recording's file name (str, bytes or os.PathLike), not {path!r}")
     if demo and path is not None and os.fsdecode(path).strip():  # a blank one is refused as such below
@@ -101,7 +99,7 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
     if history is not None:
         history = check_history(history, "history")
     stopped_by_itself()  # ended as stop() ends it, before it is replaced
-    with _lock:
+    with session.live_lock:
         current = running()
         if current is not None:
             asked = None
@@ -117,8 +115,8 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
             return current, False
         interval = DEFAULT_INTERVAL if interval is None else interval
         history = DEFAULT_HISTORY if history is None else history
-        if _sampler is not None:  # stopped by itself: nothing may stay registered at exit
-            _sampler.stop()
+        if session.live_sampler is not None:  # stopped by itself: nothing may stay registered at exit
+            session.live_sampler.stop()
         if demo or path is not None:
             from ..devices.replay import ReplaySource
 
@@ -130,7 +128,7 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
             # The shared NVML source (created first, so its atexit close runs after ours).
             sampler = Sampler(default_source(), interval, history)
         sampler.start()
-        _sampler = sampler
+        session.live_sampler = sampler
         return sampler, True
 
 
@@ -151,17 +149,16 @@ def stop(reason: Optional[str] = None) -> Optional[RunRecord]:
     """Stop the sampler, then the live page once it has shown how the run ended; the record of
     the whole run, also when the sampler had stopped by itself (a lost GPU); None when there is
     no run left to stop. ``reason``: what stopped it ("%gpu_status --stop"), for the page."""
-    global _server
-    with _lock:
-        sampler, record = _sampler, None
+    with session.live_lock:
+        sampler, record = session.live_sampler, None
         if sampler is not None and not sampler.closed:
             sampler.stop(reason)
             record = record_of(sampler)
-        if _server is not None:
-            _server.stop_after(FINAL_STATE_SECONDS)
-            _server = None
-        cleanups = _cleanups[:]
-        del _cleanups[:]
+        if session.live_server is not None:
+            session.live_server.stop_after(FINAL_STATE_SECONDS)
+            session.live_server = None
+        cleanups = session.live_cleanups[:]
+        del session.live_cleanups[:]
     for cleanup in cleanups:
         cleanup()
     return record
@@ -172,10 +169,11 @@ def stopped_by_itself() -> Optional[RunRecord]:
     it since, which this does now; else None. A new start() would replace that run unseen.
     A stop() that Ctrl-C cut short after the thread ended is finished here too, but that run
     was stopped on request: its sampler has no error, as its page and summary say."""
-    with _lock:
-        sampler = _sampler
+    with session.live_lock:
+        sampler = session.live_sampler
         # Closed with its --cells hooks or page left: a stop cut short after the sampler's.
-        if sampler is None or sampler.running or (sampler.closed and not _cleanups and _server is None):
+        if sampler is None or sampler.running or (
+                sampler.closed and not session.live_cleanups and session.live_server is None):
             return None
     record = stop()  # as any end of a run: its --cells lines went on into the next run
     return record if sampler.error is not None else None
@@ -183,19 +181,19 @@ def stopped_by_itself() -> Optional[RunRecord]:
 
 def page_server():
     """The local live page of the running sampler (127.0.0.1 only), started on first use."""
-    global _server
     from .server import LiveServer
 
-    with _lock:
+    with session.live_lock:
         sampler = running()
         if sampler is None:
             raise SourceError("the live monitor is not running: start it with "
                               + command("%gpu_status --live", "colab_gpu.live.start()"))
-        if _server is None or _server.sampler is not sampler:
-            if _server is not None:
-                _server.stop()
-            _server = LiveServer(sampler).start()
-        return _server
+        server = session.live_server
+        if server is None or server.sampler is not sampler:
+            if server is not None:
+                server.stop()
+            server = session.live_server = LiveServer(sampler).start()
+        return server
 
 
 def live_url() -> str:
@@ -216,7 +214,7 @@ def history(frame: Optional[bool] = None):
     """The samples of the running or last live run: a pandas DataFrame (one row per GPU and
     time) when pandas is installed, else a tuple of :class:`~colab_gpu.live.sampler.Sample`.
     ``frame=False`` always returns the samples; ``frame=True`` requires pandas."""
-    sampler = _sampler
+    sampler = session.live_sampler
     samples = sampler.samples() if sampler is not None else ()
     if frame is False:
         return samples
