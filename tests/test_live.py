@@ -507,13 +507,13 @@ def test_the_rolling_chart_at_a_slow_interval_still_draws_a_line():
 
 
 def test_the_rolling_chart_of_a_value_the_source_lacks_says_not_reported():
-    from colab_gpu.live.panel import _memory_percent, _utilization, chart_svg
+    from colab_gpu.live.panel import chart_svg, memory_percent, utilization
 
     sampler, _ = live.start(path=str(NANOGPT), interval=60)  # nanoGPT's log has no memory
     samples = sampler.samples()
-    assert ">not reported</text>" in chart_svg(samples, "memory used %", _memory_percent)
-    assert "not reported" not in chart_svg(samples, "busy %", _utilization)
-    assert "not reported" not in chart_svg((), "busy %", _utilization)  # nothing sampled yet
+    assert ">not reported</text>" in chart_svg(samples, "memory used %", memory_percent)
+    assert "not reported" not in chart_svg(samples, "busy %", utilization)
+    assert "not reported" not in chart_svg((), "busy %", utilization)  # nothing sampled yet
 
 
 @pytest.mark.parametrize("name", sorted(UNRECORDED))

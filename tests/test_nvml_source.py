@@ -78,7 +78,7 @@ def test_all_eight_gpus_of_a_server_are_listed():
 
 @pytest.mark.parametrize("name", INIT_FAILURES)
 def test_init_failures_become_the_snapshot_problem(name, monkeypatch):
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: False)
+    monkeypatch.setattr(nvml_module, "driver_loaded", lambda: False)
     code = INIT_FAILURES[name]
     assert type(pynvml.NVMLError(code)).__name__ == name  # the real class, made as pynvml makes it
     nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", code)
@@ -92,7 +92,7 @@ def test_a_loaded_driver_without_its_nvml_library_is_not_called_missing(monkeypa
     """A container started without the driver's utility libraries, or WSL with /usr/lib/wsl/lib
     off the loader's path: the GPU is there, so "no NVIDIA driver is installed" was false."""
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: True)
+    monkeypatch.setattr(nvml_module, "driver_loaded", lambda: True)
     nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     problem = NvmlSource(nvml=nvml).snapshot().problem
     assert "no NVIDIA driver is installed" not in problem
@@ -159,7 +159,7 @@ def test_no_driver_names_the_library_missing_on_this_platform(monkeypatch, platf
     """pynvml installed, no NVIDIA driver: a Windows laptop was told that libnvidia-ml.so, a
     Linux file, was not found; pynvml looks for nvml.dll there, and a Mac has no NVML at all."""
     monkeypatch.setattr(sys, "platform", platform)
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: False)
+    monkeypatch.setattr(nvml_module, "driver_loaded", lambda: False)
     nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     status = colab_gpu.status(NvmlSource(nvml=nvml))
     assert status.snapshot.problem.startswith("no NVIDIA driver is installed here: ")

@@ -25,7 +25,7 @@ from ..torch_allocator.parse import (AllocConfError, Settings, check_key_name, f
                                      merge, parse, parse_many, to_torch)
 from ..torch_allocator.schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
 
-__all__ = ["AllocConfResult", "alloc_conf"]
+__all__ = ["AllocConfResult", "alloc_conf", "ignored_variables", "setting_warnings"]
 
 # torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
 # from 2.10) puts only these keys back to their defaults for each new settings string, and from
@@ -103,8 +103,10 @@ def _restore(environ: MutableMapping[str, str], snapshot: Dict[str, Optional[str
             environ[name] = value
 
 
-def _warnings(settings: Settings, version: Optional[Tuple[int, int]],
-              platform: str = sys.platform) -> Tuple[str, ...]:
+def setting_warnings(settings: Settings, version: Optional[Tuple[int, int]],
+                     platform: str = sys.platform) -> Tuple[str, ...]:
+    """What ``settings`` do not do as one would think under torch ``version`` (None: not
+    installed) on ``platform``: a key another makes useless, a torch this check does not know."""
     values = dict(settings)
     found = []
     if version is None:
@@ -139,8 +141,8 @@ def _warnings(settings: Settings, version: Optional[Tuple[int, int]],
     return tuple(found)
 
 
-def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Optional[str]],
-                       written: bool, cleared: bool = False) -> Tuple[str, ...]:
+def ignored_variables(version: Optional[Version], env_before: Mapping[str, Optional[str]],
+                      written: bool, cleared: bool = False) -> Tuple[str, ...]:
     """The variables set in ``env_before`` that torch does not read, said as such: torch reads
     the first one set (``env_before`` is in its order; PYTORCH_ALLOC_CONF only from 2.10), so
     another that holds something else changes nothing. ``written``: this call wrote the same
@@ -367,8 +369,8 @@ def _check(text: str, target: TargetTorch, env_before: Dict[str, Optional[str]])
     checked = target.validate(parse(text))
     return AllocConfResult(action="check", torch=target.state, torch_version=target.version_text,
                            settings=checked, env_before=env_before, env_after=env_before,
-                           warnings=_warnings(checked, target.version)
-                           + _ignored_variables(target.version, env_before, written=False))
+                           warnings=setting_warnings(checked, target.version)
+                           + ignored_variables(target.version, env_before, written=False))
 
 
 def _show(target: TargetTorch, held: _Held, environ, modules) -> AllocConfResult:
@@ -380,9 +382,10 @@ def _show(target: TargetTorch, held: _Held, environ, modules) -> AllocConfResult
     refused = () if held.edited else tuple(problem for problem in (
         _key_value_form(held.source, held.env_before.get(held.source), held.current),
         _refused_setting(held.source, held.current, target, "holds")) if problem)
-    warnings = (refused + _warnings((), target.version) if refused else _warnings(held.current, target.version)) + (
+    warnings = (refused + setting_warnings((), target.version) if refused
+                else setting_warnings(held.current, target.version)) + (
         (_hand_edit_warning(held.edited, held.taken, written=False),) if held.edited else
-        _ignored_variables(target.version, held.env_before, False))
+        ignored_variables(target.version, held.env_before, False))
     return AllocConfResult(action="show", torch=target.state, torch_version=target.version_text,
                            settings=held.current, env_before=held.env_before, env_after=held.env_before,
                            warnings=warnings, in_effect=_in_effect(target.state, modules),
@@ -417,9 +420,9 @@ def _set(target: TargetTorch, held: _Held, request: _Request, environ, modules) 
         result, action="set", preset=request.preset, saved=saved, saved_path=str(path),
         forgotten=forgotten, deferred=result.deferred + waiting, torch=target.state,
         torch_version=target.version_text, env_before=held.env_before,
-        warnings=_warnings(new_settings, target.version) + result.warnings + (
+        warnings=setting_warnings(new_settings, target.version) + result.warnings + (
             (_hand_edit_warning(held.edited, held.taken, written=True),) if held.edited else
-            _ignored_variables(target.version, held.env_before, written=True,
+            ignored_variables(target.version, held.env_before, written=True,
                                cleared=all(value is None for value in result.env_after.values()))))
 
 
