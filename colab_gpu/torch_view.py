@@ -63,7 +63,38 @@ class MemoryBreakdown:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Status(Shown):
-    """What ``%gpu_status`` shows; ``status()`` returns it."""
+    """What ``%gpu_status`` shows; ``status()`` returns it.
+
+    ``print(status)`` is the card, ``status.summary()`` its first line, ``status.to_json()``
+    what ``%gpu_status --json`` prints.
+
+    Attributes
+    ----------
+    runtime : Runtime
+        The platform, torch's state, ``CUDA_VISIBLE_DEVICES`` (as CUDA started under it) and
+        ``CUDA_DEVICE_ORDER``.
+    snapshot : Snapshot
+        The GPUs as read (``gpus``), or why none could be (``problem``).
+    torch_index_of : dict of int to int
+        NVML index -> torch's index (``cuda:N``) of each GPU torch sees.
+    torch_memory : tuple of TorchMemory
+        torch's allocator figures per device, read only once the user's code started CUDA.
+    breakdown : tuple of MemoryBreakdown
+        Each GPU's used memory split into other processes, CUDA context and non-torch
+        libraries, torch's cache and tensors.
+    advice : tuple of Advice
+        The tips and warnings, each with the rule that gave it.
+    cuda_numbering_known : bool
+        False where ``torch_index_of`` is a guess: different GPUs numbered fastest first that
+        the CUDA driver could not be asked about.
+    cuda_numbering_asked : bool
+        ``torch_index_of`` came from the CUDA driver, asked in a child process.
+    mig_torch_index_of : dict of (int, int) to int
+        (NVML index, MIG index) -> torch's index of each MIG instance CUDA_VISIBLE_DEVICES names.
+    visible_devices_changed : (str or None, bool) or None
+        Where CUDA_VISIBLE_DEVICES changed after CUDA started: its value now, and whether the
+        one CUDA started under is certain.
+    """
 
     runtime: Runtime
     snapshot: Snapshot

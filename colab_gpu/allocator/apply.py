@@ -47,7 +47,38 @@ def _reset_by_every_string(name: str, version: Version) -> bool:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class AllocConfResult(Shown):
-    """What one ``alloc_conf()`` call found and did."""
+    """What one ``alloc_conf()`` call found and did.
+
+    ``print(result)`` is the report ``%alloc_conf`` prints, ``result.to_json()`` what
+    ``%alloc_conf --json`` prints; ``result.changed`` whether the environment changed.
+
+    Attributes
+    ----------
+    action : str
+        ``"show"``, ``"check"`` or ``"set"``.
+    torch : TorchState
+        The torch the call acted on: imported, CUDA started.
+    torch_version : str or None
+        The installed torch's version, read without importing it.
+    settings : tuple of (str, str)
+        The configuration now set in this process (or checked), key by key.
+    env_before, env_after : dict of str to str or None
+        The allocator variables before and after the call (None: unset).
+    applied_via : tuple of str
+        Where the settings went: ``"environment"``, then torch's run-time setter if called.
+    deferred : tuple of (str, str)
+        (key, why) of keys that cannot change in this process any more.
+    warnings : tuple of str
+        What the settings do not do as one would think, and variables torch ignores.
+    in_effect : str or None
+        What torch reports it runs with, where asking it changes nothing.
+    preset : (str, str) or None
+        (name, explanation) of the preset applied.
+    saved, saved_path : str or None
+        The setting kept for ``%load_ext`` after a restart, and its file.
+    forgotten : str or None
+        With ``forget``: the saved setting deleted, ``""`` where none was.
+    """
 
     action: str  # "show", "check" or "set"
     torch: TorchState
@@ -284,19 +315,50 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
                modules: Optional[Mapping[str, Any]] = None) -> AllocConfResult:
     """Show, check or change the allocator configuration, as ``%alloc_conf`` does.
 
-    ``settings`` are strings in either form (``"max_split_size_mb=128"`` or
-    ``"max_split_size_mb:128,expandable_segments:True"``), ``unset`` key names; either may
-    be one string (anything else, a dict or bytes, is a TypeError). ``reset`` starts from
-    nothing, ``preset`` names one of ``colab_gpu.allocator.PRESETS``, ``check`` validates its
-    string and applies nothing, ``save`` / ``forget`` keep the result for ``%load_ext
-    colab_gpu`` after a restart or delete it. Before CUDA starts the settings go into the
-    environment variables; after, through torch's run-time setter (keys that cannot change
-    any more are listed; under a torch without a setter, every changed key).
-    Everything is validated against the installed torch before anything changes; on any
-    failure the environment is restored byte for byte and AllocConfError says what was
-    wrong. ``state`` overrides the detected torch state (for callers that already know it).
-    ``environ`` and ``modules`` (``os.environ`` and ``sys.modules`` when None) are the
-    environment written and the module table inspected.
+    Before CUDA starts the settings go into the environment variables; after, through
+    torch's run-time setter (keys that cannot change any more are listed; under a torch
+    without a setter, every changed key). Everything is validated against the installed
+    torch before anything changes; on any failure the environment is restored byte for byte.
+    Without arguments it shows the configuration and changes nothing.
+
+    Parameters
+    ----------
+    settings : str or sequence of str
+        Settings in either form, ``"max_split_size_mb=128"`` or
+        ``"max_split_size_mb:128,expandable_segments:True"``, merged into the current ones.
+    unset : str or sequence of str
+        Key names to drop from the configuration.
+    reset : bool, default False
+        Start from nothing instead of the current configuration.
+    preset : str, optional
+        One of ``colab_gpu.allocator.PRESETS``, applied before ``settings``.
+    check : str, optional
+        A setting string to validate against the installed torch; nothing is applied.
+    save, forget : bool, default False
+        Keep the result for ``%load_ext colab_gpu`` after a restart, or delete what was kept.
+    state : TorchState, optional
+        The torch state to act on, for callers that already know it; detected when None.
+    environ : MutableMapping[str, str], optional
+        The environment written; ``os.environ`` when None.
+    modules : Mapping[str, module], optional
+        The module table torch is looked up in (never imported); ``sys.modules`` when None.
+
+    Returns
+    -------
+    AllocConfResult
+        What the call found and did: the settings now held, how they were applied, what
+        waits for a restart, warnings.
+
+    Raises
+    ------
+    TypeError
+        ``settings`` or ``unset`` is neither a string nor a list of strings (a dict, bytes),
+        or ``check`` is not a string.
+    AllocConfError
+        (a ValueError) A setting that is malformed, unknown, out of range or not in the
+        installed torch, an unknown preset, options that contradict each other, a variable
+        already set that cannot be read (``reset=True`` replaces it), a value torch refused,
+        or a saved file that could not be written or deleted; nothing was changed.
     """
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules

@@ -320,7 +320,28 @@ class DeviceSource(Protocol):
 
 
 def open_source(path: Optional[str] = None) -> "DeviceSource":
-    """The live NVML source, or a replay of the ``nvidia-smi`` recording at ``path``."""
+    """The live NVML source, or a replay of the ``nvidia-smi`` recording at ``path``.
+
+    Parameters
+    ----------
+    path : str, bytes or os.PathLike, optional
+        An ``nvidia-smi`` recording (``-q -x`` XML, a ``--query-gpu`` CSV log or the table);
+        None for this machine's GPUs through NVML.
+
+    Returns
+    -------
+    DeviceSource
+        Its ``snapshot()`` reads every GPU now and never raises: a driver that is missing or
+        a file that is no recording becomes ``Snapshot.problem``. ``close()`` releases it.
+
+    Raises
+    ------
+    TypeError
+        ``path`` is not a path.
+    colab_gpu.devices.replay.RecordingError
+        (a ValueError) ``path`` names no regular file this process can read (missing, a
+        directory, blank), or one too large to read whole.
+    """
     if path is not None:
         from .replay import ReplaySource
 

@@ -44,7 +44,12 @@ def on_stop(cleanup: Callable[[], None]) -> None:
 
 
 def running() -> Optional[Sampler]:
-    """The process's sampler while it runs, else None."""
+    """The process's sampler while it runs, else None.
+
+    Returns
+    -------
+    Sampler or None
+    """
     sampler = session.live_sampler
     return sampler if sampler is not None and sampler.running else None
 
@@ -73,16 +78,45 @@ def _replays(sampler: Sampler, path) -> bool:
 
 def start(path: Optional[str] = None, demo: bool = False, interval: Optional[float] = None,
           history: Optional[int] = None) -> Tuple[Sampler, bool]:
-    """(the sampler, whether it was started now): a running sampler is reused as it is (given
-    another ``path``, ``demo``, ``interval`` or ``history``, AlreadyRunning says so); one that
-    stopped by itself is ended and replaced (``stop()`` before returns its record). ``interval``:
-    seconds between samples, from MIN_INTERVAL (0.1) to 3600, 1 for a new monitor when not
-    given; ``history``: samples kept for the charts, 3600 for a new monitor when not given.
+    """Start the live monitor, one per kernel, or return the running one.
 
     Reads the live GPUs through NVML, or replays the recording at ``path`` (or the bundled
-    demo trace) one time step per sample, looping. Raises :class:`SourceError` when the
-    source cannot be read at all (no driver, a bad file), LiveOptionError for an interval or
-    history out of range or both a ``path`` and ``demo``, RecordingError for an empty ``path``.
+    demo trace) one time step per sample, looping. A running sampler is reused as it is; one
+    that stopped by itself (a lost GPU) is ended and replaced (``stop()`` before returns its
+    record).
+
+    Parameters
+    ----------
+    path : str, bytes or os.PathLike, optional
+        An ``nvidia-smi`` recording to replay instead of the live GPUs.
+    demo : bool, default False
+        Replay the bundled demo trace.
+    interval : float, optional
+        Seconds between samples, from MIN_INTERVAL (0.1) to 3600; 1 for a new monitor when
+        not given.
+    history : int, optional
+        Samples kept for the charts; 3600 for a new monitor when not given.
+
+    Returns
+    -------
+    (Sampler, bool)
+        The sampler, and whether it was started now.
+
+    Raises
+    ------
+    TypeError
+        ``path`` is not a path, ``interval`` not a number or ``history`` not a whole number.
+    LiveOptionError
+        (a ValueError) ``interval`` or ``history`` out of range, or both ``path`` and ``demo``.
+    colab_gpu.devices.replay.RecordingError
+        (a ValueError) ``path`` is blank, or names a file that cannot be opened or is too
+        large to read whole.
+    SourceError
+        (a ValueError) The source cannot be read at all: no NVIDIA driver, a ``path`` that
+        names no regular file, or a file that is no recording.
+    AlreadyRunning
+        (a ValueError) The running monitor has another source, interval or history than
+        asked: ``stop()`` it first.
     """
     if path is not None and not isinstance(path, (str, bytes, os.PathLike)):  # os.fspath named no argument
         raise TypeError(f"path is a recording's file name (str, bytes or os.PathLike), not {path!r}")
@@ -146,9 +180,19 @@ def _check_path(path) -> None:
 
 
 def stop(reason: Optional[str] = None) -> Optional[RunRecord]:
-    """Stop the sampler, then the live page once it has shown how the run ended; the record of
-    the whole run, also when the sampler had stopped by itself (a lost GPU); None when there is
-    no run left to stop. ``reason``: what stopped it ("%gpu_status --stop"), for the page."""
+    """Stop the sampler, then the live page once it has shown how the run ended.
+
+    Parameters
+    ----------
+    reason : str, optional
+        What stopped it (``"%gpu_status --stop"``), shown on the page.
+
+    Returns
+    -------
+    RunRecord or None
+        The record of the whole run, also when the sampler had stopped by itself (a lost
+        GPU); None when there is no run left to stop.
+    """
     with session.live_lock:
         sampler, record = session.live_sampler, None
         if sampler is not None and not sampler.closed:
@@ -197,7 +241,18 @@ def page_server():
 
 
 def live_url() -> str:
-    """The address of the live page (for an IFrame where the browser runs on this machine)."""
+    """The address of the live page (for an IFrame where the browser runs on this machine).
+
+    Returns
+    -------
+    str
+        ``http://127.0.0.1:PORT/`` of the page's server, started on first use.
+
+    Raises
+    ------
+    SourceError
+        (a ValueError) The live monitor is not running.
+    """
     return page_server().url
 
 
@@ -211,9 +266,24 @@ def record_of(sampler: Sampler) -> RunRecord:
 
 
 def history(frame: Optional[bool] = None):
-    """The samples of the running or last live run: a pandas DataFrame (one row per GPU and
-    time) when pandas is installed, else a tuple of :class:`~colab_gpu.live.sampler.Sample`.
-    ``frame=False`` always returns the samples; ``frame=True`` requires pandas."""
+    """The samples of the running or last live run: the last ``history`` of them.
+
+    Parameters
+    ----------
+    frame : bool, optional
+        True: a DataFrame, False: the samples; None: a DataFrame when pandas is installed.
+
+    Returns
+    -------
+    pandas.DataFrame or tuple of Sample
+        One row per GPU and time (``time`` in UTC), or the
+        :class:`~colab_gpu.live.sampler.Sample` objects; empty before any run.
+
+    Raises
+    ------
+    ImportError
+        ``frame=True`` without pandas.
+    """
     sampler = session.live_sampler
     samples = sampler.samples() if sampler is not None else ()
     if frame is False:
