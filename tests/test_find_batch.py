@@ -878,7 +878,7 @@ def test_kaggles_two_t4s_with_a_cpu_only_torch_refuse_a_cuda_device(shell, clean
 
     from colab_gpu.devices.nvml import NvmlSource
     from nvml_recording import RecordedNvml
-    from test_harm import two_t4s
+    from test_never_harms import two_t4s
 
     monkeypatch.setattr(torch.version, "cuda", None)  # a CPU-only build, whichever build tests run with
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")

@@ -34,9 +34,9 @@ from colab_gpu.torch_allocator.schema import KEYS, PRESETS
 from conftest import DATA, ROOT
 from milabench_replay import Curve, ReplayDevice
 from nvml_recording import RecordedNvml
-from test_harm import DEVICE_CALLS, NVML_CALLS, NVML_ERRORS, two_t4s
 from test_mig import UUIDS, filled, recorded_a100, with_instances
 from test_multigpu import box, cuda_on_cuda0  # noqa: F401 (a fixture)
+from test_never_harms import DEVICE_CALLS, NVML_CALLS, NVML_ERRORS, two_t4s
 
 RECORDINGS = sorted([*(DATA / "nvidia-smi-xml").glob("*.xml"), *(DATA / "nvidia-smi-csv").glob("*.csv"),
                      *(ROOT / "colab_gpu" / "data").glob("*.xml"), *(ROOT / "colab_gpu" / "data").glob("*.csv")])
