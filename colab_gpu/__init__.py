@@ -71,7 +71,21 @@ def _check_shell(shell, function: str) -> None:
 
 
 def load_ipython_extension(shell) -> None:
-    """Register the magics; loading twice keeps the first registration."""
+    """Register the magics; loading twice keeps the first registration.
+
+    At the first load in a process it also applies the allocator setting saved with
+    ``%alloc_conf --save`` (only before CUDA starts) and prints a line saying so, or why not.
+
+    Parameters
+    ----------
+    shell : InteractiveShell
+        The running IPython shell (``get_ipython()``); ``%load_ext colab_gpu`` passes it.
+
+    Raises
+    ------
+    TypeError
+        ``shell`` is no IPython shell (None in a plain ``python``).
+    """
     _check_shell(shell, "load_ipython_extension")
     from .allocator import apply_saved
     from .magics import register
@@ -87,7 +101,18 @@ def load_ipython_extension(shell) -> None:
 
 
 def unload_ipython_extension(shell) -> None:
-    """Remove every magic, hook and thread the extension added."""
+    """Remove every magic, hook and thread the extension added.
+
+    Parameters
+    ----------
+    shell : InteractiveShell
+        The running IPython shell (``get_ipython()``); ``%unload_ext colab_gpu`` passes it.
+
+    Raises
+    ------
+    TypeError
+        ``shell`` is no IPython shell (None in a plain ``python``).
+    """
     _check_shell(shell, "unload_ipython_extension")
     from .magics import unregister
     from .magics.doctor import unwatch

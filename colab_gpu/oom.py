@@ -113,6 +113,22 @@ def is_out_of_memory(error: Union[BaseException, str]) -> bool:
     instead of an error. The message decides, whatever the error's type: your own
     ``ValueError("ran out of memory budget")`` is one too, so a step may raise one to mark a
     size as too large, and ``find_batch`` tries a smaller one.
+
+    Parameters
+    ----------
+    error : BaseException or str
+        The error caught, or its message.
+
+    Returns
+    -------
+    bool
+        Whether it, or an error it was raised from or during (``__cause__``,
+        ``__context__``), says out of memory, and none of them says the device broke.
+
+    Raises
+    ------
+    TypeError
+        ``error`` is neither an exception nor a string.
     """
     if isinstance(error, str):
         error = RuntimeError(error)

@@ -176,8 +176,21 @@ def in_notebook(shell: object = None) -> bool:
 def detect_runtime(shell: object = None, environ: Optional[Mapping[str, str]] = None) -> Runtime:
     """Everything about the surroundings that can be read without touching the GPU.
 
-    Without ``shell``, the running IPython shell is used, so ``colab_gpu.status()`` called
-    from a notebook cell knows it is in a notebook. ``environ`` is ``os.environ`` when None.
+    Parameters
+    ----------
+    shell : InteractiveShell, optional
+        The IPython shell; the running one when None, so ``colab_gpu.status()`` called from
+        a notebook cell knows it is in a notebook.
+    environ : Mapping[str, str], optional
+        The environment variables read; ``os.environ`` when None.
+
+    Returns
+    -------
+    Runtime
+        The platform (Colab, Kaggle, Binder, Jupyter, a terminal IPython or plain Python),
+        its accelerator hint and TPU type, torch's version and whether CUDA started (read
+        only where the user imported torch), ``CUDA_VISIBLE_DEVICES`` and
+        ``CUDA_DEVICE_ORDER``.
     """
     environ = os.environ if environ is None else environ
     platform = detect_platform(shell if shell is not None else current_shell(), environ)

@@ -32,6 +32,7 @@ from colab_gpu.live.render import chart_figure, chart_png
 from colab_gpu.live.sampler import THREAD_NAME, Sampler, SourceError
 from colab_gpu.live.server import LiveServer
 from colab_gpu.live.terminal import watch
+from colab_gpu.state import session
 
 from conftest import DATA, ROOT
 from live_nvml import RecordedNvml
@@ -506,26 +507,24 @@ def test_the_rolling_chart_at_a_slow_interval_still_draws_a_line():
 
 
 def test_the_rolling_chart_of_a_value_the_source_lacks_says_not_reported():
-    from colab_gpu.live.panel import _memory_percent, _utilization, chart_svg
+    from colab_gpu.live.panel import chart_svg, memory_percent, utilization
 
     sampler, _ = live.start(path=str(NANOGPT), interval=60)  # nanoGPT's log has no memory
     samples = sampler.samples()
-    assert ">not reported</text>" in chart_svg(samples, "memory used %", _memory_percent)
-    assert "not reported" not in chart_svg(samples, "busy %", _utilization)
-    assert "not reported" not in chart_svg((), "busy %", _utilization)  # nothing sampled yet
+    assert ">not reported</text>" in chart_svg(samples, "memory used %", memory_percent)
+    assert "not reported" not in chart_svg(samples, "busy %", utilization)
+    assert "not reported" not in chart_svg((), "busy %", utilization)  # nothing sampled yet
 
 
 @pytest.mark.parametrize("name", sorted(UNRECORDED))
 def test_the_live_panel_of_a_recording_leaves_out_the_columns_and_charts_it_never_recorded(live_config, name):
     """nanoGPT's log has no memory: each GPU's row in the live widget said "n/a / n/a" beside
     an empty bar, under an empty "memory used %" chart; the card leaves the row out."""
-    from colab_gpu.live import widget
-
     run_live(live_config, f"--live --from {DATA / 'nvidia-smi-csv' / name} --interval 0.005",
              live_display="widgets")
     live.running().wait(5, timeout=10)
     run_live(live_config, "--stop")  # the widget keeps its last state
-    panel = widget._shown[1].value
+    panel = session.live_shown[1].value  # the widget shown for the run
     left_out = UNRECORDED[name]
     header = re.search(r"<tr class='cgpu-muted'>(.*?)</tr>", panel).group(1)
     assert re.findall(r"<td>([a-z ]+)</td>", header) == [
@@ -1418,7 +1417,7 @@ def test_a_new_live_start_first_shows_the_summary_of_the_run_that_stopped_by_its
     try:
         run_live(live_config, "--live --interval 0.01", live_display="widgets")
         wait_until(lambda: live.running() is None)  # the GPU fell off the bus
-        lost = live._sampler
+        lost = session.live_sampler  # stopped, still kept for history()
         capsys.readouterr()
         run_live(live_config, "--live --demo --interval 0.01")
         out = unfolded(capsys.readouterr().out)
@@ -1709,11 +1708,11 @@ def _interrupted_at(event_number, run, counted_from):
     worker.start()
     worker.join(20)
     if worker.is_alive():  # deadlocked: leave nothing whose stop would hang this process
-        sampler, live._sampler = live._sampler, None
+        sampler, session.live_sampler = session.live_sampler, None
         if sampler is not None:
             atexit.unregister(sampler.stop)
-        if live._lock.locked():  # held by the stuck thread (a Lock: any thread may release it)
-            live._lock.release()
+        if session.live_lock.locked():  # held by the stuck thread (a Lock: any thread may release it)
+            session.live_lock.release()
         return "hung", None
     return outcome
 

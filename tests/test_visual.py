@@ -136,7 +136,7 @@ def test_the_status_card_names_temperature_and_state_as_the_text_report_does():
 def card_rows(status):
     """Each GPU's rows, {label: value}, as the text report and as the HTML card show them (a
     folded text row unfolded, the HTML's tags and no-break spaces dropped)."""
-    from test_polish_views import Text
+    from test_narrow_views import Text
 
     text_rows, rows = [], None
     for line in str(status).splitlines():

@@ -178,26 +178,62 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
                measure_memory: bool = True, progress: bool = True) -> BatchResult:
     """Find the largest batch size that fits (``mode="max"``) or the fastest (``"throughput"``).
 
-    ``fn(batch_size)`` runs one training (or inference) step. Each trial runs it ``steps``
-    times, the first untimed; in throughput mode a fast step runs until 0.1 s is timed.
-    ``start`` and ``max``: the first and the largest size tried (default 2, or
-    ``multiple_of`` if larger, or ``max`` if smaller; and 65536).
-    ``restore``: models, optimizers, schedulers, tensors or random generators of your own
-    (``np.random.default_rng``, ``torch.Generator``) whose state is put back after every
-    trial (saved on the CPU): one object, a list or a dict (None: nothing). ``headroom``:
-    memory to keep free, bytes (``"512MiB"``) or a share (``"10%"``); by default none, except
-    10% on the CPU without an address-space limit, where going past memory gets the process
-    killed (with ``measure_memory=False`` nothing is measured, so nothing is kept free, a
-    ``headroom`` given included).
-    ``multiple_of``: only its multiples are tried (``start`` and ``max`` rounded down to one,
-    in a note); one above ``max`` (65536 when not given) leaves no size and is refused. ``device``: ``"auto"`` (CUDA once your code has started it, else the CPU),
-    ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or N, or a ``torch.device``).
-    ``measure_memory=False`` measures no peak memory: the search doubles, then bisects on real
-    failures (on a CPU without an address-space limit there are none to bisect on: the first
-    size past memory gets the process killed). ``variable`` only names the size in the
-    report; ``progress=False`` shows no line per trial. The random generators are restored
-    too. Ctrl-C stops the search and returns the best size so far. The answer
-    (``result.answer``) is always a size that ran and fitted.
+    Each trial runs ``fn`` ``steps`` times at one size, the first run untimed; in throughput
+    mode a fast step runs until 0.1 s is timed. After every trial the ``restore`` objects and
+    the random generators are put back and memory is freed, so each trial starts alike.
+    Ctrl-C stops the search and returns the best size so far.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(batch_size)`` runs one training (or inference) step.
+    variable : str, default "batch_size"
+        The name of the size in the report.
+    mode : {"max", "throughput"}, default "max"
+        The largest size that fits, or the one with the most samples per second.
+    start, max : int, optional
+        The first and the largest size tried: by default 2 (or ``multiple_of`` if larger,
+        or ``max`` if smaller) and 65536.
+    steps : int, default 3
+        Runs per trial, at least 1.
+    headroom : str or int, optional
+        Memory to keep free: bytes (``"512MiB"``, an int) or a share (``"10%"``). None: none,
+        except 10% on the CPU without an address-space limit, where going past memory gets
+        the process killed. Not applied with ``measure_memory=False``.
+    multiple_of : int, default 1
+        Only its multiples are tried (``start`` and ``max`` rounded down to one, in a note).
+    restore : object, list or dict, optional
+        Models, optimizers, schedulers, tensors or random generators of your own
+        (``np.random.default_rng``, ``torch.Generator``) whose state is saved on the CPU and
+        put back after every trial; None or empty: nothing.
+    device : str, default "auto"
+        ``"auto"`` (CUDA once your code has started it, else the CPU), ``"cpu"``, ``"cuda"``,
+        ``"cuda:N"`` (or N, or a ``torch.device``).
+    measure_memory : bool, default True
+        False measures no peak memory: the search doubles, then bisects on real failures (on
+        a CPU without an address-space limit there are none: the first size past memory gets
+        the process killed).
+    progress : bool, default True
+        Show a line per trial.
+
+    Returns
+    -------
+    BatchResult
+        The trials and the answer, ``result.answer``: always a size that ran and fitted (None
+        when none did).
+
+    Raises
+    ------
+    TypeError
+        ``fn`` is not callable, or calling it runs nothing (an async or generator function).
+    colab_gpu.batch.SearchError
+        (a ValueError) An option the search cannot work with (the message says what is
+        accepted), a ``device`` this machine lacks, or a ``multiple_of`` that leaves no size.
+    colab_gpu.batch.RestoreError
+        (a ValueError) A ``restore`` object whose state cannot be saved or put back.
+    Exception
+        The error ``fn`` raised, when it is neither out of memory nor a broken device: raised
+        again, with its traceback, once everything is put back.
     """
     if not callable(fn):  # find_batch(train_step(64)): fail here, not as the first trial's error
         raise TypeError(f"find_batch() takes a function that runs one step at a batch size, "

@@ -139,10 +139,10 @@ def chart_png(result) -> Optional[bytes]:
     if not fits:
         return None
     with neutral_style():
-        return to_png(_chart_figure(result, fits), dpi=80)
+        return to_png(chart_figure(result, fits), dpi=80)
 
 
-def _chart_figure(result, fits):
+def chart_figure(result, fits):
     from matplotlib.figure import Figure
 
     if not _memory_shown(result):  # measure_memory=False, a CPU other than Linux's

@@ -30,7 +30,7 @@ CLOCK_EVENT_REASONS = (
 
 # Why NVML could not start, by the pynvml exception class name (classes are made at import).
 # At most 67 characters: "No GPU read: ..." stays one line of an 80-column terminal.
-_INIT_PROBLEMS = {
+INIT_PROBLEMS = {
     "NVMLError_LibraryNotFound": "no NVIDIA driver is installed here: libnvidia-ml.so was not found",  # Linux's
     "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded: no usable NVIDIA GPU here",
     "NVMLError_LibRmVersionMismatch": "the NVIDIA driver was updated but not reloaded: restart the machine",
@@ -60,11 +60,11 @@ DRIVER_WITHOUT_NVML = ("the NVIDIA driver is loaded but its NVML library (libnvi
 # Problems that say an NVIDIA driver is here and answered or is installed, so a GPU most
 # likely is too, only unreadable now: "no GPU" advice would contradict the card's own line.
 DRIVER_PRESENT_PROBLEMS = frozenset({NO_PYNVML, DRIVER_WITHOUT_NVML} | {
-    problem for name, problem in _INIT_PROBLEMS.items()
+    problem for name, problem in INIT_PROBLEMS.items()
     if name not in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")})
 
 
-def _driver_loaded() -> bool:
+def driver_loaded() -> bool:
     """The NVIDIA kernel module (Linux, containers too) or WSL's GPU bridge is there."""
     return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")
 
@@ -78,13 +78,13 @@ def _windows_nvml_paths() -> Tuple[str, ...]:
 @functools.lru_cache(maxsize=None)
 def nvidia_driver_present() -> bool:
     """Whether this machine has an NVIDIA driver, where pynvml would find it: on Windows its
-    nvml.dll; elsewhere loaded (see _driver_loaded) or NVML's library on the loader's path,
+    nvml.dll; elsewhere loaded (see driver_loaded) or NVML's library on the loader's path,
     which macOS never has (NVML is made for Linux and Windows only)."""
     if sys.platform.startswith("win"):
         return any(os.path.exists(path) for path in _windows_nvml_paths())
     import ctypes.util
 
-    return _driver_loaded() or ctypes.util.find_library("nvidia-ml") is not None
+    return driver_loaded() or ctypes.util.find_library("nvidia-ml") is not None
 
 
 # NVML's answers that a device or driver lacks a field for good, unlike a busy or failing driver
@@ -102,14 +102,14 @@ def describe_nvml_error(error: BaseException) -> str:
     name = type(error).__name__
     if name == "NVMLError_LibraryNotFound":
         return _library_not_found()
-    return _INIT_PROBLEMS.get(name, f"NVML error: {error}")
+    return INIT_PROBLEMS.get(name, f"NVML error: {error}")
 
 
 def _library_not_found() -> str:
     """No NVIDIA driver, naming the library missing on this platform: a Windows user told that
     libnvidia-ml.so was not found would look for a Linux file."""
     return next((problem for prefix, problem in _LIBRARY_NOT_FOUND_ON.items() if sys.platform.startswith(prefix)),
-                _INIT_PROBLEMS["NVMLError_LibraryNotFound"])
+                INIT_PROBLEMS["NVMLError_LibraryNotFound"])
 
 
 def _is_lost(error: BaseException) -> bool:
@@ -162,7 +162,7 @@ class NvmlSource:
             self._nvml.nvmlInit()
         except Exception as error:  # pynvml raises NVMLError subclasses; OSError from ctypes
             if type(error).__name__ == "NVMLError_LibraryNotFound" and sys.platform.startswith("linux") \
-                    and _driver_loaded():
+                    and driver_loaded():
                 return DRIVER_WITHOUT_NVML  # "no driver installed" would be false here
             return describe_nvml_error(error)
         self._started = True

@@ -203,11 +203,11 @@ def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
     )
 
 
-def _utilization(reading):
+def utilization(reading):
     return reading.utilization
 
 
-def _memory_percent(reading):
+def memory_percent(reading):
     used = used_fraction(reading.memory_used, reading.memory_total)
     return None if used is None else used * 100
 
@@ -237,7 +237,7 @@ def render_panel(sampler, now: float = None) -> str:
             parts.append(f"<div class='cgpu-muted'>{escape(note)}</div>")
     # Ten samples at least: at --interval 600 a 300 s window held one point, no line at all.
     seconds = max(CHART_SECONDS, 10 * sampler.interval)
-    for column, title, value in (("busy", "busy %", _utilization), ("memory used", "memory used %", _memory_percent)):
+    for column, title, value in (("busy", "busy %", utilization), ("memory used", "memory used %", memory_percent)):
         if column not in left_out:
             parts.append(chart_svg(samples, title, value, seconds=seconds))
     parts.append("</div>")

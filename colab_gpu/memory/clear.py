@@ -158,7 +158,27 @@ class Step:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class ClearReport(Shown):
-    """What clear_cache did, what each step freed, and who still holds memory."""
+    """What clear_cache did, what each step freed, and who still holds memory.
+
+    ``print(report)`` is the report ``%clear_cache`` prints; ``report.freed("cuda:0")`` the
+    bytes freed on a device over the whole run (None where unread).
+
+    Attributes
+    ----------
+    before : tuple of Reading
+        Each device's memory before the first step.
+    steps : tuple of Step
+        Each step run, in order: what it did (or its error) and the memory right after it.
+    holders : Holders
+        Who still holds memory after the last step.
+    deleted : tuple of str
+        The variables deleted.
+    cuda_initialized : bool
+        Whether CUDA had started, so the CUDA cache step ran.
+    kept_by_arrays : tuple of (str, int)
+        (variable, bytes): NumPy arrays that still hold the memory deleted tensors lay on
+        (``torch.from_numpy``).
+    """
 
     before: Tuple[Reading, ...]
     steps: Tuple[Step, ...]
@@ -205,9 +225,33 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     after a mere query such as ``torch.cuda.current_device()``), synchronize, free cuBLAS's
     workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after
     each step. A step that raises (a CUDA error after a device-side assert) is reported as
-    failed, with its error, and the others still run. A bad name raises
-    ``colab_gpu.memory.ClearCacheError`` (a ValueError) before anything is done.
-    ``print(report)`` shows the report ``%clear_cache`` shows.
+    failed, with its error, and the others still run.
+
+    Parameters
+    ----------
+    *names : str
+        Variables of the notebook (or of a script's ``__main__``) to delete first.
+    history : bool, default False
+        Clear every entry of the output history (``Out``), not only those that hold
+        tensors or modules.
+    shell : InteractiveShell, optional
+        The IPython shell whose names are cleared; the running one when None.
+    source : DeviceSource, optional
+        Where the GPUs' memory is read; the process's NVML source when None.
+
+    Returns
+    -------
+    ClearReport
+        What each step freed and who still holds memory; ``print(report)`` shows the
+        report ``%clear_cache`` shows.
+
+    Raises
+    ------
+    TypeError
+        A name that is not a string (``clear_cache(model)``).
+    colab_gpu.memory.ClearCacheError
+        (a ValueError) A name that is no variable of yours (unknown, IPython's or Python's
+        own, a module, not an identifier); raised before anything is done.
     """
     shell = shell if shell is not None else current_shell()
     names = check_names(names, shell)  # a name given twice is deleted and reported once

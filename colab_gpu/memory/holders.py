@@ -55,7 +55,36 @@ class Elsewhere:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Holders(Shown):
-    """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch."""
+    """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch.
+
+    ``print(holders)`` shows the ranking as ``%clear_cache --vars`` does.
+
+    Attributes
+    ----------
+    holders : tuple of Holder
+        Your variables, largest first: the bytes each reaches, those no other variable
+        reaches (about what ``del`` would free), per device.
+    total_by_device : tuple of (str, int)
+        (device, bytes) the variables reach together, each storage counted once.
+    not_yours : tuple of (str, int)
+        (device, bytes) of tensor memory no variable holds: ``elsewhere`` and ``unreached``.
+    elsewhere : tuple of Elsewhere
+        Of that, what IPython keeps: an output (``Out[3]``, ``_``) or the last error.
+    unreached : tuple of (str, int)
+        (device, bytes) of the memory reading no variable, output or error reaches (a
+        library's cache, a thread, a reference cycle): a lower bound.
+    outside_torch : tuple of MemoryBreakdown
+        Per GPU: other processes, the CUDA context and non-torch libraries.
+    torch_labels : dict of int to str
+        NVML index -> ``"cuda:N"``.
+    torch_imported : bool
+        False: torch is not imported, so nothing is ranked.
+    problem : str or None
+        Why the GPUs could not be read.
+    numpy_arrays : dict
+        ("cpu", address) -> (variable, bytes): NumPy arrays the variables reach whose memory
+        a tensor lies on.
+    """
 
     holders: Tuple[Holder, ...] = ()
     total_by_device: Tuple[Tuple[str, int], ...] = ()  # every storage counted once
@@ -211,6 +240,23 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     traceback, a ``%debug``) keep, and the rest of the memory reading, which none of these
     reaches. Also reads, through NVML, the GPU memory held outside torch. Never initializes
     CUDA and never keeps a reference to a tensor.
+
+    Parameters
+    ----------
+    shell : InteractiveShell, optional
+        The IPython shell whose variables are ranked; the running one when None (a script's
+        ``__main__`` without IPython).
+    source : DeviceSource, optional
+        Where the GPUs' memory is read; the process's NVML source when None.
+    max_objects : int, default 1000000
+        Objects visited per variable at most, so a huge container stays fast; a variable
+        whose walk was cut short is marked, its bytes a lower bound.
+
+    Returns
+    -------
+    Holders
+        The ranking, what no variable holds and the memory outside torch (only the last
+        where torch is not imported: ``torch_imported`` is False).
     """
     return holders_of(shell if shell is not None else current_shell(), read_snapshot(source), max_objects)
 

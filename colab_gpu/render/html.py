@@ -70,7 +70,7 @@ def rows_table(rows) -> str:
     ) + "</table>"
 
 
-def _breakdown_bar(part) -> str:
+def breakdown_bar(part) -> str:
     """One stacked bar of where the memory went, with a legend, largest consumers named."""
     pieces = [("other processes", part.other_processes or 0, "#8250df"),
               (outside_torch_label(part), part.context_and_non_torch, "#9a6700"),
@@ -98,7 +98,7 @@ def _gpu(status, gpu) -> str:
             return "<br>".join(f"{p.pid} <span title='{escape(p.name or NA)}'>{escape(process_name(p.name))}</span> "
                                f"&middot; {size(p.used_memory)}{this_process(status, p)}" for p in gpu.processes)
         if label == "where":
-            return _breakdown_bar(status.breakdown_of(gpu.index))
+            return breakdown_bar(status.breakdown_of(gpu.index))
         return fraction_bar(bars.get(label)) + escape(value)
 
     rows = [(label, cell(label, value)) for label, value in gpu_rows(status, gpu)]

@@ -22,6 +22,7 @@ import colab_gpu.devices
 from colab_gpu.devices.nvml import NvmlSource, describe_nvml_error
 from colab_gpu.devices.replay import ReplaySource
 from colab_gpu.live.sampler import Sampler
+from colab_gpu.state import session
 
 from conftest import DATA, ROOT
 from nvml_recording import RecordedNvml
@@ -84,7 +85,7 @@ def test_the_call_list_is_the_real_codes():
 def gpu_status_text(shell, capsys, monkeypatch):
     """%gpu_status over NvmlSource(nvml), as text; fails on any traceback."""
     def run(nvml, line=""):
-        monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=nvml))
+        monkeypatch.setattr(session, "default_source", NvmlSource(nvml=nvml))
         shell.run_line_magic("gpu_status", line)
         captured = capsys.readouterr()
         assert "Traceback" not in captured.out + captured.err and captured.err == ""
@@ -577,7 +578,7 @@ def old_pynvml_module(nvml: RecordedNvml):
 def test_an_old_pynvml_module_still_gives_the_card(shell, capsys, monkeypatch):
     nvml = RecordedNvml(two_t4s(), names_as_bytes=True)
     monkeypatch.setitem(sys.modules, "pynvml", old_pynvml_module(nvml))
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())  # the real `import pynvml`
+    monkeypatch.setattr(session, "default_source", NvmlSource())  # the real `import pynvml`
     shell.run_line_magic("gpu_status", "")
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
@@ -620,7 +621,7 @@ def test_the_deprecated_pynvml_package_that_warns_on_import_still_gives_the_card
 
     finder = Finder()
     monkeypatch.setattr(sys, "meta_path", [finder] + sys.meta_path)
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     with warnings.catch_warnings():  # the shim's warning is not the user's to act on: another
         warnings.simplefilter("error")  # tool pulled it in, and nvidia-ml-py is already there
         shell.run_line_magic("gpu_status", "")

@@ -23,8 +23,8 @@ from colab_gpu.live.terminal import watch
 
 from conftest import DATA
 from nvml_recording import RecordedNvml
-from test_harm import two_t4s
 from test_mig import filled, live, recorded_a100, shown, with_instances  # noqa: F401 (shown: a fixture)
+from test_never_harms import two_t4s
 
 T4 = DATA / "nvidia-smi-xml" / "tesla-t4.xml"
 V100 = DATA / "nvidia-smi-csv" / "v100s-pcie-32gb_miris.csv"
