@@ -17,6 +17,7 @@ from ..oom import describe, error_chain, is_out_of_memory, message
 from ..cuda import cuda_devices_in_use, working_device
 from ..devices import DeviceSource
 from ..spelling import command
+from ..errors import UserError
 from ..runtime import current_shell, cuda_torch, detect_platform
 from .causes import Evidence, find_causes
 from .cell import read_cell
@@ -26,23 +27,48 @@ from .kernel import KernelScan, failed_call_builds_graph, scan_kernel
 from .parse import OomMessage, parse_message
 from .report import PASTED, THIS_KERNEL, OomReport, OtherProcess
 
-__all__ = ["explain_oom", "explain_error", "explain_text", "BUDGET"]
+__all__ = ["explain_oom", "explain_error", "explain_text", "BUDGET", "NotOutOfMemory"]
 
 BUDGET = 0.3  # seconds of measuring: the card must come within half a second of the error
 _GPU_KINDS = ("CUDA", "HIP", "cuBLAS", "cuDNN", "CUDA runtime")
+
+
+class NotOutOfMemory(UserError, ValueError):
+    """Text given to explain that holds no out-of-memory message."""
 
 
 def explain_oom(error_or_text: Any, shell: Any = None, source: Optional[DeviceSource] = None,
                 cell: Optional[str] = None) -> OomReport:
     """Why did this run out of memory, and what to do: an :class:`OomReport`.
 
-    Given an exception (``sys.last_value`` after a failed cell, or one caught in a script), it
-    measures this kernel: the device now (NVML, and torch's counters once CUDA runs), what the
-    last error and the outputs keep, which variables hold the memory and which keep autograd
-    graphs, and ``cell`` (the failed cell's source) for its batch-size variable. Given a message
-    (str), pasted from a forum or a log, it explains it from its numbers alone. Never
-    initializes CUDA; the report holds numbers and names, never a tensor or a frame.
-    Raises ValueError for an error or text that is no out-of-memory.
+    Never initializes CUDA; the report holds numbers and names, never a tensor or a frame.
+
+    Parameters
+    ----------
+    error_or_text : BaseException or str
+        An exception (``sys.last_value`` after a failed cell, or one caught in a script): this
+        kernel is measured (the device now through NVML, torch's counters once CUDA runs, what
+        the last error and the outputs keep, which variables hold the memory and which keep
+        autograd graphs). Or a message pasted from a forum or a log: explained from its
+        numbers alone.
+    shell : InteractiveShell, optional
+        The shell whose namespace is measured; the running one by default.
+    source : DeviceSource, optional
+        Where the GPUs are read; NVML by default.
+    cell : str, optional
+        The failed cell's source, read for its batch-size variable.
+
+    Returns
+    -------
+    OomReport
+        The numbers, the causes found and their fixes, largest first.
+
+    Raises
+    ------
+    NotOutOfMemory
+        For text that holds no out-of-memory message.
+    TypeError
+        For anything but an exception or a str.
     """
     if isinstance(error_or_text, str):
         return explain_text(error_or_text)
@@ -56,7 +82,7 @@ def explain_text(text: str, source: str = PASTED) -> OomReport:
     parsed = parse_message(text)
     if parsed is None:
         shown = " ".join(text.split())
-        raise ValueError(f"no out-of-memory message in {shown[:80] + '...' if len(shown) > 80 else shown!r}: "
+        raise NotOutOfMemory(f"no out-of-memory message in {shown[:80] + '...' if len(shown) > 80 else shown!r}: "
                          f"give the error's text, such as 'CUDA out of memory. Tried to allocate 2.00 GiB ...'")
     report = _from_message(parsed, source)
     expandable = parsed.wording.startswith("PyTorch 2") if parsed.wording else \
@@ -103,7 +129,7 @@ def _oom_link(error: BaseException) -> BaseException:
             return link
     if is_out_of_memory(error):  # torch's OutOfMemoryError class, whatever its message
         return error
-    raise ValueError(f"not an out-of-memory error: {describe(error)}")
+    raise NotOutOfMemory(f"not an out-of-memory error: {describe(error)}")
 
 
 def _default_device(kind: str) -> Optional[str]:

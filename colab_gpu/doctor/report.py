@@ -64,9 +64,44 @@ class Cause:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class OomReport(Shown):
-    """Why a cell ran out of memory and what to do, from measurements (``source`` says whose:
-    this kernel's, or a pasted message's numbers alone). Sizes are bytes, None where neither
-    the message nor the machine says."""
+    """Why a cell ran out of memory and what to do, from measurements. Sizes are bytes, None
+    where neither the message nor the machine says.
+
+    Attributes
+    ----------
+    source : str
+        Whose numbers: this kernel's, a pasted message's alone, or "message in FILE".
+    kind : str
+        Which library ran out: CUDA, HIP, XPU, MPS, CPU, cuBLAS, cuDNN, NumPy, Python ...
+    error : str
+        The message's line that says it.
+    device, device_name : str or None
+        "cuda:0", "cpu" or "mps", and the GPU's name ("Tesla T4").
+    requested_bytes, capacity_bytes, free_bytes : int or None
+        What the failing call asked for, the device's capacity and what was free.
+    allocated_bytes, reserved_bytes : int or None
+        torch's tensors, and its cache with them.
+    allowed_bytes : int or None
+        torch's own cap (``set_per_process_memory_fraction``) or the address-space limit.
+    other_processes_bytes, non_torch_bytes, in_use_bytes : int or None
+        Other processes' memory, this process's outside torch (CUDA context, libraries), and on
+        the CPU this process's address space or resident memory.
+    processes : tuple of OtherProcess
+        The other processes on the GPU, largest first.
+    kept, variables : tuple of Place
+        What IPython keeps (the last error, outputs) that no variable does; the variables
+        holding the most on the device.
+    graphs : tuple of Graph
+        Variables that keep autograd graphs across steps.
+    causes : tuple of Cause
+        The causes found, each with its fix, the one that gives back most first.
+    notes : tuple of str
+        What could not be measured, and the command that finishes it.
+    wording : str or None
+        Which PyTorch releases wrote the message.
+    seconds : float
+        How long the measurements took.
+    """
 
     source: str  # THIS_KERNEL, PASTED, or "message in FILE"
     kind: str  # which library ran out: CUDA, HIP, XPU, MPS, CPU, cuBLAS, cuDNN, NumPy, Python ...

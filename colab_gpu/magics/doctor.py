@@ -182,15 +182,12 @@ def explain_oom_magic(magics, line: str, cell: Optional[str]) -> None:
         text = f"{text}\n{cell}".strip()
     if path is not None and text:
         raise UsageError(f"give a message or --from FILE, not both (usage: {USAGE})")
-    try:
-        if path is not None:
-            report = explain_text(_read_file(path), source=f"message in {path}")
-        elif text:
-            report = explain_text(text, source=PASTED)
-        else:
-            report = _last_report(magics.shell)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+    if path is not None:  # a text with no out-of-memory message: a UserError, one line
+        report = explain_text(_read_file(path), source=f"message in {path}")
+    elif text:
+        report = explain_text(text, source=PASTED)
+    else:
+        report = _last_report(magics.shell)
     if json:
         print(report.to_json())
     else:
