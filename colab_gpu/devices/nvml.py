@@ -328,18 +328,22 @@ class NvmlSource:
         nvml, field = self._nvml, self._field
         instances = []
         for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            mig = field(lambda: nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+            mig = field(functools.partial(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot))
             if mig is None:
                 continue
-            instances.append(MigInstance(
-                index=slot,
-                uuid=field(lambda: _text(nvml.nvmlDeviceGetUUID(mig))),
-                gpu_instance_id=field(lambda: int(nvml.nvmlDeviceGetGpuInstanceId(mig))),
-                compute_instance_id=field(lambda: int(nvml.nvmlDeviceGetComputeInstanceId(mig))),
-                multiprocessors=field(lambda: int(nvml.nvmlDeviceGetAttributes(mig).multiprocessorCount)),
-                **self._memory_fields(mig),
-            ))
+            instances.append(self._mig_instance(slot, mig))
         return tuple(instances)
+
+    def _mig_instance(self, slot: int, mig: Any) -> MigInstance:
+        nvml, field = self._nvml, self._field
+        return MigInstance(
+            index=slot,
+            uuid=field(lambda: _text(nvml.nvmlDeviceGetUUID(mig))),
+            gpu_instance_id=field(lambda: int(nvml.nvmlDeviceGetGpuInstanceId(mig))),
+            compute_instance_id=field(lambda: int(nvml.nvmlDeviceGetComputeInstanceId(mig))),
+            multiprocessors=field(lambda: int(nvml.nvmlDeviceGetAttributes(mig).multiprocessorCount)),
+            **self._memory_fields(mig),
+        )
 
     def _clock_event_mask(self, handle: Any) -> int:
         nvml = self._nvml
@@ -373,7 +377,7 @@ class NvmlSource:
                 used = getattr(info, "usedGpuMemory", None)
                 found[info.pid] = GPUProcess(
                     pid=int(info.pid),
-                    name=self._field(lambda: _text(nvml.nvmlSystemGetProcessName(info.pid))),
+                    name=self._field(lambda pid=info.pid: _text(nvml.nvmlSystemGetProcessName(pid))),
                     used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
                     kind=kind,
                 )
