@@ -9,7 +9,7 @@ import dataclasses
 import os
 import re
 import sys
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from .devices import GPU, gpu_models
 
@@ -124,7 +124,7 @@ def detect_tpu(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     return None
 
 
-def cuda_torch(modules: Mapping[str, object] = sys.modules):
+def cuda_torch(modules: Mapping[str, Any] = sys.modules):
     """The user's torch once their code has initialized CUDA, else None: the check before any
     torch.cuda call, which must never start CUDA itself. A half-imported or broken torch
     counts as not started."""

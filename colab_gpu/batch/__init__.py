@@ -163,7 +163,7 @@ def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, var
 def _lazy_kind(fn: Callable) -> Optional[Tuple[str, str]]:
     """What ``fn`` is and what calling it makes, when that runs none of its body (a coroutine
     or generator function, as a partial or an object's ``__call__`` too), else None."""
-    for function in (fn, fn.__call__):  # find_batch checked callable(fn)
+    for function in (fn, getattr(fn, "__call__", None)):  # noqa: B004 (the method, inspected: no callable test)
         if inspect.iscoroutinefunction(function):
             return "an async function", "a coroutine"
         if inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(function):

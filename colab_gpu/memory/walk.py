@@ -14,7 +14,7 @@ import gc
 import itertools
 import sys
 import types
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import AbstractSet, Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 __all__ = ["MAX_OBJECTS", "OPAQUE", "Reach", "imported_torch", "walk_from"]
 
@@ -56,10 +56,10 @@ def _record_tensor(tensor, reach: Reach, stack: List[Any], torch, part: bool = F
         reach.tensors += 1
     if tensor.layout != torch.strided:  # sparse: the memory is in the component tensors
         shared = reach.shared
-        for name in ("_indices", "_values", "crow_indices", "col_indices",
-                     "ccol_indices", "row_indices", "values"):
+        for component in ("_indices", "_values", "crow_indices", "col_indices",
+                          "ccol_indices", "row_indices", "values"):
             try:
-                _record_tensor(getattr(tensor, name)(), reach, stack, torch, part=True)
+                _record_tensor(getattr(tensor, component)(), reach, stack, torch, part=True)
             except Exception:
                 pass
         reach.shared = shared + (reach.shared > shared)  # shared or not, still one tensor
@@ -218,7 +218,8 @@ def _attribute_children(obj: Any, kind: type) -> Iterable[Any]:
 def _running_frames() -> Set[int]:
     """The ids of the frames some thread is running, and of their callers."""
     running = set()
-    for frame in sys._current_frames().values():
+    for running_frame in sys._current_frames().values():
+        frame: Optional[types.FrameType] = running_frame
         while frame is not None:
             running.add(id(frame))
             frame = frame.f_back
@@ -273,7 +274,7 @@ def _saved_attributes(kind: type) -> Tuple[str, ...]:
     return tuple(name for name in dir(kind) if name.startswith("_raw_saved_") or name == "variable")
 
 
-def walk_from(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
+def walk_from(root: Any, torch, skip: AbstractSet[int], max_objects: int = MAX_OBJECTS,
               known: Optional[Mapping[Tuple[str, int], int]] = None) -> Reach:
     """Every tensor storage ``root`` reaches, each counted once, cycles and all; its tensors
     whose storage is one of ``known`` are counted as shared."""
