@@ -50,10 +50,11 @@ class ErrorKind(enum.Enum):
 def error_chain(error: BaseException) -> Iterator[BaseException]:
     """The error and every error it was raised from or during, each once."""
     seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
+    link: Optional[BaseException] = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
 
 
 def message(error: BaseException) -> str:

@@ -9,9 +9,12 @@ import dataclasses
 import os
 import re
 import sys
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Tuple
 
 from .devices import GPU, gpu_models
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 COLAB = "colab"
 KAGGLE = "kaggle"
@@ -124,7 +127,7 @@ def detect_tpu(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     return None
 
 
-def cuda_torch(modules: Mapping[str, object] = sys.modules):
+def cuda_torch(modules: Mapping[str, Any] = sys.modules):
     """The user's torch once their code has initialized CUDA, else None: the check before any
     torch.cuda call, which must never start CUDA itself. A half-imported or broken torch
     counts as not started."""
@@ -160,7 +163,7 @@ def mps_available(torch) -> Optional[bool]:
         return None
 
 
-def current_shell(modules: Mapping[str, object] = sys.modules) -> object:
+def current_shell(modules: Mapping[str, object] = sys.modules) -> Optional[InteractiveShell]:
     """The running IPython shell, if IPython is already imported (never imports it)."""
     ipython = modules.get("IPython")
     get_ipython = getattr(ipython, "get_ipython", None)

@@ -1369,8 +1369,8 @@ def test_a_cells_line_read_while_the_sampler_thread_tallies_a_sample_is_whole(re
     tally(sampler)
     if not lines:  # the tally read the memory fewer times: the line comes after it
         lines.append(peaks.after())
-    assert lines in ([None], [f"cell GPU memory (REPLAY of a recorded trace (a trace), not this "
-                              f"machine's GPU, 1 sample): GPU 0 peak 3.00 GiB used (+0 B)"]), lines
+    assert lines in ([None], ["cell GPU memory (REPLAY of a recorded trace (a trace), not this "
+                              "machine's GPU, 1 sample): GPU 0 peak 3.00 GiB used (+0 B)"]), lines
 
 
 def test_cells_in_a_terminal_samples_in_the_background_so_later_cells_get_their_line(live_config, capsys):

@@ -144,7 +144,7 @@ def card_rows(status):
             rows = {}
             text_rows.append(rows)
         elif rows is not None and line.startswith(" " * 14):
-            rows[label] += " " + line.strip()
+            rows[list(rows)[-1]] += " " + line.strip()  # a folded row goes on: the last one read
         elif rows is not None and line.startswith("  ") and line[2] != " ":
             label = line[2:13].strip()
             rows[label] = line[14:]

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 from ..spelling import command, option
 from ..runtime import TorchState
@@ -241,7 +241,9 @@ def _left_refused(base: Settings, kept: Settings, merged: Settings, target: Targ
             continue
         except AllocConfError as error:
             why = str(error)
-        low = format_number(BY_NAME[name].lowest(target.known, after)[0])
+        lowest = BY_NAME[name].lowest(target.known, after)
+        assert lowest is not None  # a key whose bound follows another always has one
+        low = format_number(lowest[0])
         done = f"{followed}={after[followed]}" if followed in after else \
             f"unsetting {followed} (default {BY_NAME[followed].default})"
         when = ""
@@ -421,7 +423,7 @@ def _held(target: TargetTorch, environ, env_before: Dict[str, Optional[str]], re
             raise
         source, current = "", ()  # --reset is the way out of an unreadable setting
     edited = _hand_edit(taken, source, env_before, current)
-    if edited is not None:  # torch no longer reads the variables: start from what it holds
+    if edited is not None and taken is not None:  # torch no longer reads the variables: start from what it holds
         current = parse(taken[0])
     return _Held(env_before, source, current, taken, edited)
 
@@ -465,7 +467,8 @@ def _set(target: TargetTorch, held: _Held, request: _Request, environ, modules) 
     # The file first: one that cannot be written or deleted then changes nothing, and a setting
     # torch refuses puts the file back, so that either all of it happens or none.
     previous, _ = saved_setting(environ)
-    waiting, to_save = (), new_settings
+    waiting: Settings = ()
+    to_save = new_settings
     if request.save and not request.reset:
         waiting, to_save = _still_waiting(previous, new_settings, set(dict(request.changes)) | set(request.unset),
                                           target)
@@ -476,7 +479,7 @@ def _set(target: TargetTorch, held: _Held, request: _Request, environ, modules) 
                         held.env_before, dropped)
     except AllocConfError:
         if request.save or request.forget:
-            save_or_forget(previous, previous is not None, previous is None, environ)
+            save_or_forget(previous or "", previous is not None, previous is None, environ)
         raise
     return dataclasses.replace(
         result, action="set", preset=request.preset, saved=saved, saved_path=str(path),
@@ -575,7 +578,8 @@ def _dropped_defaults(current: Settings, new: Settings, target: TargetTorch
     """The keys ``current`` held and ``new`` drops, each with the value that puts it back to
     torch's default through the run-time setter, or None where torch takes no value meaning
     its default ("0 (off)", "unlimited")."""
-    after, dropped = dict(new), []
+    after = dict(new)
+    dropped: List[Tuple[str, Optional[str]]] = []
     for name in dict(current):
         key = BY_NAME.get(name)
         if name in after or _reset_by_every_string(name, target.known) or key is None \
@@ -625,13 +629,13 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
             else:
                 environ.pop(name, None)
         via.append("environment")
-        if hands_to_torch:
+        if hands_to_torch and setter is not None:
             setter.set(runtime_text)
             via.append(setter.name)
             session.given_to_torch = text
     except Exception as error:
         _restore(environ, env_before)
-        if previous is not None:
+        if previous is not None and setter is not None:  # previous: read from this setter
             setter.set(previous)
         if isinstance(error, AllocConfError):
             raise
@@ -682,7 +686,8 @@ def _hand_edit(taken: Optional[Tuple[str, str]], source: str, env_before: Mappin
     return "; ".join(held) if held else f"{' and '.join(env_before)} are unset"
 
 
-def _hand_edit_warning(edited: str, taken: Tuple[str, str], written: bool) -> str:
+def _hand_edit_warning(edited: str, taken: Optional[Tuple[str, str]], written: bool) -> str:
+    assert taken is not None  # an edit by hand is found only against a setting torch took
     setting, when = taken
     change = command("%alloc_conf KEY=VALUE", "colab_gpu.alloc_conf('KEY=VALUE')")
     held = repr(setting) if setting else "its defaults"

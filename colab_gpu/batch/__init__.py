@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import os
 import re
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..oom import is_out_of_memory
 from ..spelling import option
@@ -84,8 +84,12 @@ def check_options(*, variable: str = "batch_size", mode: str = "max", start: Opt
     """SearchError for an option ``search_batch`` would refuse, before anything is saved or run."""
     whole_number("steps", steps)
     checked_device(device)
-    Search(lambda size: None, variable=variable, mode=mode, start=start, maximum=maximum,
+    Search(_never_run, variable=variable, mode=mode, start=start, maximum=maximum,
            multiple_of=multiple_of, headroom=headroom)  # its constructor checks the rest
+
+
+def _never_run(size: int) -> Trial:
+    raise AssertionError("check_options() builds a Search only to check its options")
 
 
 def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, variable: str = "batch_size",
@@ -103,7 +107,7 @@ def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, var
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
     steps = whole_number("steps", steps)
     device = checked_device(device)
-    errors = []
+    errors: List[BaseException] = []
     try:
         with CtrlC() as ctrl_c:
             def run(size: int) -> Trial:
@@ -154,7 +158,7 @@ def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, var
         # run() and the search refer to each other (search._run, run's `search`): kept, that
         # cycle held the step, what it closes over and the CPU copies of the restored objects
         # until Python's next garbage collection.
-        search = None
+        search = None  # type: ignore[assignment]  # not used again: only the cycle is broken
     if errors and result.trials[-1].outcome != DEVICE_BROKEN:
         raise errors[-1]
     return result
@@ -163,7 +167,7 @@ def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, var
 def _lazy_kind(fn: Callable) -> Optional[Tuple[str, str]]:
     """What ``fn`` is and what calling it makes, when that runs none of its body (a coroutine
     or generator function, as a partial or an object's ``__call__`` too), else None."""
-    for function in (fn, getattr(fn, "__call__", None)):
+    for function in (fn, getattr(fn, "__call__", None)):  # noqa: B004 (the method, inspected: no callable test)
         if inspect.iscoroutinefunction(function):
             return "an async function", "a coroutine"
         if inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(function):
@@ -245,6 +249,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
                         f"is {lazy[0]}: {name:.80}(batch_size) only creates {lazy[1]} and runs none of "
                         f"the step, so every size would fit; define it with a plain def")
     # Keyed as the caller passed them, which messages name: restore, restore[0], restore['model'].
+    objects: Mapping[Any, Any]
     if restore is None:
         objects = {}  # nothing to restore, as the default says
     elif isinstance(restore, dict):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import random
 import sys
-from typing import Any, Dict, List, MutableMapping, Optional, Set
+from typing import Any, Dict, Hashable, List, Mapping, MutableMapping, Optional, Set
 
 from ..errors import UserError
 from ..oom import describe
@@ -110,7 +110,7 @@ class _ObjectState:
     """One --restore object: anything with state_dict()/load_state_dict(), a tensor, or a
     random generator of the user's own (``rng = np.random.default_rng(0)``)."""
 
-    def __init__(self, name: str, obj: Any):
+    def __init__(self, name: Hashable, obj: Any):  # as the caller keyed it (see _restore_label)
         self.label, self.obj = _restore_label(name), obj
         torch = sys.modules.get("torch")
         self.is_tensor = torch is not None and isinstance(obj, torch.Tensor)
@@ -215,7 +215,7 @@ class _Generators:
         self.python = random.getstate()
         numpy = sys.modules.get("numpy")
         self.numpy = numpy.random.get_state() if numpy is not None else None
-        torch = sys.modules.get("torch")
+        torch: Any = sys.modules.get("torch")  # a module, or None
         # Where the cell is what imports torch, there is no state to put back, and none is
         # needed: torch seeds its CPU generator at import from the OS's entropy (initial_seed()
         # differs in every process; 67280421310721 is a torch.Generator()'s), so no user could
@@ -227,7 +227,7 @@ class _Generators:
         random.setstate(self.python)
         if self.numpy is not None:
             sys.modules["numpy"].random.set_state(self.numpy)
-        torch = sys.modules.get("torch")
+        torch: Any = sys.modules.get("torch")  # there: imported when these states were read, or CUDA runs
         if self.torch is not None:
             torch.set_rng_state(self.torch)
         if self.cuda is not None:
@@ -244,7 +244,7 @@ class RestorePoint:
     """Everything a trial may change, saved now and put back by ``restore()``."""
 
     def __init__(self, namespace: Optional[MutableMapping[str, Any]] = None,
-                 objects: Optional[Dict[str, Any]] = None):
+                 objects: Optional[Mapping[Any, Any]] = None):
         self.namespace = namespace
         # Every name, wherever the trial bound it (an assignment, exec, %time x = ..., a
         # function's global): the names it adds are deleted, those it rebinds or deletes are

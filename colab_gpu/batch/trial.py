@@ -16,7 +16,7 @@ import statistics
 import sys
 import threading
 import time
-from typing import Callable, ContextManager, Optional, Tuple
+from typing import Callable, ContextManager, List, Optional, Tuple
 
 from ..cuda import cuda_devices_in_use, empty_cuda_cache, working_device
 from ..host import cgroup_memory, meminfo, process_status
@@ -242,7 +242,8 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     gauge = open_gauge(device, index, measure)
     if gauge is not None:
         gauge.reset()
-    timings, runs, error, ooms = [], 0, None, _cuda_ooms(index)
+    timings: List[float] = []
+    runs, error, ooms = 0, None, _cuda_ooms(index)
     try:
         while not _enough(runs, steps, timings, min_timed):
             runs += 1
@@ -274,7 +275,7 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
                      caught_ooms=_cuda_ooms(index) - ooms), None
     interrupted = isinstance(error, KeyboardInterrupt)
     kind = None if interrupted else classify(error)
-    trial = Trial(size, INTERRUPTED if interrupted else kind.value, runs=runs,
+    trial = Trial(size, INTERRUPTED if kind is None else kind.value, runs=runs,
                   capacity=gauge.capacity() if gauge and kind is ErrorKind.OUT_OF_MEMORY else None,
                   capacity_kills=bool(gauge and gauge.capacity_kills), error=describe(error))
     if not stops_the_search(error):

@@ -17,7 +17,7 @@ import numbers
 import os
 import re
 import time
-from typing import FrozenSet, Iterable, List, Optional, Protocol, Sequence, Tuple
+from typing import FrozenSet, Iterable, List, Optional, Protocol, Sequence, Tuple, TypedDict
 
 from ..state import session
 from ..words import size
@@ -131,7 +131,7 @@ def _checked_processes(gpu, notes: List[Tuple[str, str]]) -> None:
 
 def _is_number(value, limit: int) -> bool:
     """Whether ``value`` is an index or id a device has: a whole number from 0, below ``limit``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < limit
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= int(value) < limit
 
 
 def _checked_index(what: str, value) -> None:
@@ -193,6 +193,15 @@ class MigInstance:
     @property
     def memory_used_fraction(self) -> Optional[float]:
         return used_fraction(self.memory_used, self.memory_total)
+
+
+class MemoryFields(TypedDict):
+    """The memory of a GPU or a MIG device as a reader passes it to either: ``**fields``."""
+
+    memory_total: Optional[int]
+    memory_used: Optional[int]
+    memory_free: Optional[int]
+    memory_reserved: Optional[int]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import GPU, UNKNOWN_GPU, GPUProcess, MigInstance, Snapshot
+from . import GPU, UNKNOWN_GPU, GPUProcess, MemoryFields, MigInstance, Snapshot
 
 # nvml.h's clocks-event reason bits, in words a notebook user understands.
 CLOCK_EVENT_REASONS = (
@@ -302,10 +302,10 @@ class NvmlSource:
             **fixed,
         )
 
-    def _memory_fields(self, handle: Any) -> Dict[str, Optional[int]]:
+    def _memory_fields(self, handle: Any) -> MemoryFields:
         """memory_total/used/free/reserved of a GPU or MIG device, all None where unreadable."""
-        names = ("memory_total", "memory_used", "memory_free", "memory_reserved")
-        return dict(zip(names, self._field(lambda: self._memory(handle)) or (None,) * len(names)))
+        total, used, free, reserved = self._field(lambda: self._memory(handle)) or (None,) * 4
+        return MemoryFields(memory_total=total, memory_used=used, memory_free=free, memory_reserved=reserved)
 
     def _memory(self, handle: Any) -> Tuple[int, int, int, Optional[int]]:
         """(total, used, free, reserved): v2 keeps the driver's reserve out of "used"."""
@@ -328,18 +328,22 @@ class NvmlSource:
         nvml, field = self._nvml, self._field
         instances = []
         for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            mig = field(lambda: nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+            mig = field(functools.partial(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot))
             if mig is None:
                 continue
-            instances.append(MigInstance(
-                index=slot,
-                uuid=field(lambda: _text(nvml.nvmlDeviceGetUUID(mig))),
-                gpu_instance_id=field(lambda: int(nvml.nvmlDeviceGetGpuInstanceId(mig))),
-                compute_instance_id=field(lambda: int(nvml.nvmlDeviceGetComputeInstanceId(mig))),
-                multiprocessors=field(lambda: int(nvml.nvmlDeviceGetAttributes(mig).multiprocessorCount)),
-                **self._memory_fields(mig),
-            ))
+            instances.append(self._mig_instance(slot, mig))
         return tuple(instances)
+
+    def _mig_instance(self, slot: int, mig: Any) -> MigInstance:
+        nvml, field = self._nvml, self._field
+        return MigInstance(
+            index=slot,
+            uuid=field(lambda: _text(nvml.nvmlDeviceGetUUID(mig))),
+            gpu_instance_id=field(lambda: int(nvml.nvmlDeviceGetGpuInstanceId(mig))),
+            compute_instance_id=field(lambda: int(nvml.nvmlDeviceGetComputeInstanceId(mig))),
+            multiprocessors=field(lambda: int(nvml.nvmlDeviceGetAttributes(mig).multiprocessorCount)),
+            **self._memory_fields(mig),
+        )
 
     def _clock_event_mask(self, handle: Any) -> int:
         nvml = self._nvml
@@ -370,11 +374,15 @@ class NvmlSource:
             for info in infos:
                 if info.pid in found:
                     continue
-                used = getattr(info, "usedGpuMemory", None)
-                found[info.pid] = GPUProcess(
-                    pid=int(info.pid),
-                    name=self._field(lambda: _text(nvml.nvmlSystemGetProcessName(info.pid))),
-                    used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
-                    kind=kind,
-                )
+                found[info.pid] = self._process(info, kind)
         return tuple(found.values()) if answered else None
+
+    def _process(self, info: Any, kind: str) -> GPUProcess:
+        nvml = self._nvml
+        used = getattr(info, "usedGpuMemory", None)
+        return GPUProcess(
+            pid=int(info.pid),
+            name=self._field(lambda: _text(nvml.nvmlSystemGetProcessName(info.pid))),
+            used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
+            kind=kind,
+        )

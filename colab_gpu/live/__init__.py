@@ -138,7 +138,7 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
         if current is not None:
             asked = None
             if not _replays(current, DEMO_TRACE if demo else path):  # reused, it dropped the user's source unsaid
-                asked = option("demo", True) if demo else option("path", os.fsdecode(path))
+                asked = option("demo", True) if demo or path is None else option("path", os.fsdecode(path))
             elif interval is not None and interval != current.interval:  # its samples came at the old one
                 asked = option("interval", asked_interval)
             elif history is not None and history != current.history:  # its charts keep the old number
@@ -151,11 +151,11 @@ def start(path: Optional[str] = None, demo: bool = False, interval: Optional[flo
         history = DEFAULT_HISTORY if history is None else history
         if session.live_sampler is not None:  # stopped by itself: nothing may stay registered at exit
             session.live_sampler.stop()
-        if demo or path is not None:
+        replay = DEMO_TRACE if demo else path
+        if replay is not None:
             from ..devices.replay import ReplaySource
 
-            sampler = Sampler(ReplaySource(DEMO_TRACE if demo else path, follow=True), interval, history,
-                              close_source=True)
+            sampler = Sampler(ReplaySource(replay, follow=True), interval, history, close_source=True)
         else:
             from ..devices import default_source
 

@@ -2,7 +2,7 @@
 the per-cell peak lines hooked on IPython's cell events."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional, Tuple
 
 from ..render import fold, fold_items
 from . import live_url, on_stop, page_server, running, stop
@@ -16,7 +16,7 @@ class LiveSession:
     def __init__(self, shell, show: Callable[[object], None]):
         self.shell = shell
         self._show = show  # how the magics display a result (honours GPUMagics.output)
-        self._hooks = None  # (pre, post) while --cells is on
+        self._hooks: Optional[Tuple[Callable[..., None], Callable[..., None]]] = None  # (pre, post) while --cells is on
 
     def show(self, sampler, kind: str, lines: int = 0, started: bool = True) -> None:
         """Show the running sampler as ``kind``: "auto", "widgets", "page" or "terminal".

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from html import escape
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..devices import used_fraction
 from ..devices.replay import LABEL_PREFIX, ReplaySource, replay_label
@@ -144,7 +144,7 @@ def _y(percent: float, height: int, inset: float = 2.0) -> float:
 
 
 def min_max_per_column(x: Sequence[float], y: Sequence[float], columns: int,
-                       span: Tuple[float, float]) -> Sequence[int]:
+                       span: Tuple[float, float]) -> Iterable[int]:
     """The positions of the points to draw of a line (``x`` ascending, within ``span``) on a
     chart ``columns`` pixels wide: at most two per pixel column, its lowest and highest, in
     the order they came (one where the column is flat), and the first and last. At that
@@ -154,14 +154,14 @@ def min_max_per_column(x: Sequence[float], y: Sequence[float], columns: int,
         return range(len(x))
     import numpy
 
-    x, y = numpy.asarray(x, dtype=float), numpy.asarray(y, dtype=float)
-    column = numpy.minimum(((x - span[0]) / ((span[1] - span[0]) or 1.0) * columns).astype(int), columns - 1)
-    order = numpy.lexsort((y, column))  # by column, then value: each column's lowest first
+    xs, ys = numpy.asarray(x, dtype=float), numpy.asarray(y, dtype=float)
+    column = numpy.minimum(((xs - span[0]) / ((span[1] - span[0]) or 1.0) * columns).astype(int), columns - 1)
+    order = numpy.lexsort((ys, column))  # by column, then value: each column's lowest first
     by_column = column[order]
     firsts = numpy.flatnonzero(numpy.r_[True, by_column[1:] != by_column[:-1]])
     lows, highs = order[firsts], order[numpy.r_[firsts[1:], len(order)] - 1]
-    highs = highs[y[highs] != y[lows]]  # a flat column: its one point is enough
-    kept = [lows, highs, [0, len(x) - 1]]  # and the line starts and ends where the samples do
+    highs = highs[ys[highs] != ys[lows]]  # a flat column: its one point is enough
+    kept = [lows, highs, [0, len(xs) - 1]]  # and the line starts and ends where the samples do
     return numpy.unique(numpy.concatenate(kept))  # sorted: time order
 
 
@@ -212,7 +212,7 @@ def memory_percent(reading):
     return None if used is None else used * 100
 
 
-def render_panel(sampler, now: float = None) -> str:
+def render_panel(sampler, now: Optional[float] = None) -> str:
     """The whole live display for ``sampler``'s current state, as an HTML fragment."""
     now = time.time() if now is None else now
     samples = sampler.samples()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 from html import escape
-from typing import Tuple
+from typing import Any, Dict, Tuple
 
 from ..render import count, fold_items
 from ..render.chart import neutral_style, to_png
@@ -111,7 +111,7 @@ def _draw_chart(record, dpi: int):
     figure.subplots_adjust(left=0.06, right=0.86 if len(record.gpu_names) > 1 else 0.97, top=1 - 0.6 / height,
                            bottom=0.5 / height, wspace=0.2, hspace=0.3)
     span = (x[0], x[-1]) if len(x) else (0.0, 0.0)
-    legend = {}  # a line per GPU, from whichever panel has one: each GPU has one colour
+    legend: Dict[int, Any] = {}  # a line per GPU, from whichever panel has one: each GPU has one colour
     for axes, field in zip(axes_grid.flat, fields):
         title, top = panels[field]
         highest, columns = 0.0, int(axes.get_position().width * figure.get_figwidth() * dpi)  # its pixels

@@ -15,11 +15,14 @@ import dataclasses
 import numbers
 import threading
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
 from ..errors import UserError
 from ..words import count
+
+if TYPE_CHECKING:
+    from ..torch_view import Status
 
 THREAD_NAME = "colab_gpu-sampler"
 # An hour: slower sampling cannot follow a notebook's cells, and far longer waits overflow
@@ -64,7 +67,7 @@ def check_history(samples: int, name: str = "the history length") -> int:
 class GPUReading(NamedTuple):
     """One GPU at one moment: the fields the live monitor draws (None where not reported)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's, named as everywhere; it shadows tuple.index
     utilization: Optional[float]  # percent of time a kernel ran
     memory_used: Optional[int]  # bytes
     memory_total: Optional[int]  # bytes
@@ -95,7 +98,8 @@ class RunTotals:
 
     busy_sum: float = 0.0
     busy_count: int = 0
-    peaks: Dict[str, Optional[float]] = dataclasses.field(default_factory=lambda: dict.fromkeys(PEAKS))
+    # each reading's own type: bytes an int, percent, watts and °C a float
+    peaks: Dict[str, Any] = dataclasses.field(default_factory=lambda: dict.fromkeys(PEAKS))
 
     def add(self, reading: GPUReading) -> None:
         if reading.utilization is not None:
@@ -165,7 +169,7 @@ class Sampler:
         self.gpu_names: Dict[int, str] = {}
         # The first sample's GPUs as the card sees them (cuda:N, hidden from torch): what the
         # displays label them by, read with the CUDA_VISIBLE_DEVICES of the start.
-        self.torch_view = None
+        self.torch_view: Optional[Status] = None
         # The source is a recording of some other machine (its first snapshot says so), not
         # this one's GPUs: every display marks it, whatever the source's label.
         self.recorded = False

@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import functools
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
@@ -25,6 +25,9 @@ from ..spelling import as_magic
 from .arguments import WHOLE_NUMBER, Once, int_or_float, magic_arguments, number, parse
 from .cell import prepare, raised_in_cell, search_cell
 from .live import check_combination, start_and_show, stop_and_show, stop_on_unload
+
+if TYPE_CHECKING:
+    from ..render.shown import Shown
 
 
 def _one_line(error: BaseException) -> str:
@@ -233,6 +236,7 @@ class GPUMagics(Magics):
         args = parse(self.clear_cache, line)
         if args.vars and (args.names or args.history):
             raise UsageError("--vars only shows who holds memory; it takes no NAME or --history")
+        result: Shown
         if args.vars:
             result = memory_holders(shell=self.shell)
         else:

@@ -186,7 +186,9 @@ def _ipython_lines(tree: ast.AST) -> Iterator[Tuple[str, List[str]]]:
     """(the shell's method, its string arguments) of each ``get_ipython().method(...)`` call:
     ``!ls`` is ``("system", ["ls"])``, ``%time f(bs)`` ``("run_line_magic", ["time", "f(bs)"])``."""
     for node in ast.walk(tree):
-        called = getattr(node, "func", None)
+        if not isinstance(node, ast.Call):
+            continue
+        called = node.func
         if isinstance(called, ast.Attribute) and isinstance(called.value, ast.Call) \
                 and getattr(called.value.func, "id", None) == "get_ipython":
             yield called.attr, [arg.value for arg in node.args

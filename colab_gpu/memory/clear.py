@@ -10,7 +10,7 @@ import dataclasses
 import gc
 import sys
 import types
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..cuda import empty_cuda_cache
 from ..devices import DeviceSource
@@ -138,9 +138,9 @@ def delete_variables(shell: Any, names: Iterable[str]) -> List[str]:
         del namespace[name]
         if hidden.get(name) is obj:
             del hidden[name]
-    history = output_history(shell, namespace)
+    history = output_history(shell, namespace) or {}
     ids = {id(obj) for obj in objects}
-    for number in [n for n, v in (history or {}).items() if id(v) in ids]:
+    for number in [n for n, v in history.items() if id(v) in ids]:
         del history[number]
     _forget_outputs(shell, namespace, hidden, objects)
     return names
@@ -254,7 +254,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
         own, a module, not an identifier); raised before anything is done.
     """
     shell = shell if shell is not None else current_shell()
-    names = check_names(names, shell)  # a name given twice is deleted and reported once
+    names = tuple(check_names(names, shell))  # a name given twice is deleted and reported once
     torch = imported_torch()
     snapshot = read_snapshot(source)
     readings = read_memory(torch, snapshot)
@@ -285,7 +285,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
                        cuda_initialized=cuda, kept_by_arrays=_kept_by_arrays(deleted_storages, holders))
 
 
-def _cpu_storages(shell: Any, names: List[str], torch) -> Dict[Tuple[str, int], int]:
+def _cpu_storages(shell: Any, names: Sequence[str], torch) -> Dict[Tuple[str, int], int]:
     """The CPU storages the variables ``names`` reach, by address (no reference kept)."""
     if not names or torch is None:
         return {}

@@ -10,7 +10,7 @@ import bisect
 import collections
 import dataclasses
 import os
-from typing import Any, Dict, Iterable, Mapping, Optional, Set, Tuple
+from typing import AbstractSet, Any, Dict, Iterable, Mapping, Optional, Set, Tuple
 
 from ..devices import DeviceSource
 from ..render.shown import Shown
@@ -113,14 +113,14 @@ def _by_device(storages: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int]
     return tuple(sorted(totals.items()))
 
 
-def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int] = frozenset(),
+def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: AbstractSet[int] = frozenset(),
                  max_objects: int = MAX_OBJECTS) -> Tuple[Tuple[Holder, ...], Tuple[Tuple[str, int], ...]]:
     """Rank ``(name, value)`` pairs by the tensor bytes each reaches; also the union per device."""
     holders, union, _ = _rank(variables, torch, skip, max_objects)
     return holders, _by_device(union)
 
 
-def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
+def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: AbstractSet[int],
           max_objects: int) -> Tuple[Tuple[Holder, ...], Dict[Tuple[str, int], int],
                                      Dict[Tuple[str, int], Tuple[str, int]]]:
     """rank_holders() with the union of the storages reached, by (device, address), and the
@@ -195,7 +195,7 @@ def other_roots(shell: Any, namespace: Mapping[str, Any],
     yield "the last error", error
 
 
-def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], int],
+def _elsewhere(shell: Any, torch, skip: AbstractSet[int], union: Dict[Tuple[str, int], int],
                max_objects: int) -> Tuple[Tuple[Elsewhere, ...], Dict[Tuple[str, int], int]]:
     """The outputs and the last error, by the storages they reach that no variable (the
     ones ``union`` lacks) nor one before them does, and those storages; ``union`` gains them.
@@ -273,9 +273,9 @@ def holders_of(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
     skip = {id(namespace), id(hidden), id(shell)}
     holders, union, arrays = _rank(user_variables(shell), torch, skip, max_objects)
     total = _by_device(union)
-    elsewhere, not_yours = _elsewhere(shell, torch, skip, union, max_objects)
+    elsewhere, held_elsewhere = _elsewhere(shell, torch, skip, union, max_objects)
     unreached = unreached_bytes(read_memory(torch, snapshot) if readings is None else readings, union, torch)
-    not_yours = collections.Counter(dict(_by_device(not_yours)))
+    not_yours = collections.Counter(dict(_by_device(held_elsewhere)))
     not_yours.update(dict(unreached))
     return Holders(holders=holders, total_by_device=total, not_yours=tuple(sorted(not_yours.items())),
                    elsewhere=elsewhere, unreached=unreached, problem=problem, numpy_arrays=arrays,
