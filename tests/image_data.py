@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 
 import numpy as np
 import torch
@@ -50,6 +51,21 @@ class FailsInWorkers(GeneratedImages):
         if index == self.bad and os.getpid() != self.parent:
             raise ValueError(f"item {index} cannot be decoded in a worker")
         return super().__getitem__(index)
+
+
+class Sleepy(Dataset):
+    """Items that wait ``seconds`` each, as a read from slow storage does: workers overlap the
+    waits on any machine, however loaded its cores."""
+
+    def __init__(self, count: int = 64, seconds: float = 0.002):
+        self.count, self.seconds = count, seconds
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        time.sleep(self.seconds)
+        return torch.full((4,), float(index)), index
 
 
 def child_pids() -> set:

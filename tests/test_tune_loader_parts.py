@@ -10,7 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSample
 
 import colab_gpu
 from colab_gpu.loader import LoaderError, NotALoader
-from colab_gpu.loader.choose import choose
+from colab_gpu.loader.choose import choose, training_rate
 from colab_gpu.loader.measure import batch_length, error_text, time_window
 from colab_gpu.loader.result import waiting
 from colab_gpu.loader.settings import (Setting, constructor_call, notebook_parts, rebuilt, setting_of,
@@ -32,14 +32,17 @@ def test_a_smaller_setting_that_reached_the_bar_in_some_rounds_is_said_to_be_unr
 
 def test_with_a_step_the_answer_is_the_smallest_setting_that_keeps_it_fed():
     rates = {ZERO: [50, 50, 50], ONE: [40, 40, 40], TWO: [80, 80, 80], THREE: [82, 82, 82]}
-    # A step of 30 a second: one worker delivers 40 >= 1.2 x 30. Without workers the loader makes
-    # its batches between the steps, so 50 a second would leave the step waiting 38 % of the time.
-    choice = choose(rates, step_rate=30)
-    assert choice.answer == ONE and choice.keeps_up
-    # A step of 2 a second: the main process alone makes batches 25 times as fast (waits 4 %).
-    assert choose(rates, step_rate=2).answer == ZERO
-    # A step faster than any setting: the best rule decides.
-    assert choose(rates, step_rate=500).answer == TWO
+    # A step of 1/30 s: one worker delivers 40 a second beside it, so the step bounds training.
+    # Without workers the loader makes each batch between two steps: 1 / (1/50 + 1/30) = 18.75.
+    choice = choose(rates, step_seconds=1 / 30)
+    assert choice.answer == ONE and choice.keeps_up and choice.best == THREE
+    # A slow step: the main process alone makes batches 25 times as fast, within 5 % of it.
+    choice = choose(rates, step_seconds=0.5)
+    assert choice.answer == ZERO and choice.keeps_up
+    assert training_rate(ZERO, 50, 0.5) == pytest.approx(1 / 0.52)
+    # A step faster than any setting: the loader bounds training, the best rule decides.
+    choice = choose(rates, step_seconds=1 / 500)
+    assert choice.answer == TWO and not choice.keeps_up
 
 
 def test_worker_counts_go_past_the_usable_cores():

@@ -83,15 +83,14 @@ def _step_from_search(result, batch_size: Optional[float]) -> StepTiming:
     same = [trial for trial in timed if batch_size is not None and trial.size == batch_size]
     if same:
         trial = same[-1]
-        return StepTiming(trial.seconds_per_step, f"%%find_batch: {variable}={trial.size} took "
-                                                  f"{duration(trial.seconds_per_step)} a step")
+        return StepTiming(trial.seconds_per_step, f"%%find_batch's {variable}={trial.size}")
     answer = [trial for trial in timed if trial.size == getattr(result, "answer", None)]
     trial = answer[-1] if answer else max(timed, key=lambda each: each.samples_per_second)
     if batch_size is None:
         raise LoaderError(f"{option('step')}: the loader's batch size is unknown, so the %%find_batch "
                           f"result's {variable}={trial.size} cannot be scaled to it; give a function step(batch)")
     seconds = batch_size / trial.samples_per_second
-    return StepTiming(seconds, f"%%find_batch: {variable}={trial.size} at {significant(trial.samples_per_second)} "
+    return StepTiming(seconds, f"%%find_batch's {variable}={trial.size} at {significant(trial.samples_per_second)} "
                                f"samples/s, scaled to this loader's {significant(batch_size)} a batch")
 
 
@@ -238,27 +237,28 @@ def tune_loader(loader, *, step=None, device="auto", seconds: float = 0.5, repea
         warnings.filterwarnings("ignore", message=r"This DataLoader will create")
         # Main-process split first: a dataset that raises does so here, with its own traceback.
         split, sample_batch = split_batch(loader, seconds, deliver if target is not None else None, wait)
-        step_rate = None
         if callable(step):
             per_step, runs = step_seconds(step, sample_batch, seconds, wait)
-            timing = StepTiming(per_step, f"step(batch): {duration(per_step)} a batch over {runs} runs")
+            timing = StepTiming(per_step, f"step(batch) on one batch, {runs} runs timed")
         elif step is not None:
             timing = _step_from_search(step, loader.batch_size or split.items)
-        if timing is not None:
-            step_rate = 1 / timing.seconds_per_batch
+        step_time = None if timing is None else timing.seconds_per_batch
         rounds = _Rounds(loader, seconds, deliver, wait)
+        if notebook and measured_current.num_workers:  # its workers would fail to start: said, not tried
+            rounds.errors[measured_current] = (f"not timed: its workers would start by {method!r} and could "
+                                               f"not import {', '.join(notebook)} (see what would help)")
 
         def settled(settings) -> Callable[[], bool]:
             def done() -> bool:
                 rates = rounds.measured(settings)
-                return not rates or not choose(rates, step_rate).unresolved
+                return not rates or not choose(rates, step_time).unresolved
             return done
 
         try:
             rounds.run(first, repeats, 2 * repeats, settled(first))
             rates = rounds.measured(first)
             if rates:
-                chosen = choose(rates, step_rate).answer
+                chosen = choose(rates, step_time).answer
                 second = _unique([measured_current, chosen] + _variants(chosen, target))
                 if len(second) > len(_unique([measured_current, chosen])):  # variants to try
                     rounds.run(second, repeats, 2 * repeats, settled(second))
@@ -272,7 +272,7 @@ def tune_loader(loader, *, step=None, device="auto", seconds: float = 0.5, repea
             raise KeyboardInterrupt if interrupted else LoaderError("no setting could be timed")
         if measured_current not in rates and not rounds.errors.get(measured_current):
             raise KeyboardInterrupt  # interrupted before the loader's own setting was timed
-        choice = choose(rates, step_rate)
+        choice = choose(rates, step_time)
         answer = choice.answer
         if not interrupted and answer.num_workers:
             try:
@@ -351,7 +351,9 @@ def _result(loader, name, names, current, measured_current, answer, choice, roun
                                                  timing.together_rate(answer))[0]
     advice = what_would_help(cores=cores, cores_how=cores_how, zero=zero, answer=answer_measurement,
                              split=split, device=target, step=timing, still_bound=still_bound,
-                             notebook=notebook, method=method)
+                             notebook=notebook, method=method,
+                             workers_failed=any(m.error for m in measurements if m.setting.num_workers)
+                             and not any(m.rates for m in measurements if m.setting.num_workers))
     call = constructor_call(loader, final, name, names,
                             "DataLoader" if _is_torch_loader_class(names) else "torch.utils.data.DataLoader")
     if type(loader).__name__ != "DataLoader" or type(loader).__module__ != "torch.utils.data.dataloader":

@@ -1,31 +1,29 @@
-"""The answer from the measured rates (pure): the smallest setting within 5 % of the best, or,
-with a training step measured, the smallest that keeps the step fed; and whether the rounds
-measured tell it apart from the smaller settings it was preferred over."""
+"""The answer from the measured rates (pure): the smallest setting within 5 % of the best, and
+whether the rounds measured tell it apart from the smaller settings it was preferred over.
+
+With a training step of S seconds, a setting is judged by the rate it would train at: workers
+make batches beside the step, so a batch every max(L, S) seconds (L: the loader's interval
+alone); without workers the main process makes each batch between two steps, every L + S. The
+smallest setting that feeds the step is then the answer, not the one that outruns it most.
+"""
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .settings import Setting
 
-__all__ = ["Choice", "choose", "step_bar", "WITHIN", "KEEPS_UP", "SERIAL_KEEPS_UP", "low", "high"]
+__all__ = ["Choice", "choose", "training_rate", "WITHIN", "low", "high"]
 
 WITHIN = 0.05  # a setting this close to the best rate is as good: the smallest of them wins
-# A loader with workers this much faster than the step keeps it fed through the step's and the
-# loader's jitter: more workers would only take cores from the training loop.
-KEEPS_UP = 1.2
-# Without workers the loader makes each batch between two steps, never beside them: the step
-# waits L / (L + S) of the time, below WITHIN only for a loader this many times the step's rate.
-SERIAL_KEEPS_UP = (1 - WITHIN) / WITHIN
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    best: Setting  # the highest median rate
+    best: Setting  # the highest median rate of the loader alone
     answer: Setting
-    bar: float  # the rate the answer had to reach (batches/s)
-    keeps_up: bool  # the step's rate set the bar, not the best's
+    keeps_up: bool  # with a step: the answer feeds it (training runs within 5 % of the step's own rate)
     # Smaller settings left out whose rounds reached the bar now and then: the rounds did not
     # tell them apart from it (more rounds, or a quieter machine, would).
     unresolved: Tuple[Setting, ...] = ()
@@ -42,34 +40,39 @@ def high(values: Sequence[float]) -> float:
     return ordered[-2] if len(ordered) >= 5 else ordered[-1]
 
 
-def step_bar(setting: Setting, step_rate: float) -> float:
-    """The rate at which ``setting`` keeps a step of ``step_rate`` (steps a second) fed."""
-    return (KEEPS_UP if setting.num_workers else SERIAL_KEEPS_UP) * step_rate
+def training_rate(setting: Setting, loader_rate: float, step_seconds: Optional[float]) -> float:
+    """Batches a second training would run at with this setting's loader (``loader_rate``
+    alone) and a step of ``step_seconds``; the loader's own rate without a step."""
+    if step_seconds is None:
+        return loader_rate
+    interval = 1 / loader_rate
+    return 1 / (max(interval, step_seconds) if setting.num_workers else interval + step_seconds)
 
 
-def choose(rates: Mapping[Setting, Sequence[float]], step_rate: Optional[float] = None,
-           within: float = WITHIN) -> Choice:
-    """From each setting's rates (batches/s, one a round), the smallest setting (Setting.cost)
-    whose median is within ``within`` of the best median; with ``step_rate`` (the steps a
-    second the training step runs at), the smallest that keeps the step fed (step_bar) where
-    that is a smaller setting."""
-    medians = {setting: statistics.median(values) for setting, values in rates.items() if values}
-    if not medians:
-        raise ValueError("no setting was measured")
+def _smallest_near_best(rates: Mapping[Setting, List[float]], within: float) -> Tuple[Setting, Setting, float]:
+    """(best, answer, the bar as the best's low rounds would set it)."""
+    medians = {setting: statistics.median(values) for setting, values in rates.items()}
     best = max(medians, key=lambda setting: (medians[setting], [-part for part in setting.cost]))
     bar = (1 - within) * medians[best]
     answer = min((setting for setting, rate in medians.items() if rate >= bar), key=lambda s: s.cost)
-    # The bar as the best's low rounds would have set it: a smaller setting that reached it in
-    # its good rounds was not clearly below.
-    low_bar = {setting: (1 - within) * low(rates[best]) for setting in medians}
-    keeps_up = False
-    if step_rate is not None:
-        fed = [setting for setting, rate in medians.items() if rate >= step_bar(setting, step_rate)]
-        smallest = min(fed, key=lambda s: s.cost, default=None)
-        if smallest is not None and smallest.cost < answer.cost:
-            answer, keeps_up, bar = smallest, True, step_bar(smallest, step_rate)
-            low_bar = {setting: step_bar(setting, step_rate) for setting in medians}
-    unresolved = tuple(sorted((setting for setting in medians
-                               if setting.cost < answer.cost and high(rates[setting]) >= low_bar[setting]),
+    return best, answer, (1 - within) * low(rates[best])
+
+
+def choose(rates: Mapping[Setting, Sequence[float]], step_seconds: Optional[float] = None,
+           within: float = WITHIN) -> Choice:
+    """From each setting's rates (batches/s, one a round), the smallest setting (Setting.cost)
+    whose median is within ``within`` of the best median; with ``step_seconds``, of the best
+    training rate (:func:`training_rate`). A smaller setting is unresolved where one of its
+    good rounds reached the bar that the best's low rounds set."""
+    loader: Dict[Setting, List[float]] = {setting: list(values) for setting, values in rates.items() if values}
+    if not loader:
+        raise ValueError("no setting was measured")
+    training = {setting: [training_rate(setting, rate, step_seconds) for rate in values]
+                for setting, values in loader.items()}
+    _, answer, low_bar = _smallest_near_best(training, within)
+    unresolved = tuple(sorted((setting for setting in training
+                               if setting.cost < answer.cost and high(training[setting]) >= low_bar),
                               key=lambda s: s.cost))
-    return Choice(best, answer, bar, keeps_up, unresolved)
+    best = _smallest_near_best(loader, within)[0]
+    keeps_up = step_seconds is not None and statistics.median(training[answer]) >= (1 - within) / step_seconds
+    return Choice(best, answer, keeps_up, unresolved)

@@ -46,15 +46,19 @@ def notebook_workers(parts: Sequence[str], method: str) -> str:
 
 def hints(*, cores: int, cores_how: str, zero: Optional[Measurement], answer: Measurement,
           split: Split, device: Optional[str], step: Optional[StepTiming], still_bound: bool,
-          notebook: Sequence[str], method: str) -> List[str]:
-    """What would help, each a sentence: workers that cannot start from a notebook; one usable
-    core; workers that gained nothing; a loader that still bounds the step; items that wait on
-    storage rather than compute."""
+          notebook: Sequence[str], method: str, workers_failed: bool) -> List[str]:
+    """What would help, each a sentence: workers that cannot start from a notebook; workers
+    that failed; one usable core; workers that gained nothing; a loader that still bounds the
+    step; items that wait on storage rather than compute."""
     said: List[str] = []
     cheaper = cheaper_batches(split, device)
     if notebook:
         said.append(notebook_workers(notebook, method))
-    if cores == 1:
+    if workers_failed:
+        said.append("every setting with workers failed in a worker (the traceback is below) while this "
+                    "process reads the same items: state that does not survive the start of a process "
+                    "(an open file or connection, CUDA) is best opened in __getitem__ or worker_init_fn")
+    elif cores == 1:
         said.append(f"one usable core ({cores_how}): worker processes would take turns on it with the "
                     f"training loop, so more workers cannot help; make each batch cheaper: {cheaper}")
     elif not notebook and zero is not None and zero.batches_per_second and answer.setting.num_workers == 0 \

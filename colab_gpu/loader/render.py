@@ -64,7 +64,7 @@ def render_line(result: LoaderTuning) -> str:
     """"train_loader: num_workers=2 delivers 2.87x the batches/s of its own num_workers=0 (...)"."""
     current, answer = result.current_measurement, result.measurement(result.measured_answer)
     rate = f"{_rate(answer.batches_per_second)} batches/s"
-    why = "enough to keep the step fed" if result.keeps_up else f"within {WITHIN * 100:.0f} % of the best"
+    why = "the smallest that keeps the step fed" if result.keeps_up else f"within {WITHIN * 100:.0f} % of the best"
     if current.error is not None:
         return f"{result.name}: its own {result.current.label()} failed; {result.answer.label()} delivers {rate}"
     if result.unchanged:
@@ -89,7 +89,7 @@ def step_sentences(result: LoaderTuning) -> List[str]:
         return []
     gpu = "GPU " if result.device else ""
     waits = "the GPU" if result.device else "the step"
-    said = [f"{gpu}step: {step.source}"]
+    said = [f"{gpu}step: {duration(step.seconds_per_batch)} a batch ({step.source})"]
     settings = [result.current_measurement.setting]
     if result.measured_answer != settings[0]:
         settings.append(result.measured_answer)
@@ -226,10 +226,11 @@ def _figure(result: LoaderTuning, timed: List[Measurement]):
     axes.set_yticklabels([m.setting.label() + (" (yours)" if m.setting == result.current_measurement.setting
                                                else "") for m in timed], fontsize="small")
     axes.invert_yaxis()
-    axes.axvline((1 - WITHIN) * max(medians), color="tab:green", linestyle=":", label=f"best - {WITHIN:.0%}")
-    if result.step is not None:
+    if result.step is None:
+        axes.axvline((1 - WITHIN) * max(medians), color="tab:green", linestyle=":", label=f"best - {WITHIN:.0%}")
+    else:
         axes.axvline(1 / result.step.seconds_per_batch, color="tab:red", linestyle="--", label="training step")
     axes.set(xlabel="batches/s", title=f"{result.name}: batches/s by setting (green: the answer)")
-    axes.legend(fontsize="small", loc="lower right")
+    axes.legend(fontsize="small", loc="best")
     figure.tight_layout()
     return figure
