@@ -11,8 +11,9 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSample
 import colab_gpu
 from colab_gpu.loader import LoaderError, NotALoader
 from colab_gpu.loader.choose import choose, training_rate
-from colab_gpu.loader.measure import batch_length, error_text, time_window
-from colab_gpu.loader.result import waiting
+from colab_gpu.loader.hints import hints
+from colab_gpu.loader.measure import Split, batch_length, error_text, time_window
+from colab_gpu.loader.result import Measurement, waiting
 from colab_gpu.loader.settings import (Setting, constructor_call, notebook_parts, rebuilt, setting_of,
                                        usable_cores, worker_counts)
 
@@ -195,3 +196,37 @@ def test_an_error_in_this_process_is_shown_without_colab_gpus_frames():
     assert text.startswith("Traceback (most recent call last):") and "in __getitem__" in text
     assert text.endswith("KeyError: 'missing.jpg'")
     assert "colab_gpu/loader" not in text and "torch/utils/data" not in text
+
+
+def _split(fetch=0.030, collate=0.002, transfer=None, blocked=0.0, items=8.0, one_thread=None):
+    return Split(4, fetch, collate, transfer, blocked, items, one_thread)
+
+
+def _hints(split=None, **given):
+    measured = dict(cores=2, cores_how="CPU affinity", zero=Measurement(ZERO, (30.0,)),
+                    answer=Measurement(ZERO, (30.0,)), split=split or _split(), device=None, step=None,
+                    still_bound=False, notebook=[], method="fork", workers_failed=False, load=0.5)
+    measured.update(given)
+    return " | ".join(hints(**measured))
+
+
+def test_what_would_help_follows_the_evidence():
+    # Workers did not help on an idle machine although a batch costs 32 ms: something serializes.
+    assert "its work may already use every core" in _hints()
+    assert "__getitem__ takes 94 % of a batch's time (3.75 ms an item): cache decoded samples" in _hints()
+    # ... on a busy machine: no idle core; a cheap batch: passing it costs as much.
+    assert "the cores were busy with other work (load average 5.0 on 2)" in _hints(load=5.0)
+    assert "a batch costs only 1.1 ms to make" in _hints(_split(fetch=0.001, collate=0.0001))
+    # One core, workers that failed, a cell's class under spawn.
+    assert _hints(cores=1).startswith("one usable core (CPU affinity): worker processes would take turns")
+    assert "every setting with workers failed in a worker" in _hints(workers_failed=True)
+    spawn = _hints(notebook=["the dataset's class Images"], method="spawn")
+    assert "start by 'spawn'" in spawn and "%%writefile mydata.py" in spawn
+    # The copy to the GPU dominates; items that wait on storage; torch's threads in collate_fn.
+    assert "the copy to cuda:0 takes 86 %" in _hints(_split(fetch=0.002, collate=0.001, transfer=0.018),
+                                                     device="cuda:0")
+    assert "items wait 80 % of their fetch time" in _hints(_split(blocked=0.8))
+    assert "collate_fn takes 90 ms a batch with torch's threads but 1 ms with one" in \
+        _hints(_split(collate=0.090, one_thread=0.001))
+    # Workers helped and no step was given: nothing to say.
+    assert _hints(answer=Measurement(TWO, (60.0,))) == ""

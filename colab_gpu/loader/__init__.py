@@ -353,7 +353,7 @@ def _result(loader, name, names, current, measured_current, answer, choice, roun
                              split=split, device=target, step=timing, still_bound=still_bound,
                              notebook=notebook, method=method,
                              workers_failed=any(m.error for m in measurements if m.setting.num_workers)
-                             and not any(m.rates for m in measurements if m.setting.num_workers))
+                             and not any(m.rates for m in measurements if m.setting.num_workers), load=load)
     call = constructor_call(loader, final, name, names,
                             "DataLoader" if _is_torch_loader_class(names) else "torch.utils.data.DataLoader")
     if type(loader).__name__ != "DataLoader" or type(loader).__module__ != "torch.utils.data.dataloader":

@@ -8,7 +8,9 @@ from ..words import duration
 from .measure import Split
 from .result import Measurement, StepTiming
 
-__all__ = ["cheaper_batches", "notebook_workers", "hints"]
+__all__ = ["cheaper_batches", "notebook_workers", "hints", "CHEAP"]
+
+CHEAP = 0.002  # seconds: a batch this cheap costs about as much to pass from a worker process
 
 
 def _percent(share: float) -> str:
@@ -46,7 +48,7 @@ def notebook_workers(parts: Sequence[str], method: str) -> str:
 
 def hints(*, cores: int, cores_how: str, zero: Optional[Measurement], answer: Measurement,
           split: Split, device: Optional[str], step: Optional[StepTiming], still_bound: bool,
-          notebook: Sequence[str], method: str, workers_failed: bool) -> List[str]:
+          notebook: Sequence[str], method: str, workers_failed: bool, load: Optional[float]) -> List[str]:
     """What would help, each a sentence: workers that cannot start from a notebook; workers
     that failed; one usable core; workers that gained nothing; a loader that still bounds the
     step; items that wait on storage rather than compute."""
@@ -63,13 +65,26 @@ def hints(*, cores: int, cores_how: str, zero: Optional[Measurement], answer: Me
                     f"training loop, so more workers cannot help; make each batch cheaper: {cheaper}")
     elif not notebook and zero is not None and zero.batches_per_second and answer.setting.num_workers == 0 \
             and (step is None or still_bound):
-        why = ("each batch is made in the training loop's own thread, between two steps; "
-               if step is not None else "")
-        said.append(f"more workers did not help on {cores} cores: a batch costs "
-                    f"{duration(split.total)} to make, little beside passing it between processes; "
-                    f"{why}make each batch cheaper: {cheaper}")
+        if load is not None and load >= cores:
+            why = (f"the cores were busy with other work (load average {load:.1f} on {cores}), so workers "
+                   f"found no idle core")
+        elif split.total < CHEAP:
+            why = f"a batch costs only {duration(split.total)} to make, about what passing it from a worker costs"
+        else:
+            why = (f"a batch costs {duration(split.total)} in one process, yet workers made no more: its work "
+                   f"may already use every core (threaded decoding, torch's own threads) or wait on one "
+                   f"shared resource")
+        serial = ("; without workers each batch is made in the training loop's own thread, between two steps"
+                  if step is not None else "")
+        said.append(f"more workers did not help on {cores} cores: {why}{serial}; make each batch cheaper: {cheaper}")
     elif still_bound:
         said.append(f"even with {answer.setting.label()} the loader bounds training: {cheaper}")
+    one = split.collate_one_thread
+    if one is not None and one < split.collate / 3:
+        said.append(f"collate_fn takes {duration(split.collate)} a batch with torch's threads but "
+                    f"{duration(one)} with one: on a busy machine they wait for each other; "
+                    f"torch.set_num_threads(1) in the training process helps, and so do workers, which "
+                    f"run torch on one thread each")
     if split.fetch_blocked is not None and split.fetch_blocked >= 0.5 and split.share("fetch") > 0.3:
         said.append(f"items wait {_percent(split.fetch_blocked)} of their fetch time "
                     f"(on storage or the network) rather than compute: workers past the core count "
