@@ -118,7 +118,7 @@ def main() -> int:
     # Light loader, heavy step: the step bounds training.
     light = DataLoader(TensorDataset(torch.rand(2048, 3, 96, 96), torch.randint(0, 10, (2048,))),
                        batch_size=64, shuffle=True)
-    heavy_step = model_and_step(256, 8)  # about 2 TFLOP a step: tens of ms on any GPU
+    heavy_step = model_and_step(256, 8)  # about 4 TFLOP a step: 10 ms or more on any GPU
     result = colab_gpu.tune_loader(light, step=heavy_step, seconds=0.3, repeats=2, max_workers=4, progress=False)
     print(result, "\n")
     current = result.current_measurement

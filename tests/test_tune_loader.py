@@ -246,3 +246,9 @@ def test_the_magic_refuses_in_one_line(shell, line, message):
     with pytest.raises(UsageError) as raised:
         shell.run_line_magic("tune_loader", line)
     assert str(raised.value).startswith(message)
+
+
+def test_the_magics_help_fits_an_80_column_terminal(shell):
+    shown = shell.object_inspect_text("%tune_loader")
+    assert "--max-workers" in shown and "%%find_batch --mode throughput" in shown
+    assert [line for line in shown.splitlines() if len(line) > 80] == []

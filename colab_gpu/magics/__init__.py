@@ -366,13 +366,14 @@ class GPUMagics(Magics):
     @line_magic
     @_friendly_errors
     def tune_loader(self, line: str = ""):
-        """Time a DataLoader with its own settings and with the settings worth trying here
-        (num_workers, prefetch_factor, pin_memory, persistent_workers); answer the smallest
-        within 5 % of the best batches/s.
+        """Time a DataLoader with its own settings and with the settings worth
+        trying here (num_workers, prefetch_factor, pin_memory,
+        persistent_workers); answer the smallest within 5 % of the best.
 
-        Each setting runs on a new DataLoader over the same dataset, sampler, batch size,
-        collate_fn, drop_last and generator; your loader, its iterator and the random state it
-        draws from are left as they were, and every worker started is stopped.
+        Each setting runs on a new DataLoader over the same dataset, sampler,
+        batch size, collate_fn, drop_last and generator; your loader, its
+        iterator and the random state it draws from are left as they were,
+        and every worker started is stopped.
         """
         tune_and_show(self, parse(self.tune_loader, line))
 
