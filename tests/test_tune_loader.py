@@ -252,3 +252,40 @@ def test_the_magics_help_fits_an_80_column_terminal(shell):
     shown = shell.object_inspect_text("%tune_loader")
     assert "--max-workers" in shown and "%%find_batch --mode throughput" in shown
     assert [line for line in shown.splitlines() if len(line) > 80] == []
+
+
+def test_an_error_in_the_step_is_raised_as_it_is():
+    def step(batch):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes"):
+        colab_gpu.tune_loader(DataLoader(Sleepy(count=8, seconds=0), batch_size=2), step=step, seconds=0.01,
+                              progress=False)
+
+
+def test_ctrl_c_answers_from_what_was_measured_and_stops_every_worker(monkeypatch):
+    import colab_gpu.loader as tuning
+
+    before = child_pids()
+    calls = []
+
+    def interrupted_on_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return time_window(*args, **kwargs)
+
+    monkeypatch.setattr(tuning, "time_window", interrupted_on_the_third)
+    result = colab_gpu.tune_loader(DataLoader(Sleepy(count=32, seconds=0.001), batch_size=4), seconds=0.05,
+                                   max_workers=2, progress=False)
+    assert result.interrupted and [bool(m.rates) for m in result.measurements] == [True, True, False]
+    assert "interrupted (Ctrl-C): the answer is from what was measured so far" in _flat(result)
+    assert child_pids() <= before
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # The very first timing, the loader's own, is interrupted: nothing to answer from.
+    monkeypatch.setattr(tuning, "time_window", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        colab_gpu.tune_loader(DataLoader(Sleepy(count=8, seconds=0), batch_size=2), seconds=0.01, progress=False)

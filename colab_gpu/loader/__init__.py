@@ -22,8 +22,8 @@ from ..spelling import option
 from ..words import duration, significant
 from .choose import choose
 from .hints import hints as what_would_help
-from .measure import Split, mover, random_state_kept, restart_seconds, split_batch, step_seconds, time_window, \
-    error_text
+from .measure import (Split, error_text, mover, random_state_kept, restart_seconds, split_batch,
+                      step_seconds, time_window)
 from .result import LoaderTuning, Measurement, StepTiming, waiting
 from .settings import (LoaderError, NotALoader, Setting, batches_per_epoch, check_loader, constructor_call,
                        notebook_parts, rebuilt, setting_of, start_method, usable_cores, worker_counts)
@@ -115,13 +115,14 @@ class _Rounds:
         self.first_error: Dict[Setting, BaseException] = {}
         self.rounds: List[Dict[Setting, float]] = []
 
-    def measure(self, setting: Setting, deliver=None) -> Optional[float]:
-        copy = rebuilt(self.loader, setting)
+    def measure(self, setting: Setting) -> Optional[float]:
+        """One timing of the loader alone, kept among ``setting``'s rates; None where a batch
+        raised (the dataset's error, a worker's), the error kept with its traceback."""
         try:
-            window = time_window(copy, self.seconds, deliver or self.deliver, self.wait)
+            window = time_window(rebuilt(self.loader, setting), self.seconds, self.deliver, self.wait)
         except LoaderError:
             raise
-        except Exception as error:  # the dataset's, a worker's: kept with its traceback
+        except Exception as error:
             self.errors[setting] = error_text(error)
             self.first_error.setdefault(setting, error)
             return None
@@ -235,6 +236,8 @@ def tune_loader(loader, *, step=None, device="auto", seconds: float = 0.5, repea
         warnings.filterwarnings("ignore", message=r".*pin_memory.*")  # no accelerator: torch ignores it
         # more workers than cores, which is what "a little past" them tries
         warnings.filterwarnings("ignore", message=r"This DataLoader will create")
+        # Python 3.12+ on each fork from a threaded process (a kernel is one): the loader's own choice
+        warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks")
         # Main-process split first: a dataset that raises does so here, with its own traceback.
         split, sample_batch = split_batch(loader, seconds, deliver if target is not None else None, wait)
         if callable(step):
@@ -285,9 +288,9 @@ def tune_loader(loader, *, step=None, device="auto", seconds: float = 0.5, repea
             together = []
             try:
                 for setting in _unique([measured_current, answer]):
-                    if setting in rates:
-                        rate = rounds.measure(setting, deliver=step)
-                        together.append((setting, (rate,) if rate else ()))
+                    if setting in rates:  # an error here is the step's own: raised as it is
+                        window = time_window(rebuilt(loader, setting), seconds, step, wait)
+                        together.append((setting, (window.rate,)))
             except KeyboardInterrupt:
                 interrupted = True
             timing = StepTiming(timing.seconds_per_batch, timing.source, tuple(together))
