@@ -289,3 +289,24 @@ def test_ctrl_c_answers_from_what_was_measured_and_stops_every_worker(monkeypatc
     monkeypatch.setattr(tuning, "time_window", interrupted)
     with pytest.raises(KeyboardInterrupt):
         colab_gpu.tune_loader(DataLoader(Sleepy(count=8, seconds=0), batch_size=2), seconds=0.01, progress=False)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """A stream split between workers, as get_worker_info() lets an iterable dataset do."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for index in range(start, 64, step):
+            time.sleep(0.002)
+            yield torch.tensor([float(index)])
+
+
+def test_an_iterable_dataset_is_timed_and_its_workers_caveat_said():
+    before = child_pids()
+    result = colab_gpu.tune_loader(DataLoader(Stream(), batch_size=4), seconds=0.05, repeats=1, max_workers=1,
+                                   progress=False)
+    assert all(m.rates for m in result.measurements) and result.split.items == 4
+    assert "an iterable dataset gives each worker the whole stream unless its __iter__ splits it" in _flat(result)
+    assert "loader = torch.utils.data.DataLoader(loader.dataset, batch_size=4, num_workers=" in result.call
+    assert child_pids() <= before

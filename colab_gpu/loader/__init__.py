@@ -26,7 +26,7 @@ from .measure import (Split, error_text, mover, random_state_kept, restart_secon
                       step_seconds, time_window)
 from .result import LoaderTuning, Measurement, StepTiming, waiting
 from .settings import (LoaderError, NotALoader, Setting, batches_per_epoch, check_loader, constructor_call,
-                       notebook_parts, rebuilt, setting_of, start_method, usable_cores, worker_counts)
+                       is_iterable, notebook_parts, rebuilt, setting_of, start_method, usable_cores, worker_counts)
 
 __all__ = ["tune_loader", "LoaderTuning", "LoaderError", "NotALoader", "Setting", "resolve_device"]
 
@@ -341,6 +341,10 @@ def _result(loader, name, names, current, measured_current, answer, choice, roun
     measurements = [rounds.result(setting, restart if setting == answer else None) for setting in every]
     factors = tuple(each[answer] / each[measured_current] for each in rounds.rounds
                     if answer in each and measured_current in each and each[measured_current] > 0)
+    if is_iterable(loader) and any(m.rates for m in measurements if m.setting.num_workers):
+        notes.append("an iterable dataset gives each worker the whole stream unless its __iter__ splits it "
+                     "(torch.utils.data.get_worker_info()): otherwise more workers repeat items rather "
+                     "than deliver more of them")
     if measured_current in rounds.errors:
         notes.append(f"the loader's own {measured_current.label()} failed; the answer is among the others")
     if any(measurement.with_startup for measurement in measurements):

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from ..errors import UserError
 
 __all__ = ["Setting", "LoaderError", "NotALoader", "setting_of", "usable_cores", "worker_counts",
-           "rebuilt", "check_loader", "start_method", "notebook_parts", "constructor_call",
+           "rebuilt", "check_loader", "is_iterable", "start_method", "notebook_parts", "constructor_call",
            "DEFAULT_PREFETCH", "batches_per_epoch",
            "parts_of"]
 
@@ -146,7 +146,8 @@ def _kind(value) -> str:
     return f"{type(value).__name__} {text[:60] + '…' if len(text) > 60 else text}"
 
 
-def _is_iterable_dataset(loader) -> bool:
+def is_iterable(loader) -> bool:
+    """Whether the loader's dataset is an IterableDataset (no sampler: a stream)."""
     from torch.utils.data import IterableDataset
 
     return isinstance(loader.dataset, IterableDataset)
@@ -172,7 +173,7 @@ def parts_of(loader) -> Dict[str, Any]:
         parts["batch_sampler"] = loader.batch_sampler
     else:
         parts.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
-        if not _is_iterable_dataset(loader):
+        if not is_iterable(loader):
             parts["sampler"] = loader.sampler
     if getattr(loader, "pin_memory_device", "") and "pin_memory_device" in accepted:
         parts["pin_memory_device"] = loader.pin_memory_device  # deprecated: passed only when set
@@ -258,7 +259,7 @@ def constructor_call(loader, setting: Setting, name: str, names: Mapping[int, st
     else:
         arguments.append(f"batch_size={loader.batch_size}")
         sampler = loader.sampler
-        if _is_iterable_dataset(loader) or type(sampler) is SequentialSampler:
+        if is_iterable(loader) or type(sampler) is SequentialSampler:
             pass
         elif type(sampler) is RandomSampler and not sampler.replacement \
                 and getattr(sampler, "_num_samples", None) is None and sampler.generator is loader.generator:
