@@ -31,8 +31,9 @@ class LoaderError(UserError, ValueError):
     """An option of tune_loader that cannot be used, or a loader it cannot measure safely."""
 
 
-class NotALoader(UserError, TypeError):
-    """What was given is not a torch.utils.data.DataLoader."""
+class NotALoader(UserError, TypeError, ValueError):
+    """What was given is not a torch.utils.data.DataLoader: a TypeError, and a ValueError as
+    every error in what the user asked for is."""
 
 
 @dataclasses.dataclass(frozen=True)
