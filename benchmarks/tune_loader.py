@@ -20,6 +20,7 @@ import pathlib
 import statistics
 import sys
 import time
+import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
@@ -62,9 +63,11 @@ def main() -> int:
     contenders = {"tune_loader's answer": result.answer, "num_workers=0": Setting(0),
                   f"num_workers=os.cpu_count()={os.cpu_count()}": Setting(0).with_(num_workers=os.cpu_count())}
     times = {name: [] for name in contenders}
-    for _ in range(options.rounds):
-        for name, setting in contenders.items():
-            times[name].append(epoch_seconds(rebuilt(loader, setting)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"This DataLoader will create")  # more workers than cores
+        for _ in range(options.rounds):
+            for name, setting in contenders.items():
+                times[name].append(epoch_seconds(rebuilt(loader, setting)))
     zero = statistics.median(times["num_workers=0"])
     batches = len(loader)
     rows = []

@@ -336,6 +336,10 @@ def _result(loader, name, names, current, measured_current, answer, choice, roun
                 notes.append(f"persistent_workers=True: the workers start once ({duration(startup)}), not "
                              f"every epoch, where they cost {startup / epoch_seconds * 100:.0f} % of an "
                              f"epoch's {duration(epoch_seconds)}{then}")
+    if answer.num_workers > cores:
+        notes.append(f"num_workers={answer.num_workers} is more than the {cores} usable cores (torch warns of "
+                     f"it as each epoch starts): it was measured faster here, where items wait on storage or "
+                     f"other processes share the cores")
     if target is None and current.pin_memory:
         final = final.with_(pin_memory=True)
     measurements = [rounds.result(setting, restart if setting == answer else None) for setting in every]
