@@ -1,9 +1,9 @@
 """colab_gpu: see and tune the GPU inside a notebook.
 
 ``%load_ext colab_gpu`` adds ``%gpu_status``, ``%alloc_conf``, ``%clear_cache``,
-``%%find_batch`` and ``%explain_oom`` (and its card under every cell that runs out of
-memory). Each is a thin layer over the plain functions exported here, which scripts and
-tests use directly. Importing this package is cheap: torch, matplotlib,
+``%%find_batch``, ``%tune_loader`` and ``%explain_oom`` (and its card under every cell that
+runs out of memory). Each is a thin layer over the plain functions exported here, which scripts
+and tests use directly. Importing this package is cheap: torch, matplotlib,
 ipywidgets and even IPython are imported only when a feature needs them, and nothing here
 ever initializes CUDA.
 """
@@ -30,6 +30,8 @@ _LAZY = {
     "live_url": "colab_gpu.live",
     "find_batch": "colab_gpu.batch",
     "BatchResult": "colab_gpu.batch",
+    "tune_loader": "colab_gpu.loader",
+    "LoaderTuning": "colab_gpu.loader",
     "is_out_of_memory": "colab_gpu.oom",
     "UserError": "colab_gpu.errors",
     "explain_oom": "colab_gpu.doctor",

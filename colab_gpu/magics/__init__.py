@@ -25,6 +25,7 @@ from ..spelling import as_magic
 from .arguments import WHOLE_NUMBER, Once, int_or_float, magic_arguments, number, parse
 from .cell import prepare, raised_in_cell, search_cell
 from .live import check_combination, start_and_show, stop_and_show, stop_on_unload
+from .loader import tune_and_show
 
 if TYPE_CHECKING:
     from ..render.shown import Shown
@@ -71,7 +72,8 @@ def _friendly_errors(method: Callable) -> Callable:
 
 @magics_class
 class GPUMagics(Magics):
-    """See and tune the GPU from a notebook: %gpu_status, %alloc_conf, %clear_cache, %%find_batch."""
+    """See and tune the GPU from a notebook: %gpu_status, %alloc_conf, %clear_cache, %%find_batch,
+    %tune_loader."""
 
     output = Enum(
         ["auto", "text"], default_value="auto",
@@ -363,6 +365,39 @@ class GPUMagics(Magics):
             return dataclasses.replace(result, text_only=True) if self.output == "text" else result
         if not notebook:  # in a notebook the progress display has become the report
             self.show(result)
+
+    @magic_arguments()
+    @argument("name", metavar="NAME", help="The variable holding the torch.utils.data.DataLoader to time.")
+    @argument("--step", action=Once, metavar="NAME",
+              help="A function running one training step on a batch as the loader yields it, or a "
+                   "%%%%find_batch --mode throughput result (-o): say whether the loader or the step "
+                   "bounds training, and by how much. A function runs on one batch, then in the loop.")
+    @argument("--apply", action="store_true",
+              help="Rebind NAME to a new DataLoader with the answer (same dataset, sampler and "
+                   "batches) and print the constructor call to paste for the next run.")
+    @argument("--device", action=Once, default="auto",
+              help="Where batches are copied while timed: auto (CUDA once your code has started it, "
+                   "else none), cpu, cuda or cuda:N; pin_memory is tried only for CUDA.")
+    @argument("--seconds", action=Once, type=number(float, "a number of seconds"), default=0.5,
+              help="Seconds each setting is timed in each round, after its start-up (default 0.5).")
+    @argument("--repeats", action=Once, type=WHOLE_NUMBER, default=3,
+              help="Rounds of timings (default 3; up to twice as many where rates vary too much to "
+                   "tell the answer from a smaller setting).")
+    @argument("--max-workers", action=Once, type=WHOLE_NUMBER, dest="max_workers", metavar="N",
+              help="Try at most N workers (default: the usable cores and a little past).")
+    @line_magic
+    @_friendly_errors
+    def tune_loader(self, line: str = ""):
+        """Time a DataLoader with its own settings and with the settings worth
+        trying here (num_workers, prefetch_factor, pin_memory,
+        persistent_workers); answer the smallest within 5 % of the best.
+
+        Each setting runs on a new DataLoader over the same dataset, sampler,
+        batch size, collate_fn, drop_last and generator; your loader, its
+        iterator and the random state it draws from are left as they were,
+        and every worker started is stopped.
+        """
+        tune_and_show(self, parse(self.tune_loader, line))
 
 
 def _loaded(shell) -> "GPUMagics | None":
