@@ -240,31 +240,14 @@ def tune_loader(loader, *, step=None, device="auto", seconds: float = 0.5, repea
         warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks")
         # Main-process split first: a dataset that raises does so here, with its own traceback.
         split, sample_batch = split_batch(loader, seconds, deliver if target is not None else None, wait)
-        if callable(step):
-            per_step, runs = step_seconds(step, sample_batch, seconds, wait)
-            timing = StepTiming(per_step, f"step(batch) on one batch, {runs} runs timed")
-        elif step is not None:
-            timing = _step_from_search(step, loader.batch_size or split.items)
+        timing = _step_timing(step, loader, split, sample_batch, seconds, wait)
         step_time = None if timing is None else timing.seconds_per_batch
         rounds = _Rounds(loader, seconds, deliver, wait)
         if notebook and measured_current.num_workers:  # its workers would fail to start: said, not tried
             rounds.errors[measured_current] = (f"not timed: its workers would start by {method!r} and could "
                                                f"not import {', '.join(notebook)} (see what would help)")
-
-        def settled(settings) -> Callable[[], bool]:
-            def done() -> bool:
-                rates = rounds.measured(settings)
-                return not rates or not choose(rates, step_time).unresolved
-            return done
-
         try:
-            rounds.run(first, repeats, 2 * repeats, settled(first))
-            rates = rounds.measured(first)
-            if rates:
-                chosen = choose(rates, step_time).answer
-                second = _unique([measured_current, chosen] + _variants(chosen, target))
-                if len(second) > len(_unique([measured_current, chosen])):  # variants to try
-                    rounds.run(second, repeats, 2 * repeats, settled(second))
+            _run_phases(rounds, first, repeats, step_time, measured_current, target)
         except KeyboardInterrupt:
             interrupted = True
         every = _unique(first + [setting for setting in rounds.rates if setting not in first])
@@ -279,12 +262,10 @@ def tune_loader(loader, *, step=None, device="auto", seconds: float = 0.5, repea
         answer = choice.answer
         if not interrupted and answer.num_workers:
             try:
-                restart = restart_seconds(rebuilt(loader, answer.with_(persistent_workers=True)))
+                restart = _restart_seconds(loader, answer)
             except KeyboardInterrupt:
                 interrupted = True
-            except Exception:  # a restart is what the timed rounds just did without error
-                restart = None
-        if callable(step) and not interrupted:
+        if callable(step) and timing is not None and not interrupted:
             together = []
             try:
                 for setting in _unique([measured_current, answer]):
@@ -299,6 +280,44 @@ def tune_loader(loader, *, step=None, device="auto", seconds: float = 0.5, repea
     return _result(loader, name, names, current, measured_current, answer, choice, rounds, rates, every,
                    restart, seconds, cores, cores_how, load, method, target, split, timing, notebook,
                    notes, interrupted)
+
+
+def _step_timing(step, loader, split: Split, sample_batch, seconds: float, wait) -> Optional[StepTiming]:
+    """The step's time a batch: timed on one batch where ``step`` is a function, else taken
+    from a %%find_batch result; None without a step."""
+    if callable(step):
+        per_step, runs = step_seconds(step, sample_batch, seconds, wait)
+        return StepTiming(per_step, f"step(batch) on one batch, {runs} runs timed")
+    if step is not None:
+        return _step_from_search(step, loader.batch_size or split.items)
+    return None
+
+
+def _run_phases(rounds: _Rounds, first: List[Setting], repeats: int, step_time: Optional[float],
+                measured_current: Setting, target: Optional[str]) -> None:
+    """Phase one times ``first`` (the worker counts); phase two the variants around its answer."""
+    def settled(settings) -> Callable[[], bool]:
+        def done() -> bool:
+            rates = rounds.measured(settings)
+            return not rates or not choose(rates, step_time).unresolved
+        return done
+
+    rounds.run(first, repeats, 2 * repeats, settled(first))
+    rates = rounds.measured(first)
+    if rates:
+        chosen = choose(rates, step_time).answer
+        second = _unique([measured_current, chosen] + _variants(chosen, target))
+        if len(second) > len(_unique([measured_current, chosen])):  # variants to try
+            rounds.run(second, repeats, 2 * repeats, settled(second))
+
+
+def _restart_seconds(loader, answer: Setting) -> Optional[float]:
+    """A new epoch's wait for its first batch with the answer's workers kept alive; Ctrl-C
+    passes through."""
+    try:
+        return restart_seconds(rebuilt(loader, answer.with_(persistent_workers=True)))
+    except Exception:  # a restart is what the timed rounds just did without error
+        return None
 
 
 def _variants(chosen: Setting, target: Optional[str]) -> List[Setting]:

@@ -79,7 +79,7 @@ def random_state_kept(loader) -> Iterator[None]:
             generator.set_state(state)
         torch.set_rng_state(torch_state)
         random.setstate(python_state)
-        if numpy_state is not None:
+        if numpy is not None:
             numpy.random.set_state(numpy_state)
 
 
@@ -146,7 +146,9 @@ def time_window(loader, seconds: float, deliver: Optional[Callable[[Any], Any]] 
     batches = 0
     samples: Optional[int] = 0
     startup: Optional[float] = None
-    whole = [0.0, 0, 0]  # seconds, batches, samples of whole epochs, start-up included
+    # seconds, batches, samples of whole epochs, start-up included
+    whole_seconds, whole_batches = 0.0, 0
+    whole_samples: Optional[int] = 0
     iterator = None
     try:
         for _ in range(MAX_EPOCHS):
@@ -161,12 +163,12 @@ def time_window(loader, seconds: float, deliver: Optional[Callable[[Any], Any]] 
                 if index == 1 and startup is None:
                     wait()
                     startup = clock() - began
-                whole[1] += 1
-                whole[2] = None if whole[2] is None or size is None else whole[2] + size
+                whole_batches += 1
+                whole_samples = None if whole_samples is None or size is None else whole_samples + size
                 if index == skip:
                     wait()
                     mark = clock()
-                elif index > skip:
+                elif mark is not None:  # past the first round: index > skip
                     batches += 1
                     samples = None if samples is None or size is None else samples + size
                     if batches >= MIN_BATCHES and timed + clock() - mark >= seconds:
@@ -175,7 +177,7 @@ def time_window(loader, seconds: float, deliver: Optional[Callable[[Any], Any]] 
             end = clock()
             shut_down(iterator, loader)
             iterator = None
-            whole[0] += end - began
+            whole_seconds += end - began
             if mark is not None and index > skip:
                 timed += end - mark
             if batches >= MIN_BATCHES and timed >= seconds:
@@ -186,7 +188,7 @@ def time_window(loader, seconds: float, deliver: Optional[Callable[[Any], Any]] 
     if startup is None:
         raise LoaderError("the loader yields no batch: its dataset or sampler is empty")
     if batches == 0:
-        return Window(whole[1], whole[2], whole[0], startup, with_startup=True)
+        return Window(whole_batches, whole_samples, whole_seconds, startup, with_startup=True)
     return Window(batches, samples, timed, startup)
 
 

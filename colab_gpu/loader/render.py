@@ -33,7 +33,7 @@ def _marks(result: LoaderTuning, measurement: Measurement) -> str:
 
 def rows(result: LoaderTuning) -> List[Tuple[str, ...]]:
     """(setting, batches/s, samples/s, spread, start-up, marks) as text, one a setting."""
-    table = []
+    table: List[Tuple[str, ...]] = []
     for measurement in result.measurements:
         marks = _marks(result, measurement)
         if not measurement.rates:
@@ -63,7 +63,7 @@ def _times(rate: float) -> str:
 def render_line(result: LoaderTuning) -> str:
     """"train_loader: num_workers=2 delivers 2.87x the batches/s of its own num_workers=0 (...)"."""
     current, answer = result.current_measurement, result.measurement(result.measured_answer)
-    rate = f"{_rate(answer.batches_per_second)} batches/s"
+    rate = f"{_rate(None if answer is None else answer.batches_per_second)} batches/s"
     why = "the smallest that keeps the step fed" if result.keeps_up else f"within {WITHIN * 100:.0f} % of the best"
     if current.error is not None:
         return f"{result.name}: its own {result.current.label()} failed; {result.answer.label()} delivers {rate}"
@@ -95,13 +95,13 @@ def step_sentences(result: LoaderTuning) -> List[str]:
         settings.append(result.measured_answer)
     for setting in settings:
         measurement = result.measurement(setting)
-        if measurement is None or not measurement.rates:
+        rate = None if measurement is None else measurement.batches_per_second
+        if rate is None:  # not measured, or failed
             continue
         together = step.together_rate(setting)
-        bound, share = waiting(measurement.batches_per_second, step.seconds_per_batch, setting.num_workers,
-                               together)
+        bound, share = waiting(rate, step.seconds_per_batch, setting.num_workers, together)
         whose = "its own " if setting == settings[0] else ""
-        interval = duration(1 / measurement.batches_per_second)
+        interval = duration(1 / rate)
         took = f"the {gpu}step takes {duration(step.seconds_per_batch)} a batch"
         if setting.num_workers == 0:
             delivers = f"the loader makes each batch in {interval} between two steps"
@@ -203,19 +203,21 @@ def _chart_html(result: LoaderTuning) -> str:
 def chart_png(result: LoaderTuning) -> Optional[bytes]:
     """Each setting's batches/s as a bar, the rounds' range as its whisker, the answer and the
     loader's own setting marked, the step's rate as a line: PNG bytes."""
-    timed = [measurement for measurement in result.measurements if measurement.rates]
+    rated = [(measurement, measurement.batches_per_second) for measurement in result.measurements]
+    timed = [(measurement, rate) for measurement, rate in rated if rate is not None]
     if not timed:
         return None
     with neutral_style():
-        return to_png(_figure(result, timed), dpi=80)
+        return to_png(_figure(result, [measurement for measurement, _ in timed], [rate for _, rate in timed]),
+                      dpi=80)
 
 
-def _figure(result: LoaderTuning, timed: List[Measurement]):
+def _figure(result: LoaderTuning, timed: List[Measurement], medians: List[float]):
+    """``timed``: the measured settings, ``medians`` their batches/s."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(7, 1.2 + 0.35 * len(timed)))
     axes = figure.subplots()
-    medians = [measurement.batches_per_second for measurement in timed]
     whiskers = [[median - min(m.rates) for median, m in zip(medians, timed)],
                 [max(m.rates) - median for median, m in zip(medians, timed)]]
     colours = ["tab:green" if m.setting == result.measured_answer
