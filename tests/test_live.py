@@ -560,6 +560,7 @@ def test_the_rolling_chart_of_a_value_the_source_lacks_says_not_reported():
     sampler, _ = live.start(path=str(NANOGPT), interval=60)  # nanoGPT's log has no memory
     samples = sampler.samples()
     assert ">not reported</text>" in chart_svg(samples, memory)
+    assert "text-anchor='end'" not in chart_svg(samples, memory)  # no made-up 0-1 scale, as the PNG
     assert "not reported" not in chart_svg(samples, busy)
     assert "not reported" not in chart_svg((), busy)  # nothing sampled yet
 

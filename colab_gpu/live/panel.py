@@ -293,10 +293,10 @@ def chart_svg(samples: Sequence[Sample], panel: ChartPanel, started: Optional[fl
     if samples and not lines:  # NVML could not read it (a recording leaves the chart out): say so
         body = f"<text x='{width / 2:g}' y='{height / 2:g}' text-anchor='middle'>not reported</text>"
     level = _tick_step(top)
-    values = "".join(
+    values = "".join(  # no scale for values that do not exist
         f"<line class='cgpu-grid' x1='0' x2='{width}' y1='{y(value):.1f}' y2='{y(value):.1f}'/>"
         f"<text x='-6' y='{y(value) + 4:.1f}' text-anchor='end'>{round(value, 6):g}</text>"
-        for value in (k * level for k in range(math.floor(top / level + 1e-6) + 1)))
+        for value in (k * level for k in range(math.floor(top / level + 1e-6) + 1) if lines))
     unit, unit_name = time_unit(start + span - origin)
     low, high = (start - origin) / unit, (start + span - origin) / unit  # the axis, in units since the start
     step = _tick_step(high - low)
