@@ -124,21 +124,27 @@ def api(base: str, token: str, path: str, method: str = "GET", body=None):
     return json.loads(text) if text else None
 
 
-# How readable the live chart is where it is drawn: its labels' size, and the contrast of
-# their colour with what lies under them (WCAG's ratio: 4.5 is enough for small text).
-LEGIBILITY = r"""element => {
+# How readable the live chart's labels are where they are drawn: (text, size in px, contrast of
+# their colour with what lies under them: WCAG's ratio, 4.5 is enough for small text). One
+# call, so that the widget's redraw cannot swap the labels out in between.
+LEGIBILITY = r"""panel => {
   const luminance = colour => {
     const [r, g, b] = colour.match(/[\d.]+/g).slice(0, 3).map(value => {
       value /= 255; return value <= 0.03928 ? value / 12.92 : ((value + 0.055) / 1.055) ** 2.4; });
     return 0.2126 * r + 0.7152 * g + 0.0722 * b;
   };
-  let background = 'rgb(255, 255, 255)';
-  for (let node = element; node; node = node.parentElement) {
-    const colour = getComputedStyle(node).backgroundColor;
-    if (colour !== 'transparent' && !/rgba\(.*, 0\)$/.test(colour)) { background = colour; break; }
-  }
-  const style = getComputedStyle(element), [a, b] = [luminance(style.fill), luminance(background)];
-  return [parseFloat(style.fontSize), Math.round(100 * (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)) / 100];
+  const under = element => {
+    for (let node = element; node; node = node.parentElement) {
+      const colour = getComputedStyle(node).backgroundColor;
+      if (colour !== 'transparent' && !/rgba\(.*, 0\)$/.test(colour)) return colour;
+    }
+    return 'rgb(255, 255, 255)';
+  };
+  return [...panel.querySelectorAll('svg.cgpu-chart text')].map(label => {
+    const style = getComputedStyle(label), [a, b] = [luminance(style.fill), luminance(under(label))];
+    return [label.textContent, parseFloat(style.fontSize),
+            Math.round(100 * (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)) / 100];
+  });
 }"""
 
 # The right edge of each GPU row's busy number: a column that keeps its place has one.
@@ -175,9 +181,8 @@ def test_jupyterlab_shows_the_live_widget_and_it_keeps_moving(browser, jupyterla
         panel.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
         # From the back of a classroom: labels of 13 px or more, in the theme's own text colour.
-        for label in panel.locator("svg.cgpu-chart text").all()[:8]:
-            size, contrast = label.evaluate(LEGIBILITY)
-            assert size >= 13 and contrast >= 4.5, (name, label.inner_text(), size, contrast)
+        labels = panel.evaluate(LEGIBILITY)
+        assert len(labels) > 20 and all(size >= 13 and contrast >= 4.5 for _, size, contrast in labels), (name, labels)
         edges = panel.evaluate(NUMBER_EDGES)
         assert len(edges) == 4 and len(set(edges)) == 1, edges  # "5%" ends where "100%" does
     theme(page, "JupyterLab Light")
