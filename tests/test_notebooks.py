@@ -8,6 +8,7 @@ the outputs its text talks about.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -169,14 +170,38 @@ def test_01_gpu_status_shows_this_machine_the_recordings_and_the_live_run(execut
     recorded = stream(code_cell(notebook, "t4 = colab_gpu.status(path=T4)"))
     assert "Tesla T4 compute capability (7, 5)" in recorded and "of 15.00 GiB used" in recorded
 
-    live = code_cell(notebook, "%gpu_status --live --demo")
-    assert any("application/vnd.jupyter.widget-view+json" in bundle for bundle in bundles(live))
+    # The live widget, turned by --stop into its last state (HTML and a PNG): a notebook handed
+    # out executed showed "Error displaying widget: model not found" there when reopened.
+    (live,) = bundles(code_cell(notebook, "%gpu_status --live --demo"))
+    assert sorted(live) == ["image/png", "text/html", "text/plain"]
+    assert re.match(r"Live GPU monitor \(replay of nanogpt-8gpu-training_gpus0-3\.csv\): stopped at ", live["text/plain"])
+    assert f"src='data:image/png;base64,{live['image/png']}'" in live["text/html"]
     stop = bundles(code_cell(notebook, "%gpu_status --stop"))[0]
     summary = re.match(r"Live monitor stopped: (\d+) samples", stop["text/plain"])
     assert summary and int(summary.group(1)) >= 5, stop["text/plain"]
     assert "data:image/png;base64," in stop["text/html"]  # the chart that stays in the notebook
     samples = stream(code_cell(notebook, "samples = colab_gpu.history(frame=False)"))
     assert samples.startswith(f"{summary.group(1)} samples")  # history() holds what was shown
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_executed_notebook_renders_as_html_without_a_kernel(executed, name):
+    """Teachers hand out executed notebooks; GitHub, Colab's viewer and nbconvert draw their
+    saved outputs with no kernel. A widget's view needs one (or its saved state): JupyterLab
+    showed "Error displaying widget: model not found" where the live monitor had run."""
+    nbconvert = pytest.importorskip("nbconvert", reason="nbconvert is not installed (the test extra has it)")
+    notebook = executed(name)
+    views = [mime for cell in notebook.cells if cell.cell_type == "code" for bundle in bundles(cell)
+             for mime in bundle if "widget" in mime]
+    assert views == []  # nothing saved that only a kernel can draw
+    # nbconvert draws a widget's output as its text alone: the live monitor was one line there.
+    html, _ = nbconvert.HTMLExporter().from_notebook_node(copy.deepcopy(notebook))
+    assert "Error displaying widget" not in html and "model not found" not in html
+    if name == "01-gpu-status.ipynb":  # the stopped monitor's chart, in its own cell and --stop's
+        charts = re.findall(r"<img alt=.replay of nanogpt-8gpu-training_gpus0-3\.csv: chart of the samples kept. "
+                            r"src=.data:image/png;base64,", html)  # its quotes as nbconvert writes them
+        assert len(charts) == 2, len(charts)
+        assert re.search(r"REPLAY of a recorded trace .*? stopped at \d\d:\d\d:\d\d by %gpu_status --stop", html, re.S)
 
 
 def test_01_says_where_its_t4_recording_was_made():

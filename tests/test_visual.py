@@ -59,12 +59,12 @@ def test_the_live_run_chart_reads_on_a_dark_theme(fast_live_sampling):
     finally:
         record = live.stop()
     assert_reads_on_light_and_dark(chart_png(record))
-    # The V100S trace has no power: its chart leaves the panel out; from NVML (a failed read)
+    # The demo trace has no memory: its chart leaves the panel out; from NVML (a failed read)
     # the panel stays, without a made-up 0-1 scale.
-    assert "power (W)" not in [axes.get_title() for axes in chart_figure(record).axes]
+    assert "memory used (GiB)" not in [axes.get_title(loc="left") for axes in chart_figure(record).axes]
     live_run = dataclasses.replace(record, recorded=False)
-    power = next(axes for axes in chart_figure(live_run).axes if axes.get_title() == "power (W)")
-    assert not power.get_yticks().size
+    memory = next(axes for axes in chart_figure(live_run).axes if axes.get_title(loc="left") == "memory used (GiB)")
+    assert not memory.get_yticks().size
 
 
 def statuses():

@@ -7,6 +7,7 @@ imports IPython; ``notebook.LiveSession`` picks the display that updates in the 
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable, Optional, Tuple
 
@@ -14,7 +15,7 @@ from ..errors import UserError
 from ..spelling import command, option
 from ..state import session
 from .panel import numbering_note, recording_note, running_words, torch_labels
-from .record import ROW_FIELDS, RunRecord, rows
+from .record import FRAME_COLUMNS, MIB_COLUMNS, RunRecord, rows
 from .sampler import (DEFAULT_HISTORY, DEFAULT_INTERVAL, LiveOptionError, Sampler, SourceError, check_history,
                       check_interval)
 
@@ -29,8 +30,10 @@ MIN_INTERVAL = 0.1
 # second, so it shows when and why the run stopped instead of "sampling" and a lost server.
 FINAL_STATE_SECONDS = 3.0
 
+# What --demo replays: a real training log with load (4 of nanoGPT's 8 GPUs, busy, with a drop
+# every ~90 steps), starting just before one (colab_gpu/data/README.md says where it is from).
 DEMO_TRACE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
-                          "v100s-pcie-32gb_miris.csv")
+                          "nanogpt-8gpu-training_gpus0-3.csv")
 
 # The kernel's monitor (its sampler, page server, on_stop cleanups and their lock) is kept in
 # colab_gpu.state's session, as live_*.
@@ -268,6 +271,11 @@ def record_of(sampler: Sampler) -> RunRecord:
 def history(frame: Optional[bool] = None):
     """The samples of the running or last live run: the last ``history`` of them.
 
+    The DataFrame reads as the charts do: its columns name their unit ("busy (%)", "memory used
+    (MiB)", "power (W)", "temperature (°C)"), a column nothing was recorded for is left out (a
+    log without power), and the times (UTC) are rounded to the resolution of the sampling
+    interval (whole seconds at 1 s), not printed to the nanosecond.
+
     Parameters
     ----------
     frame : bool, optional
@@ -295,10 +303,20 @@ def history(frame: Optional[bool] = None):
             raise
         return samples
     names = sampler.gpu_names if sampler is not None else {}
-    data = pandas.DataFrame.from_records(list(rows(samples, names)), columns=list(ROW_FIELDS))
+    data = pandas.DataFrame.from_records(list(rows(samples, names)), columns=list(FRAME_COLUMNS))
     # Aware UTC: a naive time would read as local time, hours off the terminal's lines.
     data["time"] = pandas.to_datetime(data["time"], unit="s", utc=True)
-    for column in ROW_FIELDS[3:]:  # a field a GPU does not report: NaN, not None
+    if sampler is not None:
+        data["time"] = data["time"].dt.round(pandas.Timedelta(seconds=time_resolution(sampler.interval)))
+    for column in FRAME_COLUMNS[3:]:  # a field a GPU does not report: NaN, not None
         data[column] = pandas.to_numeric(data[column])
+    for column in MIB_COLUMNS:
+        data[column] = (data[column] / 2 ** 20).round(1)
+    if len(data):  # a column of NaN only is one the source never reported
+        data = data.drop(columns=[column for column in FRAME_COLUMNS[3:] if data[column].isna().all()])
     return data
 
+
+def time_resolution(interval: float) -> float:
+    """The seconds a sample's time is given to at ``interval``: 1 from 1 s up, 0.1 from 0.1 s."""
+    return min(1.0, 10.0 ** math.floor(math.log10(interval)))

@@ -3,6 +3,8 @@
 It holds the live panel (bars per GPU and the rolling SVG chart) and is updated from the
 sampler thread, at most every MIN_REDRAW seconds and once at the end. ``ipywidgets.HTML``
 exists with the same meaning in 7.x and 8.x, and swapping its HTML redraws without a flicker.
+When the run stops, ``notebook.LiveSession`` replaces the widget's output with static HTML and
+a PNG, which a saved notebook can draw without a kernel (a widget's view cannot).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ MIN_REDRAW = 0.5
 
 
 def live_widget(sampler: Sampler):
-    """A widget that follows ``sampler`` until it stops (its last state stays shown); the same
+    """A widget that follows ``sampler`` until it stops (its last state drawn); the same
     one for the same sampler: a widget per run of the --live cell would each be redrawn by the
     sampler thread after every sample, however many of them were still on screen."""
     shown = session.live_shown  # (sampler, its widget)
