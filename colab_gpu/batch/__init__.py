@@ -19,7 +19,7 @@ from ..runtime import cpu_only_build, cuda_torch, torch_state
 from ..words import count
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
-from .state import RestoreError, RestorePoint
+from .state import RestoreError, RestorePoint, stateful_objects
 from .trial import CtrlC, device_label, release_memory, run_trial
 
 __all__ = ["find_batch", "is_out_of_memory", "BatchResult", "Trial", "SearchError", "RestoreError"]
@@ -125,6 +125,7 @@ def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, var
             search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
                             multiple_of=multiple_of, headroom=headroom,
                             device=device_label(device), on_trial=progress or (lambda search: None))
+            search.notes.extend(restore_point.notes())  # what is restored: shown from the first trial on
             try:
                 search.run()
             except RestoreError as error:  # it cannot go on: the progress ends saying why
@@ -174,7 +175,7 @@ def _lazy_kind(fn: Callable) -> Optional[Tuple[str, str]]:
 def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: str = "max",
                start: Optional[int] = None, max: Optional[int] = None, steps: int = 3,
                headroom: Union[str, int, None] = None, multiple_of: int = 1,
-               restore: Union[Any, Sequence[Any], Dict[str, Any]] = (), device: str = "auto",
+               restore: Union[str, bool, Any, Sequence[Any], Dict[str, Any], None] = "auto", device: str = "auto",
                measure_memory: bool = True, progress: bool = True) -> BatchResult:
     """Find the largest batch size that fits (``mode="max"``) or the fastest (``"throughput"``).
 
@@ -182,9 +183,14 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     times, the first untimed; in throughput mode a fast step runs until 0.1 s is timed.
     ``start`` and ``max``: the first and the largest size tried (default 2, or
     ``multiple_of`` if larger, or ``max`` if smaller; and 65536).
-    ``restore``: models, optimizers, schedulers, tensors or random generators of your own
-    (``np.random.default_rng``, ``torch.Generator``) whose state is put back after every
-    trial (saved on the CPU): one object, a list or a dict (None: nothing). ``headroom``:
+    ``restore``: by default (``"auto"``) the models, optimizers, LR schedulers and GradScalers
+    ``fn`` uses are put back after every trial (saved on the CPU while the copies fit in 3/4 of
+    the RAM available): those ``fn`` reads as globals, from its closure or its defaults (a
+    partial's arguments, a bound method's object too), one level inside each
+    (``trainer.model``), and the same for the functions of yours it calls; the report lists
+    them. Objects given (one, a list or a dict: tensors, random generators of your own such as
+    ``np.random.default_rng``, ``torch.Generator``) are restored as well; ``None`` or ``False``
+    restores none, and the trials train the model. ``headroom``:
     memory to keep free, bytes (``"512MiB"``) or a share (``"10%"``); by default none, except
     10% on the CPU without an address-space limit, where going past memory gets the process
     killed (with ``measure_memory=False`` nothing is measured, so nothing is kept free, a
@@ -209,8 +215,10 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
                         f"is {lazy[0]}: {name:.80}(batch_size) only creates {lazy[1]} and runs none of "
                         f"the step, so every size would fit; define it with a plain def")
     # Keyed as the caller passed them, which messages name: restore, restore[0], restore['model'].
-    if restore is None:
-        objects = {}  # nothing to restore, as the default says
+    found = {} if restore is None or restore is False else stateful_objects(
+        [(getattr(fn, "__name__", "fn"), fn)])
+    if restore is None or restore is False or (isinstance(restore, str) and restore == "auto"):
+        objects = {}  # nothing but what fn uses, or nothing at all
     elif isinstance(restore, dict):
         objects = restore
     elif isinstance(restore, (list, tuple)):
@@ -220,7 +228,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     from .progress import NotebookProgress, reporter
 
     shown = reporter() if progress else None
-    result = search_batch(fn, RestorePoint(objects=objects), variable=variable, mode=mode, start=start,
+    result = search_batch(fn, RestorePoint(objects=objects, found=found), variable=variable, mode=mode, start=start,
                           maximum=max, steps=steps, headroom=headroom, multiple_of=multiple_of,
                           device=device, measure_memory=measure_memory, progress=shown)
     if isinstance(shown, NotebookProgress):

@@ -119,10 +119,7 @@ class CpuGauge:
     def capacity(self) -> int:
         if self.limit != self.unlimited:
             return self.limit
-        available = _meminfo("MemAvailable")
-        cgroup = _cgroup_room()
-        room = available if cgroup is None else min(available, cgroup)
-        return proc_status()["VmRSS"] + room
+        return proc_status()["VmRSS"] + (ram_available() or 0)  # no limit: the RAM's room alone
 
     def label(self) -> str:
         return "cpu"
@@ -134,6 +131,22 @@ def _meminfo(name: str) -> int:
             if line.startswith(name + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(name)
+
+
+def ram_available() -> Optional[int]:
+    """Bytes of memory this process can still take: what Linux counts as available (free and
+    reclaimable), or less where the container's cgroup or an address-space limit (``ulimit
+    -v``) leaves less; None where /proc cannot be read (not Linux)."""
+    try:
+        rooms = [_meminfo("MemAvailable"), _cgroup_room()]
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY:
+            rooms.append(max(0, limit - proc_status()["VmSize"]))
+    except (OSError, KeyError, ValueError, ImportError):
+        return None
+    return max(0, min(room for room in rooms if room is not None))
 
 
 def _cgroup_room() -> Optional[int]:
