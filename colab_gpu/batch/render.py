@@ -82,10 +82,14 @@ def render_text(result) -> str:
 
 
 # Numbers right-aligned in tabular figures, words left; more specific than JupyterLab's rule
-# (every cell right) and than STYLE's (every cell left), which a later card repeats.
+# (every cell right) and than STYLE's (every cell left), which a later card repeats. A cell
+# stays on one line; a header may wrap at its space ("peak / memory"), and a table still wider
+# than a narrow notebook scrolls inside the card.
 TABLE_STYLE = ("<style>.cgpu-card th{color:var(--cgpu-muted)}.cgpu-card tr.cgpu-answer td{font-weight:bold}"
                ".cgpu-card.cgpu-trials tr td,.cgpu-card.cgpu-trials tr th{text-align:right;"
-               "font-variant-numeric:tabular-nums;white-space:nowrap}"
+               "font-variant-numeric:tabular-nums;white-space:nowrap;vertical-align:bottom}"
+               ".cgpu-card.cgpu-trials tr th{white-space:normal}"
+               ".cgpu-card.cgpu-trials table{display:block;overflow-x:auto;max-width:100%}"
                + "".join(f".cgpu-card.cgpu-trials tr td:nth-child({column}),"
                          f".cgpu-card.cgpu-trials tr th:nth-child({column}){{text-align:left}}"
                          for column, numeric in enumerate(NUMERIC, 1) if not numeric)
