@@ -1733,7 +1733,7 @@ def test_chart_is_a_png_with_memory_and_throughput():
 def test_chart_draws_throughput_from_the_smallest_size_to_the_largest():
     """--start above what fits: 512 fits, then 128 is measured below it, then 673. The line
     joined them in that order, from 512 back to 128 and across to 673: it crossed itself."""
-    from colab_gpu.batch.render import _chart_figure
+    from colab_gpu.batch.render import chart_figure
     from colab_gpu.render.chart import neutral_style
 
     curve = Curve([(1, 2 * GiB), (64, 9 * GiB), (512, 60 * GiB)])
@@ -1742,20 +1742,20 @@ def test_chart_draws_throughput_from_the_smallest_size_to_the_largest():
     fits = [t for t in result.trials if t.fits]
     assert [t.size for t in fits][:2] == [512, 128]
     with neutral_style():
-        speed = _chart_figure(result, fits).axes[1]
+        speed = chart_figure(result, fits).axes[1]
     assert list(speed.lines[0].get_xdata()) == sorted(t.size for t in fits)
 
 
 def test_chart_without_memory_measured_has_no_empty_memory_panel():
     """measure_memory=False (or a CPU other than Linux's): the memory panel was drawn empty, with
     made-up ticks from -0.04 to 0.04 GiB and a legend for "peak (ran)" points that are not there."""
-    from colab_gpu.batch.render import _chart_figure, render_html
+    from colab_gpu.batch.render import chart_figure, render_html
     from colab_gpu.render.chart import neutral_style
 
     result = find_batch(lambda size: None, mode="throughput", max=8, steps=1, measure_memory=False,
                         progress=False)
     with neutral_style():
-        figure = _chart_figure(result, [t for t in result.trials if t.fits])
+        figure = chart_figure(result, [t for t in result.trials if t.fits])
     assert [axes.get_title() for axes in figure.axes] == ["throughput"]
     assert "<img alt='throughput against batch_size'" in render_html(result)
 
@@ -1764,7 +1764,7 @@ def test_chart_marks_at_the_capacity_only_the_sizes_that_ran_out_of_memory():
     """A red cross on the capacity line says "ran out of memory here". A trial over the
     headroom (its real peak is drawn), one cut short by Ctrl-C and one that raised the user's
     error never reached the capacity; they were drawn there too, with no legend entry."""
-    from colab_gpu.batch.render import _chart_figure
+    from colab_gpu.batch.render import chart_figure
     from colab_gpu.batch.result import ERROR, INTERRUPTED, OVER_HEADROOM, BatchResult
     from colab_gpu.render.chart import neutral_style
 
@@ -1776,7 +1776,7 @@ def test_chart_marks_at_the_capacity_only_the_sizes_that_ran_out_of_memory():
     result = BatchResult("bs", "max", "cuda:0 (Tesla T4)", trials, answer=2, largest_fitting=2,
                          fastest=2, capacity=16 * gib, usable=15 * gib, fit=None, stopped="interrupted")
     with neutral_style():
-        memory = _chart_figure(result, [trials[0]]).axes[0]
+        memory = chart_figure(result, [trials[0]]).axes[0]
     crosses = [line for line in memory.lines if line.get_marker() == "x"]
     assert [list(line.get_xdata()) for line in crosses] == [[64]]
     assert list(crosses[0].get_ydata()) == [16]

@@ -261,6 +261,32 @@ def _enough(runs: int, steps: int, timings, min_timed: float) -> bool:
     return runs >= steps and (sum(timings) >= min_timed or runs >= MOST_RUNS)
 
 
+# Timed runs disagree when the slower took UNEVEN times the faster and UNEVEN_FLOOR seconds more
+# (below that, a fast step's scheduler jitter): on a busy CPU neighbouring sizes timed 10x apart.
+UNEVEN = 1.5
+UNEVEN_FLOOR = 50e-6
+
+
+def timing_range(timings) -> Optional[Tuple[float, float]]:
+    """The fastest and slowest timed runs, of the middle half from four on (one hiccup in a
+    thousand runs of a fast step is no disagreement); None where fewer than two were timed."""
+    if len(timings) < 2:
+        return None
+    ordered = sorted(timings)
+    cut = len(ordered) // 4
+    return ordered[cut], ordered[-1 - cut]
+
+
+def uneven(span: Optional[Tuple[float, float]]) -> bool:
+    return span is not None and span[1] > UNEVEN * span[0] and span[1] - span[0] > UNEVEN_FLOOR
+
+
+def _spread(timings) -> float:
+    """How many times the fastest timed run the slowest took (of the middle half, as above)."""
+    low, high = timing_range(timings)
+    return high / low if low else float("inf")
+
+
 def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: str = "auto",
               measure: bool = True, ctrl_c: Optional[CtrlC] = None, min_timed: float = 0.0,
               around: Callable[[], ContextManager] = contextlib.nullcontext,
@@ -270,7 +296,9 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
 
     Each run is inside ``around()`` (the magic hides later runs' output there), untimed: a
     fixed cost per run would make larger sizes look faster in throughput mode. Ctrl-C is
-    held there too, so hiding is never left half-undone.
+    held there too, so hiding is never left half-undone. Timed runs that disagree (see
+    ``uneven``) are run once more, as many: a busy moment passes, and the calmer set is kept;
+    where both disagree the trial's ``timing_range`` says by how much.
 
     An out-of-memory error or Ctrl-C is dropped here, outside the ``except`` block, with
     its frames, so that the failed trial's tensors can be freed. Out-of-memory errors the CUDA
@@ -283,36 +311,50 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     gauge = open_gauge(device, index, measure)
     if gauge is not None:
         gauge.reset()
-    timings, runs, error, ooms = [], 0, None, _cuda_ooms(index)
+    timings: list = []
+    runs, error, ooms, first = 0, None, _cuda_ooms(index), None
+
+    def run_once() -> None:
+        nonlocal runs, index, gauge
+        __tracebackhide__ = True
+        runs += 1
+        with around():  # entered and left outside the timed region
+            began = time.perf_counter()
+            with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
+                step(size)
+            if ctrl_c is not None and ctrl_c.pressed:  # the cell caught it: stop all the same,
+                raise KeyboardInterrupt  # this run cut short is no fitting size
+            started_cuda = False
+            if runs == 1 and index is None:  # the first run may have started CUDA
+                index = _cuda_index(device)
+                started_cuda = index is not None
+            if index is not None:  # wait for queued GPU work: timing, and async errors in their trial
+                sys.modules["torch"].cuda.synchronize(index)
+            if runs > 1 or steps == 1:  # the first run is warm-up, unless it is all there is
+                timings.append(time.perf_counter() - began)
+        if started_cuda:
+            gauge = open_gauge(device, index, measure)
+            if gauge is not None:  # measure=False: none
+                gauge.reset()
+
     try:
         while not _enough(runs, steps, timings, min_timed):
-            runs += 1
-            with around():  # entered and left outside the timed region
-                began = time.perf_counter()
-                with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
-                    step(size)
-                if ctrl_c is not None and ctrl_c.pressed:  # the cell caught it: stop all the same,
-                    raise KeyboardInterrupt  # this run cut short is no fitting size
-                started_cuda = False
-                if runs == 1 and index is None:  # the first run may have started CUDA
-                    index = _cuda_index(device)
-                    started_cuda = index is not None
-                if index is not None:  # wait for queued GPU work: timing, and async errors in their trial
-                    sys.modules["torch"].cuda.synchronize(index)
-                if runs > 1 or steps == 1:  # the first run is warm-up, unless it is all there is
-                    timings.append(time.perf_counter() - began)
-            if started_cuda:
-                gauge = open_gauge(device, index, measure)
-                if gauge is not None:  # measure=False: none
-                    gauge.reset()
+            run_once()
+        if uneven(timing_range(timings)):  # once more, as many timed runs
+            first, timings = timings, []
+            while len(timings) < len(first):
+                run_once()
     except BaseException as caught:  # Ctrl-C is a trial outcome too
         error = caught
+    if first is not None and error is None:
+        timings = min(first, timings, key=_spread)
+    span = timing_range(timings)
     if error is None:
         return Trial(size, FITS, peak_memory=gauge.peak() if gauge else None,
                      capacity=gauge.capacity() if gauge else None,
                      capacity_kills=bool(gauge and gauge.capacity_kills),
                      seconds_per_step=statistics.median(timings), runs=runs,
-                     caught_ooms=_cuda_ooms(index) - ooms), None
+                     caught_ooms=_cuda_ooms(index) - ooms, timing_range=span if uneven(span) else None), None
     interrupted = isinstance(error, KeyboardInterrupt)
     kind = None if interrupted else classify(error)
     trial = Trial(size, INTERRUPTED if interrupted else kind.value, runs=runs,
