@@ -262,9 +262,10 @@ def _enough(runs: int, steps: int, timings, min_timed: float) -> bool:
 
 
 # Timed runs disagree when the slower took UNEVEN times the faster and UNEVEN_FLOOR seconds more
-# (below that, a fast step's scheduler jitter): on a busy CPU neighbouring sizes timed 10x apart.
+# (less is one of the scheduler's time slices, not the step): on a busy CPU neighbouring sizes
+# were timed 10x apart.
 UNEVEN = 1.5
-UNEVEN_FLOOR = 50e-6
+UNEVEN_FLOOR = 1e-3
 
 
 def timing_range(timings) -> Optional[Tuple[float, float]]:
