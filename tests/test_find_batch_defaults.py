@@ -201,3 +201,13 @@ def test_the_finder_follows_the_users_functions_not_a_librarys():
     assert list(stateful_objects([("fit", trainer.step)])) == ["fit.__self__.net"]
     # torch.nn.functional's globals hold no model; a library function is not followed into them.
     assert stateful_objects([("relu", torch.nn.functional.relu), ("np", types)]) == {}
+
+
+def test_a_cell_that_builds_its_model_does_not_copy_the_notebooks_old_one(shell):
+    """``model = Net()`` on the cell's first line: the notebook's ``model`` of an earlier run is
+    not what the trials train, and a CPU copy of it would cost RAM for nothing."""
+    shell.run_cell("import torch\nmodel = torch.nn.Linear(256, 256)\nold = model")
+    result = shell.run_cell_magic("find_batch", "--max 8 -o",
+                                  "model = torch.nn.Linear(8, 1)\nmodel(torch.randn(batch_size, 8)).sum().backward()")
+    assert not any(note.startswith("restored") for note in result.notes)
+    assert shell.user_ns["model"] is shell.user_ns["old"]  # the name put back, as always

@@ -176,10 +176,22 @@ def checked_names(tree: ast.AST, variable: str, namespace: dict) -> List[str]:
 def read_names(tree: ast.AST) -> List[str]:
     """The names a cell reads, in the order it reads them (``model`` in ``model.fc = ...`` too),
     then the words of its magic and shell lines (``%time step(bs)``): where the search looks
-    for the models and optimizers to restore."""
-    loads = sorted((node.lineno, node.col_offset, node.id) for node in ast.walk(tree)
-                   if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load))
-    return list(dict.fromkeys([name for _, _, name in loads] + sorted(_words_in_ipython_lines(tree))))
+    for the models and optimizers to restore. Not a name the cell assigns, unconditionally, on a
+    line before it first reads it (``model = Net()`` ... ``model(x)``): the notebook's object of
+    that name is not the one the trials change."""
+    bound: Dict[str, int] = {}
+    for statement in getattr(tree, "body", []):
+        if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for node in (node for target in targets for node in ast.walk(target)):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    bound.setdefault(node.id, node.lineno)
+    first_read: Dict[str, int] = {}
+    for line, _, name in sorted((node.lineno, node.col_offset, node.id) for node in ast.walk(tree)
+                                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)):
+        first_read.setdefault(name, line)
+    read = [name for name, line in first_read.items() if bound.get(name, line) >= line]
+    return list(dict.fromkeys(read + sorted(_words_in_ipython_lines(tree))))
 
 
 def _words_in_ipython_lines(tree: ast.AST) -> Set[str]:
