@@ -12,7 +12,6 @@ import types
 
 import pytest
 
-import colab_gpu
 from colab_gpu.batch import RestoreError, find_batch, state
 
 torch = pytest.importorskip("torch")
@@ -153,10 +152,10 @@ def test_what_does_not_fit_in_ram_is_named_and_not_restored(shell, monkeypatch):
     monkeypatch.setattr(state, "ram_available", lambda: 2 * MiB)  # room for opt's and model's, not big's
     result = shell.run_cell_magic("find_batch", "--max 8 -o", "big.weight.data += 1\ntrain_step(batch_size)")
     assert result.notes[:2] == (
-        "restored after every trial: model, opt (--no-restore leaves what the cell uses as the trials "
-        "change it)",
-        "not restored, so each trial changes it: big (4 MiB): a CPU copy would not fit in the RAM "
-        "available now (2 MiB, of which the copies may take 75%)")
+        ("restored after every trial: model, opt (--no-restore leaves what the cell uses as the trials "
+         "change it)"),
+        ("not restored, so each trial changes it: big (4 MiB): a CPU copy would not fit in the RAM "
+         "available now (2 MiB, of which the copies may take 75%)"))
     assert ns["big"].weight.data.min() > 1  # trained: each trial added one
     with pytest.raises(UsageError) as refused:
         shell.run_cell_magic("find_batch", "--max 8 --restore big", "big.weight.data += 1")

@@ -93,7 +93,7 @@ def drawn(result):
 def test_peaks_far_below_the_ram_are_charted_on_their_own_scale_and_the_ram_named():
     trials = [Trial(size, FITS, peak_memory=(300 + size) * MiB, capacity=15 * GiB, capacity_kills=True,
                     seconds_per_step=size * 1e-8, runs=3) for size in (2, 16, 64)]
-    memory, speed = drawn(result_of(trials, capacity=15 * GiB, usable=int(13.5 * GiB))).axes
+    memory = drawn(result_of(trials, capacity=15 * GiB, usable=int(13.5 * GiB))).axes[0]
     assert memory.get_ylabel() == "MiB" and 364 < memory.get_ylim()[1] < 500  # the dots fill it
     assert not [line for line in memory.lines if list(line.get_ydata()) in ([15 * 1024] * 2, [15] * 2)]
     assert [text.get_text() for text in memory.texts] == ["RAM available now: 15.00 GiB, far above this scale"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import ROOT
 
 import colab_gpu
 from colab_gpu.render.html import STYLE, unbroken_units
-from conftest import ROOT
 
 
 def cards():
@@ -30,7 +30,7 @@ def cards():
 def test_no_card_breaks_words_anywhere():
     assert "anywhere" not in STYLE and "overflow-wrap:break-word;word-break:normal" in STYLE
     for html in cards():
-        for sheet in re.findall(r"<style>(.*?)</style>", html, re.S):
+        for sheet in re.findall(r"<style>(.*?)</style>", html, re.DOTALL):
             assert "anywhere" not in sheet and "break-all" not in sheet
 
 

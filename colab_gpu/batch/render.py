@@ -7,9 +7,9 @@ from typing import Optional
 
 from .. import words
 from ..render import count, fold
-from ..words import duration
 from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE, unbroken_units
+from ..words import duration
 from .result import OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, trial_row
 from .trial import CtrlC
 

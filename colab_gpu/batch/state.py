@@ -28,6 +28,8 @@ from .trial import ram_available
 class RestoreError(UserError, ValueError):
     """An object given to --restore whose state cannot be saved."""
 
+    reason: Optional[str] = None  # why, without the object's name: said of an object found, not named
+
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
            ast.DictComp, ast.GeneratorExp)
@@ -154,7 +156,7 @@ class _ObjectState:
             except Exception as error:  # the object's own failure, before anything ran
                 reason = f"its state_dict() raised {describe(error)}"
                 refused = RestoreError(f"{self.label}: {reason}; nothing ran")
-                refused.reason = reason  # for an object found, not named: listed as not restored
+                refused.reason = reason
                 raise refused from None
         elif self.random is not None:
             self.live = None
@@ -455,7 +457,7 @@ class RestorePoint:
             try:
                 state = _ObjectState(label, obj)
             except RestoreError as error:
-                self.unreadable.append(f"{label} ({getattr(error, 'reason', error)})")
+                self.unreadable.append(f"{label} ({error.reason or error})")
                 continue
             if budget is not None and used + state.nbytes > budget:
                 self.too_large.append(f"{label} ({size(state.nbytes)})")

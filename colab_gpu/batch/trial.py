@@ -284,8 +284,8 @@ def uneven(span: Optional[Tuple[float, float]]) -> bool:
 
 def _spread(timings) -> float:
     """How many times the fastest timed run the slowest took (of the middle half, as above)."""
-    low, high = timing_range(timings)
-    return high / low if low else float("inf")
+    span = timing_range(timings)
+    return span[1] / span[0] if span and span[0] else float("inf")
 
 
 def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: str = "auto",
