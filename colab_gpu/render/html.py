@@ -50,12 +50,12 @@ _NUMBER_AND_UNIT = re.compile(r"(\d) (?=(?:[KMGT]i)?B\b|%|W\b|°C|MHz\b|[mµ]?s\
 
 
 # Markup and style sheets, whose text is no reader's; between them, a long run of characters
-# without a space (an allocator setting, a variable's name, a path, a call: 20 in a table's
+# without a space (an allocator setting, a variable's name, a path, a call: 12 in a table's
 # cell, 40 elsewhere), and the joints it may break at: after a comma, colon, slash or equals
 # sign, and at a dot or an underscore before a letter (``torch.cuda``,
 # ``PYTORCH_CUDA_ALLOC_CONF``). An entity (``&gt;``, ``&nbsp;``) is one character.
 _MARKUP = re.compile(r"(<style.*?</style>|<[^>]*>)", re.DOTALL)
-_LONG_IN_CELL, _LONG = re.compile(r"[^\s<]{20,}"), re.compile(r"[^\s<]{40,}")
+_LONG_IN_CELL, _LONG = re.compile(r"[^\s<]{12,}"), re.compile(r"[^\s<]{40,}")
 _JOINT = re.compile(r"&[#\w]+;|[,:/=]|[._](?=[A-Za-z])")
 
 
