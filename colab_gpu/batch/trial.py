@@ -313,38 +313,35 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     if gauge is not None:
         gauge.reset()
     timings: list = []
-    runs, error, ooms, first = 0, None, _cuda_ooms(index), None
-
-    def run_once() -> None:
-        nonlocal runs, index, gauge
-        __tracebackhide__ = True
-        runs += 1
-        with around():  # entered and left outside the timed region
-            began = time.perf_counter()
-            with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
-                step(size)
-            if ctrl_c is not None and ctrl_c.pressed:  # the cell caught it: stop all the same,
-                raise KeyboardInterrupt  # this run cut short is no fitting size
-            started_cuda = False
-            if runs == 1 and index is None:  # the first run may have started CUDA
-                index = _cuda_index(device)
-                started_cuda = index is not None
-            if index is not None:  # wait for queued GPU work: timing, and async errors in their trial
-                sys.modules["torch"].cuda.synchronize(index)
-            if runs > 1 or steps == 1:  # the first run is warm-up, unless it is all there is
-                timings.append(time.perf_counter() - began)
-        if started_cuda:
-            gauge = open_gauge(device, index, measure)
-            if gauge is not None:  # measure=False: none
-                gauge.reset()
-
+    runs, error, ooms = 0, None, _cuda_ooms(index)
+    first: Optional[list] = None  # the timed runs, where they disagreed and are being run again
     try:
-        while not _enough(runs, steps, timings, min_timed):
-            run_once()
-        if uneven(timing_range(timings)):  # once more, as many timed runs
-            first, timings = timings, []
-            while len(timings) < len(first):
-                run_once()
+        while True:
+            if first is None and _enough(runs, steps, timings, min_timed):
+                if not uneven(timing_range(timings)):
+                    break
+                first, timings = timings, []  # once more, as many timed runs
+            if first is not None and len(timings) >= len(first):
+                break
+            runs += 1
+            with around():  # entered and left outside the timed region
+                began = time.perf_counter()
+                with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
+                    step(size)
+                if ctrl_c is not None and ctrl_c.pressed:  # the cell caught it: stop all the same,
+                    raise KeyboardInterrupt  # this run cut short is no fitting size
+                started_cuda = False
+                if runs == 1 and index is None:  # the first run may have started CUDA
+                    index = _cuda_index(device)
+                    started_cuda = index is not None
+                if index is not None:  # wait for queued GPU work: timing, and async errors in their trial
+                    sys.modules["torch"].cuda.synchronize(index)
+                if runs > 1 or steps == 1:  # the first run is warm-up, unless it is all there is
+                    timings.append(time.perf_counter() - began)
+            if started_cuda:
+                gauge = open_gauge(device, index, measure)
+                if gauge is not None:  # measure=False: none
+                    gauge.reset()
     except BaseException as caught:  # Ctrl-C is a trial outcome too
         error = caught
     if first is not None and error is None:

@@ -4,6 +4,13 @@ Text inherits the front end's own colour and every other colour is a mid-tone or
 translucent grey, so the card reads the same in light and dark themes of JupyterLab, Notebook,
 VS Code and Colab without knowing which is active. Everything shown is escaped.
 
+Lines break at spaces, and inside a word only where nothing else fits (``overflow-wrap:
+break-word``): ``anywhere`` also shrank what a table or a narrow front end may squeeze a block
+of prose to, which broke "ever|y key" and "%gpu_s|tatus" where a space was free. A table
+sizes a column by its longest word, so the value cells of a label/value table (an allocator
+setting of 120 characters) keep ``anywhere``: beside their label, which keeps its width, they
+take the card's remaining width, and break a word only when it is longer than that.
+
 JupyterLab styles output tables with selectors such as
 ``:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`` (right-aligned) and
 ``.jp-RenderedHTMLCommon ul:not(.list-inline)`` (indented): a rule here that must win is at
@@ -26,6 +33,7 @@ STYLE = """
 .cgpu-card{--cgpu-muted:#808080;--cgpu-warn:#c08a00;--cgpu-line:rgba(127,127,127,.5);
  color:inherit;background:transparent;font-family:var(--jp-ui-font-family,system-ui,sans-serif);
  font-size:13px;line-height:1.4;overflow-wrap:break-word;word-break:normal;border:1px solid rgba(127,127,127,.35);border-radius:6px;padding:8px 12px;max-width:60em}
+.cgpu-card td.cgpu-label+td{overflow-wrap:anywhere}
 .cgpu-card h4{margin:6px 0 2px;font-size:14px;color:inherit}.cgpu-card .cgpu-muted{opacity:.7}
 .cgpu-card table{border-collapse:collapse;margin:2px 0}
 .cgpu-card td,.cgpu-card th,.cgpu-card tr{padding:1px 10px 1px 0;vertical-align:top;color:inherit;background:transparent!important;
@@ -49,40 +57,10 @@ STYLE = """
 _NUMBER_AND_UNIT = re.compile(r"(\d) (?=(?:[KMGT]i)?B\b|%|W\b|°C|MHz\b|[mµ]?s\b)")
 
 
-# Markup and style sheets, whose text is no reader's; between them, a long run of characters
-# without a space (an allocator setting, a variable's name, a path, a call: 12 in a table's
-# cell, 40 elsewhere), and the joints it may break at: after a comma, colon, slash or equals
-# sign, and at a dot or an underscore before a letter (``torch.cuda``,
-# ``PYTORCH_CUDA_ALLOC_CONF``). An entity (``&gt;``, ``&nbsp;``) is one character.
-_MARKUP = re.compile(r"(<style.*?</style>|<[^>]*>)", re.DOTALL)
-_LONG_IN_CELL, _LONG = re.compile(r"[^\s<]{12,}"), re.compile(r"[^\s<]{40,}")
-_JOINT = re.compile(r"&[#\w]+;|[,:/=]|[._](?=[A-Za-z])")
-
-
-def _joints(token: str) -> str:
-    return _JOINT.sub(lambda joint: joint.group() + ("" if joint.group().startswith("&") else "<wbr>"), token)
-
-
 def unbroken_units(html: str) -> str:
-    """``html`` broken into lines where a reader expects it: every number held to its unit by a
-    no-break space (a 600 px notebook put "388" at the end of one line and "MiB" on the next),
-    and a long token breakable at its joints.
-
-    STYLE breaks inside a word only where nothing else fits (``overflow-wrap: break-word``):
-    ``anywhere`` let a table squeeze a column of prose to a few letters ("ever|y key",
-    "%gpu_s|tatus"). A table sizes its columns by their longest unbreakable run, so there a
-    token of 100 characters would widen the table past the card: its joints are where it may
-    break. Elsewhere only a token of 40 characters or more breaks at its joints, so that one
-    longer than a line is not cut at whichever letter the line ends on; a shorter one moves to
-    the next line whole. The text views keep plain spaces."""
-    parts = _MARKUP.split(html)  # text at even indices, markup at odd ones
-    in_cell = False
-    for index, part in enumerate(parts):
-        if index % 2:
-            in_cell = part.startswith("<td") or (in_cell and not part.startswith("</td"))
-        else:
-            parts[index] = (_LONG_IN_CELL if in_cell else _LONG).sub(lambda token: _joints(token.group()), part)
-    return _NUMBER_AND_UNIT.sub("\\1&nbsp;", "".join(parts))
+    """``html`` with every number held to its unit by a no-break space: a 600 px notebook put
+    "388" at the end of one line and "MiB" on the next. The text views keep plain spaces."""
+    return _NUMBER_AND_UNIT.sub("\\1&nbsp;", html)
 
 
 def fraction_bar(fraction) -> str:
