@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-__all__ = ["cgroup_memory", "meminfo", "process_status"]
+__all__ = ["cgroup_memory", "meminfo", "process_status", "ram_available"]
 
 
 def _kilobyte_lines(path: str) -> Dict[str, int]:
@@ -38,3 +38,19 @@ def cgroup_memory() -> Tuple[Optional[int], Optional[int]]:
             return (None, None) if text == "max" else (int(text), int(text) - int(used.read()))
     except (OSError, ValueError):
         return None, None
+
+
+def ram_available() -> Optional[int]:
+    """Bytes of memory this process can still take: what Linux counts as available (free and
+    reclaimable), or less where the container's cgroup or an address-space limit (``ulimit
+    -v``) leaves less; None where /proc cannot be read (not Linux)."""
+    try:
+        rooms = [meminfo()["MemAvailable"], cgroup_memory()[1]]
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY:
+            rooms.append(max(0, limit - process_status()["VmSize"]))
+    except (OSError, KeyError, ValueError, ImportError):
+        return None
+    return max(0, min(room for room in rooms if room is not None))

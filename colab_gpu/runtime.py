@@ -6,6 +6,7 @@ has already imported it, and CUDA's state only through ``torch.cuda.is_initializ
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import sys
@@ -43,6 +44,9 @@ class TorchState:
     cuda_initialized: bool = False
     hip_version: Optional[str] = None  # the ROCm (HIP) a ROCm build was built with: torch.cuda runs on it
     mps_available: Optional[bool] = None  # on a Mac, whether torch reaches its GPU as device 'mps'; else None
+    # Whether torch can be imported here at all: "not imported yet" told a user without torch to
+    # wait for something that would never come.
+    installed: bool = True
 
     @property
     def cuda_built(self) -> bool:
@@ -144,13 +148,22 @@ def torch_state(modules: Mapping[str, object] = sys.modules) -> TorchState:
     """torch's version and CUDA state, only if the user already imported torch."""
     torch = modules.get("torch")
     if torch is None:
-        return TorchState(imported=False)
+        return TorchState(imported=False, installed=torch_installed())
     version = getattr(torch, "__version__", None)
     build = getattr(torch, "version", None)
     return TorchState(imported=True, version=str(version) if version else None,
                       cuda_version=getattr(build, "cuda", None), cuda_initialized=cuda_torch(modules) is not None,
                       hip_version=getattr(build, "hip", None),
                       mps_available=mps_available(torch) if sys.platform == "darwin" else None)
+
+
+def torch_installed() -> bool:
+    """Whether ``import torch`` would find a torch, asked of the import system without importing
+    it (importlib.util.find_spec runs none of torch's code)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken entry in sys.path or sys.modules: none usable
+        return False
 
 
 def mps_available(torch) -> Optional[bool]:

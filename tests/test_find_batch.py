@@ -461,7 +461,10 @@ def test_throughput_times_a_fast_step_for_a_tenth_of_a_second_and_max_mode_runs_
     for trial in result.trials:
         timed = durations[trial.size][1:]
         assert trial.runs == len(durations[trial.size])
-        assert sum(timed[:-1]) < 0.1 and sum(timed) > 0.09, (trial.size, timed)
+        # Where the machine made the timed runs disagree, they ran once more, as many of them.
+        first = timed[:len(timed) // 2] if sum(timed[:-1]) >= 0.1 else timed
+        assert sum(first[:-1]) < 0.1 and sum(first) > 0.09, (trial.size, timed)
+        assert len(timed) in (len(first), 2 * len(first)), (trial.size, timed)
     runs = collections.Counter()
     result = find_batch(lambda size: runs.update([size]), max=8, progress=False)
     assert set(runs.values()) == {3} and [t.runs for t in result.trials] == [3, 3]

@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import os
 import re
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..oom import is_out_of_memory
 from ..spelling import option
@@ -19,7 +19,7 @@ from ..runtime import cpu_only_build, cuda_torch, torch_state
 from ..words import count
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
-from .state import RestoreError, RestorePoint
+from .state import RestoreError, RestorePoint, stateful_objects
 from .trial import CtrlC, device_label, release_memory, run_trial
 
 __all__ = ["find_batch", "is_out_of_memory", "BatchResult", "Trial", "SearchError", "RestoreError"]
@@ -129,6 +129,7 @@ def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, var
             search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
                             multiple_of=multiple_of, headroom=headroom,
                             device=device_label(device), on_trial=progress or (lambda search: None))
+            search.notes.extend(restore_point.notes())  # what is restored: shown from the first trial on
             try:
                 search.run()
             except RestoreError as error:  # it cannot go on: the progress ends saying why
@@ -178,7 +179,7 @@ def _lazy_kind(fn: Callable) -> Optional[Tuple[str, str]]:
 def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: str = "max",
                start: Optional[int] = None, max: Optional[int] = None, steps: int = 3,
                headroom: Union[str, int, None] = None, multiple_of: int = 1,
-               restore: Union[Any, Sequence[Any], Dict[str, Any]] = (), device: str = "auto",
+               restore: Union[str, bool, Any, Sequence[Any], Dict[str, Any], None] = "auto", device: str = "auto",
                measure_memory: bool = True, progress: bool = True) -> BatchResult:
     """Find the largest batch size that fits (``mode="max"``) or the fastest (``"throughput"``).
 
@@ -206,10 +207,15 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
         the process killed. Not applied with ``measure_memory=False``.
     multiple_of : int, default 1
         Only its multiples are tried (``start`` and ``max`` rounded down to one, in a note).
-    restore : object, list or dict, optional
-        Models, optimizers, schedulers, tensors or random generators of your own
-        (``np.random.default_rng``, ``torch.Generator``) whose state is saved on the CPU and
-        put back after every trial; None or empty: nothing.
+    restore : "auto", object, list or dict, or None, default "auto"
+        ``"auto"``: the models, optimizers, LR schedulers and GradScalers ``fn`` uses are put
+        back after every trial (saved on the CPU while the copies fit in 3/4 of the RAM
+        available): those ``fn`` reads as globals, from its closure or its defaults (a
+        partial's arguments, a bound method's object too), one level inside each
+        (``trainer.model``), and the same for the functions of yours it calls; the report
+        lists them. Objects given (one, a list or a dict: tensors, random generators of your
+        own such as ``np.random.default_rng``, ``torch.Generator``) are restored as well;
+        ``None`` or ``False`` restores none, and the trials train the model.
     device : str, default "auto"
         ``"auto"`` (CUDA once your code has started it, else the CPU), ``"cpu"``, ``"cuda"``,
         ``"cuda:N"`` (or N, or a ``torch.device``).
@@ -249,9 +255,11 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
                         f"is {lazy[0]}: {name:.80}(batch_size) only creates {lazy[1]} and runs none of "
                         f"the step, so every size would fit; define it with a plain def")
     # Keyed as the caller passed them, which messages name: restore, restore[0], restore['model'].
-    objects: Mapping[Any, Any]
-    if restore is None:
-        objects = {}  # nothing to restore, as the default says
+    found = {} if restore is None or restore is False else stateful_objects(
+        [(getattr(fn, "__name__", "fn"), fn)])
+    objects: Dict[Any, Any]
+    if restore is None or restore is False or (isinstance(restore, str) and restore == "auto"):
+        objects = {}  # nothing but what fn uses, or nothing at all
     elif isinstance(restore, dict):
         objects = restore
     elif isinstance(restore, (list, tuple)):
@@ -261,7 +269,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     from .progress import NotebookProgress, reporter
 
     shown = reporter() if progress else None
-    result = search_batch(fn, RestorePoint(objects=objects), variable=variable, mode=mode, start=start,
+    result = search_batch(fn, RestorePoint(objects=objects, found=found), variable=variable, mode=mode, start=start,
                           maximum=max, steps=steps, headroom=headroom, multiple_of=multiple_of,
                           device=device, measure_memory=measure_memory, progress=shown)
     if isinstance(shown, NotebookProgress):

@@ -37,6 +37,9 @@ class Trial:
     # Out-of-memory errors the CUDA allocator counted while the trial ran and which never reached
     # the search: cuDNN's fallback to a smaller workspace, or a cell that skips its batch on OOM.
     caught_ooms: int = 0
+    # The fastest and slowest timed runs (the middle half of them from four on) where they
+    # disagreed even when the trial ran them again: a busy machine, so the time is uncertain.
+    timing_range: Optional[Tuple[float, float]] = None
 
     @property
     def fits(self) -> bool:

@@ -334,8 +334,13 @@ class GPUMagics(Magics):
     @argument("--mode", action=Once, choices=["max", "throughput"], default="max",
               help="max: the largest size that fits; throughput: the fastest size that fits.")
     @argument("--restore", nargs="+", action="extend", default=[], metavar="NAME",
-              help="Objects (model, optimizer, scheduler, tensor, your own random generator) whose "
-                   "state is saved to the CPU and restored after every trial.")
+              help="More objects whose state is saved to the CPU and restored after every trial: "
+                   "a tensor, your own random generator (the models, optimizers, LR schedulers and "
+                   "GradScalers the cell uses are restored without it).")
+    @argument("--no-restore", action="store_true", dest="no_restore",
+              help="Leave the models, optimizers, LR schedulers and GradScalers the cell uses as "
+                   "the trials change them (names, random generators and --restore objects are "
+                   "still put back).")
     @argument("--device", action=Once, default="auto",
               help="auto (CUDA once your code has started it, else CPU), cpu, cuda or cuda:N.")
     @argument("-o", action="store_true", dest="return_result",
@@ -348,9 +353,10 @@ class GPUMagics(Magics):
         fastest) that fits.
 
         Every notebook name a trial binds, rebinds or deletes (also through %time or a
-        function's global), the --restore objects and the random generators are put back
-        after every trial; Ctrl-C stops and keeps the best size so far. A cell error
-        other than out-of-memory stops the search and is shown.
+        function's global), the models, optimizers, LR schedulers and GradScalers the
+        cell uses (unless --no-restore), the --restore objects and the random generators
+        are put back after every trial; Ctrl-C stops and keeps the best size so far. A
+        cell error other than out-of-memory stops the search and is shown.
         """
         from ..batch.progress import NotebookProgress, TerminalProgress
         from ..runtime import in_notebook

@@ -201,7 +201,7 @@ def words(items: Optional[Sequence[str]], empty: str = "none") -> str:
 def torch_summary(torch) -> str:
     """"torch 2.11.0 (CUDA 12.8), CUDA not initialized", from a TorchState."""
     if not torch.imported:
-        return "torch not imported yet"
+        return "torch not imported yet" if torch.installed else "torch is not installed"
     build = {"cuda": f"CUDA {torch.cuda_version}", "rocm": f"ROCm {torch.hip_version}",
              "mps": "MPS: the Mac's GPU", "cpu": "CPU-only build"}[torch.build]
     state = "CUDA initialized" if torch.cuda_initialized else "CUDA not initialized"
