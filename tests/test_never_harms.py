@@ -431,6 +431,8 @@ def cuda_calls_in_the_code() -> dict:
 CUDA_GUARDS = {
     "colab_gpu/torch_view.py:torch_memory": "returns () unless torch.cuda.is_initialized()",
     "colab_gpu/cuda.py:cuda_devices_in_use": "called by empty_cuda_cache and _cuda_index, after their check",
+    "colab_gpu/loader/__init__.py:resolve_device": "auto: current_device() only with the torch cuda_torch() "
+                                                    "returned; an explicit device='cuda[:N]' is the user's request",
     "colab_gpu/doctor/device.py:_with_torch_cap": "returns at once unless runtime.cuda_torch() gives torch "
                                                   "(CUDA initialized)",
     "colab_gpu/doctor/explain.py:_default_device": "current_device() only with the torch runtime.cuda_torch() "

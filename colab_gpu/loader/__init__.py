@@ -192,11 +192,42 @@ def tune_loader(loader, *, step=None, device="auto", seconds: float = 0.5, repea
     (``device``: auto, cpu, cuda or cuda:N; auto copies them to CUDA only once your code has
     started it) and persistent_workers. Your loader, its iterator and the random generators it
     draws from are left as they were; every worker started is stopped before this returns.
-    ``step``: a function running one training step on a batch as the loader yields it (it is
-    run on one batch for ``seconds``, then in the loop with two settings: pass one without side
-    effects you mind), or a %%find_batch --mode throughput result; the result then says whether
-    the loader or the step bounds training. ``name`` and ``namespace`` (your globals()) name the
-    loader and its parts in the constructor call to paste; ``progress`` prints one line first.
+
+    Parameters
+    ----------
+    loader : torch.utils.data.DataLoader
+        The loader to measure; never iterated itself.
+    step : callable or BatchResult, optional
+        A function running one training step on a batch as the loader yields it (run on one
+        batch for ``seconds``, then in the loop with two settings: pass one without side
+        effects you mind), or a %%find_batch --mode throughput result; the result then says
+        whether the loader or the step bounds training.
+    device : str or int, default "auto"
+        Where batches are copied while timed: auto, cpu, cuda or cuda:N (auto: CUDA only once
+        your code has started it).
+    seconds : float, default 0.5
+        Each timing's window, after the workers' start-up.
+    repeats : int, default 3
+        Rounds of timings, 1 to 20 (more are added, up to twice as many, until the answer is
+        told apart from the smaller settings).
+    max_workers : int, optional
+        The most workers tried; by default the usable cores and a little past.
+    name : str, optional
+        The loader's name in the constructor call to paste.
+    namespace : mapping, optional
+        Your globals(), to name the loader's parts in that call.
+    progress : bool, default True
+        Print one line first.
+
+    Returns
+    -------
+    LoaderTuning
+        Every setting's rate, the answer and the constructor call for it.
+
+    Raises
+    ------
+    LoaderError
+        (a UserError) a loader, device or option this cannot work with.
     """
     check_loader(loader)
     step = _checked_step(step)

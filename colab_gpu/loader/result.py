@@ -83,10 +83,50 @@ def waiting(loader_rate: float, step_seconds: float, workers: int,
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class LoaderTuning(Shown):
-    """A loader's settings measured: ``answer`` is the setting to use (what ``new_loader()``
-    builds and the constructor call ``call`` writes); ``measured_answer`` the row it was chosen
-    from, which ``answer`` extends with persistent workers where epochs pay their start-up, and
-    with the user's own pin_memory where it could not be measured."""
+    """A loader's settings measured.
+
+    Attributes
+    ----------
+    name : str
+        The loader's name in the notebook.
+    current, answer, measured_answer, best : Setting
+        The loader's own setting; the one to use (what ``new_loader()`` builds and ``call``
+        writes); the measured row it was chosen from (``answer`` adds persistent workers where
+        epochs pay their start-up, and the user's own pin_memory where it was not measured);
+        the fastest.
+    measurements : tuple of Measurement
+        Every setting's rate and start-up.
+    factors : tuple of float
+        The answer's rate over the current's, one a round measuring both.
+    rounds : int
+        Rounds of timings.
+    seconds : float
+        Each timing's window.
+    cores, cores_how : int, str
+        The usable cores and how they were counted.
+    load : float or None
+        The machine's load average before timing.
+    start_method : str
+        The workers' start method (fork, spawn ...).
+    device : str or None
+        Where batches go: "cuda:0", None for the CPU.
+    batch_size, batches_per_epoch : int or None
+        The loader's batch size and batches in an epoch.
+    split : Split
+        Where a batch's time goes in the main process.
+    step : StepTiming or None
+        The training step's timing, with ``step=``.
+    keeps_up : bool
+        Chosen as the smallest setting that feeds the step, not within 5 % of the best.
+    unresolved : tuple of Setting
+        Settings the timings could not tell apart from the answer.
+    hints, notes : tuple of str
+        What would help where settings cannot; what else to know.
+    call : str
+        The DataLoader call to paste.
+    interrupted : bool
+        Ctrl-C cut the timings short: the answer is from what was measured.
+    """
 
     name: str
     current: Setting
