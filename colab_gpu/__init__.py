@@ -1,8 +1,8 @@
 """colab_gpu: see and tune the GPU inside a notebook.
 
-``%load_ext colab_gpu`` adds ``%gpu_status``, ``%alloc_conf``, ``%clear_cache`` and
-``%%find_batch``. Each is a thin layer over the plain functions exported here, which
-scripts and tests use directly. Importing this package is cheap: torch, matplotlib,
+``%load_ext colab_gpu`` adds ``%gpu_status``, ``%alloc_conf``, ``%clear_cache``,
+``%%find_batch`` and ``%%distributed``. Each is a thin layer over the plain functions
+exported here, which scripts and tests use directly. Importing this package is cheap: torch, matplotlib,
 ipywidgets and even IPython are imported only when a feature needs them, and nothing here
 ever initializes CUDA.
 """
@@ -30,6 +30,8 @@ _LAZY = {
     "find_batch": "colab_gpu.batch",
     "BatchResult": "colab_gpu.batch",
     "is_out_of_memory": "colab_gpu.oom",
+    "launch": "colab_gpu.distributed",
+    "RankError": "colab_gpu.distributed",
     "UserError": "colab_gpu.errors",
 }
 

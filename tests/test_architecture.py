@@ -25,7 +25,7 @@ from conftest import ROOT
 # tells an out-of-memory error (%%find_batch, %clear_cache, the doctor).
 CORE = frozenset({"errors", "words", "runtime", "devices", "cuda", "cuda_order", "torch_view", "oom",
                   "torch_allocator", "memory", "advice", "render", "spelling", "data"})
-FEATURES = frozenset({"gpu_status", "allocator", "batch", "live", "doctor"})
+FEATURES = frozenset({"gpu_status", "allocator", "batch", "live", "doctor", "distributed"})
 TOP = frozenset({"__init__", "magics"})
 
 PACKAGE = ROOT / "colab_gpu"

@@ -434,7 +434,7 @@ CUDA_GUARDS = {
     "colab_gpu/memory/rounding.py:_split_limit": "asked only for a storage on a CUDA device: CUDA already runs",
     "colab_gpu/live/cells.py:before": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
     "colab_gpu/live/cells.py:_torch_line": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
-    "colab_gpu/batch/__init__.py:_cuda_devices": "device_count() only after torch.cuda.is_initialized()",
+    "colab_gpu/cuda.py:visible_cuda_devices": "device_count() only after torch.cuda.is_initialized()",
     "colab_gpu/batch/state.py:__init__": "get_rng_state_all only if torch.cuda.is_initialized()",
     "colab_gpu/batch/state.py:restore": "set_rng_state_all only with a CUDA state saved while initialized; "
                                           "the generators reseeded only if cuda_torch() says CUDA started",

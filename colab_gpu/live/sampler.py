@@ -13,8 +13,10 @@ import collections
 import copy
 import dataclasses
 import numbers
+import os
 import threading
 import time
+import weakref
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
@@ -30,6 +32,9 @@ DEFAULT_HISTORY = 3600  # samples kept: an hour at the default interval
 # How often a display waiting for a sample that is due looks again (wait() polls: see
 # Sampler.__init__); until it is due, it sleeps.
 POLL_SECONDS = 0.01
+# The longest a fork waits for a read in flight (see _before_fork): NVML answers in
+# milliseconds; a read stuck on a lost GPU must not stop every fork of the process.
+FORK_WAIT = 5.0
 
 
 class LiveOptionError(UserError, ValueError):
@@ -182,6 +187,7 @@ class Sampler:
         # joined that thread. ``_lock`` guards the buffer; ``_running_gate`` is held from
         # the start and released to ask the thread to stop (it then takes it and ends).
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # held by the thread while it reads: a fork waits for it
         self._running_gate = threading.Lock()
         self._running_gate.acquire()
         self._stop_asked = False  # set after the release: a Ctrl-C between them asks again
@@ -228,6 +234,7 @@ class Sampler:
         self.started_at = time.time()
         self._record(first)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        _started.add(self)
         self._thread.start()
         # Registered after the source was created, so it runs before the source's own
         # atexit close (atexit runs last-registered first): NVML is never shut down under
@@ -309,7 +316,8 @@ class Sampler:
         try:
             next_time = time.monotonic() + self.interval
             while not self._running_gate.acquire(timeout=max(0.0, next_time - time.monotonic())):
-                snapshot, problem = self._read(self.source.light_snapshot)  # what _record keeps
+                with self._reading:
+                    snapshot, problem = self._read(self.source.light_snapshot)  # what _record keeps
                 if problem is not None:
                     self.error = problem
                     break
@@ -342,3 +350,45 @@ class Sampler:
             except Exception as error:  # a broken display must not stop the recording
                 self.remove_listener(listener)
                 self.listener_error = _one_line(error)
+
+    def _forked(self) -> None:
+        """In a forked child: the thread was not copied, so the sampler has ended there, with
+        fresh locks (one may have been held by the thread at the fork) and nothing to stop
+        at the child's exit (its NVML belongs to the parent's run)."""
+        self._lock = threading.Lock()
+        self._reading = threading.Lock()
+        self._done = True
+        self.stopped_at = self.stopped_at or time.time()
+        atexit.unregister(self.stop)
+
+
+# A fork (colab_gpu.launch, a DataLoader's workers, multiprocessing) copies only the forking
+# thread. A read in flight in the sampler thread would leave the library it reads (NVML) locked
+# forever in the child, and the child's copy of the sampler would claim to run. So a fork waits
+# for that read (and holds the next one back), and in the child every sampler has ended.
+_started: "weakref.WeakSet[Sampler]" = weakref.WeakSet()
+_held: List[Sampler] = []
+
+
+def _before_fork() -> None:
+    for sampler in list(_started):
+        if (sampler.running and sampler._thread is not threading.current_thread()
+                and sampler._reading.acquire(timeout=FORK_WAIT)):
+            _held.append(sampler)
+
+
+def _after_fork_in_parent() -> None:
+    while _held:
+        _held.pop()._reading.release()
+
+
+def _after_fork_in_child() -> None:
+    del _held[:]
+    for sampler in list(_started):
+        sampler._forked()
+    _started.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
