@@ -85,6 +85,7 @@ def _user_errors():
     import colab_gpu.allocator
     import colab_gpu.batch
     import colab_gpu.devices.replay
+    import colab_gpu.distributed
     import colab_gpu.live
     import colab_gpu.memory
     from colab_gpu.errors import UserError
@@ -101,7 +102,7 @@ def test_every_error_in_what_the_user_asked_for_is_a_user_error_and_still_a_valu
     """One base the magics translate; the names and ValueError that callers catch are kept."""
     names = {kind.__name__ for kind in _user_errors()}
     assert {"AllocConfError", "RecordingError", "SourceError", "LiveOptionError", "AlreadyRunning",
-            "SearchError", "RestoreError", "ClearCacheError"} <= names
+            "SearchError", "RestoreError", "ClearCacheError", "LaunchOptionError", "LaunchRefused"} <= names
     assert all(issubclass(kind, ValueError) for kind in _user_errors())
     assert colab_gpu.AllocConfError in _user_errors()
 
@@ -110,7 +111,8 @@ def test_every_error_in_what_the_user_asked_for_is_a_user_error_and_still_a_valu
 MAGIC_CALLS = [("gpu_status", "", None, "colab_gpu.gpu_status.status"),
                ("alloc_conf", "", None, "colab_gpu.allocator.alloc_conf"),
                ("clear_cache", "", None, "colab_gpu.memory.clear_cache"),
-               ("find_batch", "", "x = batch_size", "colab_gpu.batch.search_batch")]
+               ("find_batch", "", "x = batch_size", "colab_gpu.batch.search_batch"),
+               ("distributed", "-n 2", "x = 1", "colab_gpu.distributed.launch")]
 
 
 @pytest.mark.parametrize("kind", _user_errors(), ids=lambda kind: kind.__name__)

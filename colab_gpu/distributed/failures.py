@@ -13,7 +13,7 @@ class LaunchOptionError(UserError, ValueError):
     """An nprocs, backend or timeout launch cannot use; the message says what it takes."""
 
 
-class LaunchRefused(UserError, RuntimeError):
+class LaunchRefused(UserError, ValueError):
     """Processes forked from here could not do what was asked: CUDA already initialized in
     this process, no fork on this system, torch.distributed or the backend missing."""
 

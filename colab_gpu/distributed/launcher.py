@@ -30,13 +30,17 @@ from ..spelling import option
 from .cuda_state import cuda_started
 from .failures import LaunchOptionError, LaunchRefused, LaunchTimeout, RankError, RankTraceback
 from .output import RankLines
-from .rank import FAILED, HEADER, Rank, run_rank
+from .rank import FAILED, HEADER, OK, Rank, run_rank
 
 __all__ = ["launch", "BACKENDS", "plan", "free_port", "launched_already"]
 
 BACKENDS = ("nccl", "gloo")
 POLL = 0.05  # seconds between two looks at the ranks' processes
 GRACE = 2.0  # seconds a rank being stopped gets after SIGTERM before SIGKILL
+# Seconds between the first failure seen and the choice of the one to report: a rank killed
+# (out of memory) sends nothing, and its peers' "connection closed" errors can arrive before
+# its death is seen; they are its consequence, not the cause.
+SETTLE = 0.3
 REAP = 5.0  # seconds to wait for a SIGKILLed process (one in the GPU driver can take a moment)
 
 
@@ -203,6 +207,8 @@ class RankProcess:
         self.status: Optional[int] = None  # the exit code once reaped (negative: the signal)
         self.stopped = False  # stopped by the parent (another rank failed, Ctrl-C, the timeout)
         self.reaped = False
+        self.alive_at = time.monotonic()  # when it was last seen running: a death sends no time
+        self.dying = False  # its memory is gone: killed, and still closing its files
         self._failure: Optional[tuple] = None
 
     @property
@@ -284,13 +290,16 @@ class Ranks:
 
     def watch(self, deadline: Optional[float]) -> Optional[RankProcess]:
         """Until every rank ended, one failed or the deadline passed; the rank that failed first."""
+        settled: Optional[float] = None
         while True:
             self.read(POLL)
             self.reap()
-            failed = self.first_failure()
-            if failed is not None:
+            if settled is None and self.first_failure() is not None:
+                settled = time.monotonic() + SETTLE
+            if settled is not None and (time.monotonic() > settled or all(p.reaped for p in self.processes)):
+                failed = self.first_failure()
                 self.stop([process.rank for process in self.processes if process is not failed])
-                return self.first_failure()  # another may have failed before it, and said so since
+                return failed
             if all(process.reaped for process in self.processes):
                 return None
             if deadline is not None and time.monotonic() > deadline:
@@ -354,6 +363,10 @@ class Ranks:
             except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): its status is lost
                 pid, status = process.pid, 255 << 8
             if pid == 0:
+                if has_memory(process.pid):
+                    process.alive_at = time.monotonic()
+                else:
+                    process.dying = True
                 continue
             process.reaped = True
             process.status = os.waitstatus_to_exitcode(status)
@@ -364,14 +377,15 @@ class Ranks:
         self.flush()
 
     def first_failure(self) -> Optional[RankProcess]:
-        """The rank that failed first: by the time it said so, else by when its end was seen."""
+        """The rank that failed first: by the time it said so, or for one that died without a
+        word, the last time it was seen running (the earliest it can have died)."""
         failed = []
         for process in self.processes:
             sent = process.failure()
             if sent is not None:  # also from a rank stopped since: it said so first
                 failed.append((sent[0], process))
-            elif process.reaped and not process.stopped and (process.status != 0 or process.sent is None):
-                failed.append((float("inf"), process))
+            elif (process.reaped or process.dying) and not process.stopped and (process.status != 0 or process.sent is None):
+                failed.append((process.alive_at, process))
         return min(failed, key=lambda pair: pair[0])[1] if failed else None
 
     def stop(self, ranks) -> None:
@@ -404,9 +418,10 @@ class Ranks:
 
     def rank_error(self, failed: RankProcess) -> RankError:
         """The first failure, in one line; the rank's traceback as its cause."""
-        stopped = sorted(process.rank for process in self.processes if process.stopped)
-        others = (f"; {'rank' if len(stopped) == 1 else 'ranks'} {', '.join(map(str, stopped))} "
-                  f"{'was' if len(stopped) == 1 else 'were'} stopped") if stopped else ""
+        unfinished = sorted(process.rank for process in self.processes  # stopped, or failed after it
+                            if process is not failed and process.sent != OK)
+        others = (f"; {'rank' if len(unfinished) == 1 else 'ranks'} {', '.join(map(str, unfinished))} "
+                  f"did not finish") if unfinished else ""
         sent = failed.failure()
         where = f"rank {failed.rank} of {self.nprocs}"
         if sent is None:
@@ -448,6 +463,17 @@ def _ended(status: Optional[int]) -> str:
     if status == 0:
         return "its process ended without returning (os._exit(0) in the function?)"
     return f"its process exited with code {status} without returning"
+
+
+def has_memory(pid: int) -> bool:
+    """Whether a process not yet ended still has its memory. A killed process frees it first,
+    then closes its files: its peers see their connections close (and fail) before its end
+    can be seen, and its death must be dated before their failures (Linux; True elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return statm.read().split()[0] != "0"
+    except (OSError, IndexError):
+        return True
 
 
 def _signal_group(pid: int, signum: int) -> None:

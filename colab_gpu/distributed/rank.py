@@ -182,7 +182,7 @@ def _short(value: Any) -> str:
 def _failure(error: BaseException, tb, setup: bool = False) -> bytes:
     """The message for a rank that failed: when (the first failure is the cause: the others
     fail because of it), what, its traceback as text, the exception itself where it pickles."""
-    while tb is not None and tb.tb_frame.f_locals.get("__tracebackhide__"):  # IPython's mark, as for a cell
+    while tb is not None and _hidden(tb.tb_frame):
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(error), error, tb))
     try:
@@ -192,6 +192,12 @@ def _failure(error: BaseException, tb, setup: bool = False) -> bytes:
         exception = None
     summary = traceback.format_exception_only(type(error), error)[-1].strip()
     return FAILED + pickle.dumps((time.monotonic(), summary, text, exception, setup))
+
+
+def _hidden(frame) -> bool:
+    """A function marked with IPython's ``__tracebackhide__`` (%%distributed's runner): its own
+    local, not a name of the notebook's a cell's frame sees among its globals."""
+    return "__tracebackhide__" in frame.f_code.co_varnames and bool(frame.f_locals.get("__tracebackhide__"))
 
 
 def send(descriptor: int, message: bytes) -> None:
