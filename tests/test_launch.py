@@ -346,12 +346,13 @@ import colab_gpu
 def gather(offset):
     value = torch.tensor([float(dist.get_rank())])
     dist.all_reduce(value)
-    print("rank", dist.get_rank(), "of", dist.get_world_size(), "in", os.getpid(), flush=True)
+    sys.stdout.write(f"rank {{dist.get_rank()}} of {{dist.get_world_size()}} in {{os.getpid()}}\\n")  # one write:
+    sys.stdout.flush()  # under torchrun both processes share the pipe, unbuffered with PYTHONUNBUFFERED
     return dist.get_rank() + offset, value.item(), os.getpid()
 
 if __name__ == "__main__":
     results = colab_gpu.launch(gather, 100, nprocs=2, timeout={limit})
-    print("launcher", os.getpid(), "results", results)
+    sys.stdout.write(f"launcher {{os.getpid()}} results {{results}}\\n")
 """
 
 

@@ -32,7 +32,8 @@ from .failures import LaunchOptionError, LaunchRefused, LaunchTimeout, RankError
 from .output import RankLines
 from .rank import FAILED, HEADER, OK, Rank, run_rank
 
-__all__ = ["launch", "BACKENDS", "plan", "free_port", "launched_already"]
+__all__ = ["launch", "BACKENDS", "GRACE", "plan", "gpu_count", "free_port", "launched_already", "run_here",
+           "has_memory", "Ranks"]
 
 BACKENDS = ("nccl", "gloo")
 POLL = 0.05  # seconds between two looks at the ranks' processes
@@ -112,7 +113,7 @@ def run_here(fn: Callable, args: tuple, kwargs: dict, backend: Optional[str], ti
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        options = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
+        options: Dict[str, Any] = {} if timeout is None else {"timeout": datetime.timedelta(seconds=timeout)}
         dist.init_process_group(backend, **options)
     try:
         value = fn(*args, **kwargs)
@@ -384,8 +385,8 @@ class Ranks:
             sent = process.failure()
             if sent is not None:  # also from a rank stopped since: it said so first
                 failed.append((sent[0], process))
-            elif (process.reaped or process.dying) and not process.stopped and (process.status != 0 or process.sent is None):
-                failed.append((process.alive_at, process))
+            elif (process.reaped or process.dying) and not process.stopped and process.sent is None:
+                failed.append((process.alive_at, process))  # ended without a word: killed, crashed, os._exit
         return min(failed, key=lambda pair: pair[0])[1] if failed else None
 
     def stop(self, ranks) -> None:

@@ -17,7 +17,7 @@ import struct
 import sys
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 __all__ = ["Rank", "HEADER", "OK", "FAILED", "run_rank", "send", "to_cpu_pickle"]
 
@@ -112,10 +112,9 @@ def _own_output(rank: Rank) -> None:
     os.close(rank.stdout)
     os.close(rank.stderr)
     sys.stdin = open(0, closefd=False)
-    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace",
-                                       closefd=False)
-    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace",
-                                       closefd=False)
+    # line by line; sys.__stdout__, the kernel's own, writes to fd 1 too: this pipe
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
     import logging
 
     loggers = [logging.getLogger()] + [logger for logger in logging.Logger.manager.loggerDict.values()
@@ -147,7 +146,7 @@ def _run(rank: Rank, fn: Callable, args: tuple, kwargs: dict) -> int:
         import torch
 
         torch.cuda.set_device(rank.rank)
-    options = {} if rank.timeout is None else {"timeout": datetime.timedelta(seconds=rank.timeout)}
+    options: Dict[str, Any] = {} if rank.timeout is None else {"timeout": datetime.timedelta(seconds=rank.timeout)}
     try:
         dist.init_process_group(rank.backend, rank=rank.rank, world_size=rank.world_size, **options)
     except BaseException as error:
@@ -185,11 +184,13 @@ def _failure(error: BaseException, tb, setup: bool = False) -> bytes:
     while tb is not None and _hidden(tb.tb_frame):
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(error), error, tb))
+    exception: Optional[bytes] = None
     try:
-        exception: Optional[bytes] = pickle.dumps(error)
-        pickle.loads(exception)  # an exception class whose __init__ takes other arguments does not
+        pickled = pickle.dumps(error)
+        pickle.loads(pickled)  # an exception class whose __init__ takes other arguments does not
+        exception = pickled
     except BaseException:
-        exception = None
+        pass
     summary = traceback.format_exception_only(type(error), error)[-1].strip()
     return FAILED + pickle.dumps((time.monotonic(), summary, text, exception, setup))
 
