@@ -456,7 +456,9 @@ def test_the_cell_magics_errors(shell, capsys):
     error = result.error_in_exec
     assert isinstance(error, RankError) and str(error) == "rank 1 of 2 failed: KeyError: 'lost'"  # rank 0 finished
     traceback = str(error.__cause__)
-    assert "line 3, in <module>\n    raise KeyError('lost')\nKeyError: 'lost'" in traceback
+    assert "line 4, in <module>\n    raise KeyError('lost')\nKeyError: 'lost'" in traceback  # as in the cell
+    with pytest.raises(UsageError, match=r"^SyntaxError on line 3 of the cell: .*: print\(\(; nothing ran$"):
+        shell.run_cell_magic("distributed", "-n 2", "x = 1\nprint((\n")
     assert "colab_gpu" not in traceback  # the cell's lines, not the magic's
     capsys.readouterr()
 

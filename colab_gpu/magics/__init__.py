@@ -362,7 +362,7 @@ class GPUMagics(Magics):
         from .distributed import run_distributed
 
         __tracebackhide__ = True  # a rank's error shows its cell's lines, not the magic's
-        return run_distributed(self.shell, parse(self.distributed, line), cell)
+        return run_distributed(self.shell, line, cell, parse(self.distributed, line))
 
 
 def _loaded(shell) -> "GPUMagics | None":
