@@ -187,9 +187,11 @@ def torch_lacks_kernels(status):
     if not old:
         return None
     version = _torch_version(status)
+    oldest = _oldest_capability(version)
+    if version is None or oldest is None:  # never: _without_kernels found GPUs by both
+        return None
     gpus = ", ".join(f"GPU {gpu.index} ({gpu.name}, compute capability "
                      f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]})" for gpu in old)
-    oldest = _oldest_capability(version)
     cuda = version.rsplit("+cu", 1)[1]
     what = (f"torch {version} has no kernels for {gpus}: PyTorch's CUDA {cuda[:-1]}.{cuda[-1]} builds "
             f"start at compute capability {oldest[0]}.{oldest[1]} (torch.cuda.get_arch_list() lists yours), "

@@ -22,6 +22,31 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
     """Take a status: the live GPUs (or the recording at ``path``), torch's view and advice.
 
     ``status("tesla-t4.xml")`` reads a recording too: a path is what people pass first.
+
+    Parameters
+    ----------
+    source : DeviceSource, optional
+        Where the GPUs are read (:func:`colab_gpu.open_source`); the process's NVML source
+        when neither it nor ``path`` is given.
+    path : str, bytes or os.PathLike, optional
+        An ``nvidia-smi`` recording (``-q -x`` XML, a ``--query-gpu`` CSV log or the table)
+        to read instead of the live GPUs.
+    shell : InteractiveShell, optional
+        The IPython shell, which tells a notebook from a terminal; the running one when None.
+
+    Returns
+    -------
+    Status
+        What ``%gpu_status`` shows. A GPU or driver that cannot be read is said in it
+        (``status.snapshot.problem``), not raised.
+
+    Raises
+    ------
+    TypeError
+        Both ``source`` and ``path`` given, or one that is neither a path nor a source.
+    colab_gpu.devices.replay.RecordingError
+        (a ValueError) ``path`` names no regular file this process can read (missing, a
+        directory, blank), or one too large to read whole.
     """
     wrong = None
     if source is not None and path is not None:  # path= was ignored without a word

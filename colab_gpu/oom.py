@@ -50,10 +50,11 @@ class ErrorKind(enum.Enum):
 def error_chain(error: BaseException) -> Iterator[BaseException]:
     """The error and every error it was raised from or during, each once."""
     seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
+    link: Optional[BaseException] = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
 
 
 def message(error: BaseException) -> str:
@@ -113,6 +114,22 @@ def is_out_of_memory(error: Union[BaseException, str]) -> bool:
     instead of an error. The message decides, whatever the error's type: your own
     ``ValueError("ran out of memory budget")`` is one too, so a step may raise one to mark a
     size as too large, and ``find_batch`` tries a smaller one.
+
+    Parameters
+    ----------
+    error : BaseException or str
+        The error caught, or its message.
+
+    Returns
+    -------
+    bool
+        Whether it, or an error it was raised from or during (``__cause__``,
+        ``__context__``), says out of memory, and none of them says the device broke.
+
+    Raises
+    ------
+    TypeError
+        ``error`` is neither an exception nor a string.
     """
     if isinstance(error, str):
         error = RuntimeError(error)

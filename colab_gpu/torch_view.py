@@ -18,12 +18,13 @@ from .devices import GPU, MigInstance, Snapshot
 from .render.shown import Shown
 from .runtime import (Runtime, cuda_numbering_known, cuda_torch, mig_torch_indices, names_mig_instances,
                       torch_indices)
+from .state import session
 
 if TYPE_CHECKING:
     from .advice import Advice
 
 __all__ = ["TorchMemory", "MemoryBreakdown", "Status", "torch_memory", "breakdown", "torch_view",
-           "visible_seen", "visible_at_cuda_start", "CudaNumbering", "cuda_numbering"]
+           "visible_at_cuda_start", "CudaNumbering", "cuda_numbering"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,38 @@ class MemoryBreakdown:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Status(Shown):
-    """What ``%gpu_status`` shows; ``status()`` returns it."""
+    """What ``%gpu_status`` shows; ``status()`` returns it.
+
+    ``print(status)`` is the card, ``status.summary()`` its first line, ``status.to_json()``
+    what ``%gpu_status --json`` prints.
+
+    Attributes
+    ----------
+    runtime : Runtime
+        The platform, torch's state, ``CUDA_VISIBLE_DEVICES`` (as CUDA started under it) and
+        ``CUDA_DEVICE_ORDER``.
+    snapshot : Snapshot
+        The GPUs as read (``gpus``), or why none could be (``problem``).
+    torch_index_of : dict of int to int
+        NVML index -> torch's index (``cuda:N``) of each GPU torch sees.
+    torch_memory : tuple of TorchMemory
+        torch's allocator figures per device, read only once the user's code started CUDA.
+    breakdown : tuple of MemoryBreakdown
+        Each GPU's used memory split into other processes, CUDA context and non-torch
+        libraries, torch's cache and tensors.
+    advice : tuple of Advice
+        The tips and warnings, each with the rule that gave it.
+    cuda_numbering_known : bool
+        False where ``torch_index_of`` is a guess: different GPUs numbered fastest first that
+        the CUDA driver could not be asked about.
+    cuda_numbering_asked : bool
+        ``torch_index_of`` came from the CUDA driver, asked in a child process.
+    mig_torch_index_of : dict of (int, int) to int
+        (NVML index, MIG index) -> torch's index of each MIG instance CUDA_VISIBLE_DEVICES names.
+    visible_devices_changed : (str or None, bool) or None
+        Where CUDA_VISIBLE_DEVICES changed after CUDA started: its value now, and whether the
+        one CUDA started under is certain.
+    """
 
     runtime: Runtime
     snapshot: Snapshot
@@ -215,23 +247,19 @@ def torch_view(snapshot: Snapshot, runtime: Runtime) -> Status:
                                mig_torch_index_of=mig_torch_indices(visible, snapshot.gpus))
 
 
-# CUDA_VISIBLE_DEVICES as last seen before this process's CUDA started ("before") and as first
-# seen after ("started"); seen at import (the extension's load) and at each torch_view. Tests
-# clear it to stand for a fresh process.
-visible_seen: Dict[str, Optional[str]] = {}
-
-
 def visible_at_cuda_start(now: Optional[str], cuda_started: bool) -> Tuple[Optional[str], bool]:
     """The CUDA_VISIBLE_DEVICES torch numbers the GPUs by, and whether that is certain. CUDA
     reads it once, at its start: a value set later changes nothing until a restart. Once CUDA
     runs, the value first seen then; certain where the last look before the start saw the
     same, not where CUDA started before colab_gpu first looked or the value changed around it
-    (set in the cell that started CUDA, most likely before it: the value first seen is kept)."""
+    (set in the cell that started CUDA, most likely before it: the value first seen is kept).
+    Looked at on import (the extension's load) and at each torch_view: ``session.visible_seen``."""
+    seen = session.visible_seen
     if not cuda_started:
-        visible_seen["before"] = now
+        seen["before"] = now
         return now, True
-    started = visible_seen.setdefault("started", now)
-    return started, "before" in visible_seen and visible_seen["before"] == started
+    started = seen.setdefault("started", now)
+    return started, "before" in seen and seen["before"] == started
 
 
 class CudaNumbering(NamedTuple):

@@ -37,13 +37,12 @@ def restored_environment():
     """Put os.environ back after every test: %alloc_conf writes PYTORCH_*ALLOC_CONF for real,
     and a later test or kernel must not inherit it; nor what it gave torch's setter, which
     would make the restored variables look edited by hand."""
-    from colab_gpu.allocator import apply
-    from colab_gpu.torch_view import visible_seen
+    from colab_gpu.state import session
 
-    visible_seen.clear()  # the CUDA_VISIBLE_DEVICES seen around CUDA's start: a fresh process's
+    session.reset("visible_seen")  # the CUDA_VISIBLE_DEVICES seen around CUDA's start: a fresh process's
     saved = dict(os.environ)
     yield
-    apply._given_to_torch = None
+    session.reset("given_to_torch")
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import random
 import re
@@ -82,13 +83,10 @@ def test_the_magics_keep_their_options_spelling(shell):
 
 def _user_errors():
     """Every UserError subclass, once each package that defines one is imported."""
-    import colab_gpu.allocator
-    import colab_gpu.batch
-    import colab_gpu.devices.replay
-    import colab_gpu.distributed
-    import colab_gpu.live
-    import colab_gpu.memory
     from colab_gpu.errors import UserError
+
+    for package in ("allocator", "batch", "devices.replay", "distributed", "live", "memory"):  # their errors
+        importlib.import_module(f"colab_gpu.{package}")
 
     found, todo = [], [UserError]
     while todo:

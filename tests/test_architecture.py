@@ -1,4 +1,4 @@
-"""The package's two structural rules, read from its source (every .py of colab_gpu/ and tests/):
+"""The package's structural rules, read from its source (every .py of colab_gpu/ and tests/):
 
 1. No module uses another module's ``_private`` name: a name a sibling uses is public and in
    its module's ``__all__``. Checked: ``from x import _y``, ``import x._y``, ``x._y`` on a
@@ -6,13 +6,17 @@
    of a module and ``"_y"`` (or of ``"colab_gpu.x._y"``).
 2. Layers: the shared core knows no feature; a feature uses the core, never another feature;
    the top layer (the magics and the package's ``__init__``) may use anything.
+3. What the kernel keeps between calls is a field of ``colab_gpu.state.session``; no module
+   rebinds a global of its own.
 
 Imports inside functions and under ``if TYPE_CHECKING:`` count as any other.
 """
 from __future__ import annotations
 
 import ast
+import dataclasses
 import pathlib
+import threading
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from conftest import ROOT
@@ -22,10 +26,11 @@ from conftest import ROOT
 # the out-of-memory doctor both rank its holders; torch_view is torch's numbering and memory
 # of the GPUs (the card, the live monitor, the readings); torch_allocator/ is what torch's
 # allocator accepts and runs with (%alloc_conf, the advice, memory/'s block rounding); oom
-# tells an out-of-memory error (%%find_batch, %clear_cache, the doctor).
+# tells an out-of-memory error (%%find_batch, %clear_cache, the doctor); state is what the
+# kernel keeps between calls, each part written by the module it belongs to.
 CORE = frozenset({"errors", "words", "runtime", "devices", "cuda", "cuda_order", "torch_view", "oom",
-                  "torch_allocator", "memory", "advice", "render", "spelling", "data"})
-FEATURES = frozenset({"gpu_status", "allocator", "batch", "live", "doctor", "distributed"})
+                  "torch_allocator", "memory", "advice", "render", "spelling", "host", "data", "state"})
+FEATURES = frozenset({"gpu_status", "allocator", "batch", "live", "doctor", "loader", "distributed"})
 TOP = frozenset({"__init__", "magics"})
 
 PACKAGE = ROOT / "colab_gpu"
@@ -161,6 +166,33 @@ def test_the_core_knows_no_feature_and_no_feature_another():
                 layer = "core" if importer in CORE else "feature"
                 found.append(f"{path.relative_to(ROOT)}:{line}: {layer} {importer} imports {module}")
     assert found == [], "imports across layers:\n" + "\n".join(found)
+
+
+def test_what_the_kernel_keeps_is_in_the_session_alone():
+    """State kept between calls is a field of colab_gpu.state.session, which a test resets,
+    never a module global a function rebinds; reset() makes each field a fresh import's."""
+    from colab_gpu.state import Session
+
+    rebound = [f"{path.relative_to(ROOT)}:{node.lineno}: global {', '.join(node.names)}"
+               for path in sorted(PACKAGE.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Global)]
+    assert rebound == [], "module globals rebound:\n" + "\n".join(rebound)
+    used, fresh = Session(), Session()
+    used.driver_answers[("0", "PCI_BUS_ID", frozenset())] = ((), None)
+    used.visible_seen["before"], used.given_to_torch, used.live_shown = "0", "expandable_segments:True", (1, 2)
+    used.live_cleanups.append(print)
+    lock = used.live_lock
+    used.reset("visible_seen")
+    assert used.visible_seen == {} and used.given_to_torch == "expandable_segments:True"
+    used.reset()
+    lock_type = type(threading.Lock())
+    for field in dataclasses.fields(Session):
+        now, new = getattr(used, field.name), getattr(fresh, field.name)
+        if isinstance(new, lock_type):
+            assert isinstance(now, lock_type) and not now.locked(), field.name
+        else:
+            assert now == new, field.name
+    assert used.live_lock is not lock
 
 
 def test_the_private_name_check_sees_each_form_it_names():

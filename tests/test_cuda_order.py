@@ -26,6 +26,7 @@ from colab_gpu.devices import GiB
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource
 from colab_gpu.render import FASTEST_FIRST_NOTE
+from colab_gpu.state import session
 from colab_gpu.torch_view import torch_view
 from conftest import DATA, ROOT
 from nvml_recording import RecordedNvml
@@ -78,7 +79,7 @@ def driver(fake_driver_library, clean_env, tmp_path, monkeypatch):
     clean_env.setenv("LD_LIBRARY_PATH", str(fake_driver_library))
     clean_env.setenv("FAKE_CUDA_DEVICES", driver_devices(RTX_3090, GTX_1660_TI))
     clean_env.setenv("FAKE_CUDA_LOG", str(tmp_path / "cuinit.log"))
-    monkeypatch.setattr(cuda_order, "_answers", {})
+    monkeypatch.setattr(session, "driver_answers", {})
     return Driver(tmp_path / "cuinit.log")
 
 
@@ -133,7 +134,7 @@ def test_the_driver_is_matched_by_bus_id_alone_and_by_uuid_alone(driver, mixed_b
     """CUDA writes bus ids "0000:43:00.0", NVML "00000000:43:00.0"; a driver that gives no
     UUID (or no bus id) still names its GPUs."""
     for only in (dict(uuids=False), dict(bus_ids=False)):
-        monkeypatch.setattr(cuda_order, "_answers", {})
+        monkeypatch.setattr(session, "driver_answers", {})
         monkeypatch.setenv("FAKE_CUDA_DEVICES", driver_devices(RTX_3090, GTX_1660_TI, **only))
         status = colab_gpu.status()
         assert status.torch_index_of == {0: 1, 1: 0} and status.cuda_numbering_asked, only

@@ -27,6 +27,7 @@ from colab_gpu.batch.result import FITS, OUT_OF_MEMORY, Trial
 from colab_gpu.batch.search import Headroom, Search, SearchError
 from colab_gpu.batch.state import assigned_names
 from colab_gpu.oom import ErrorKind, classify
+from colab_gpu.state import session
 from conftest import DATA, ROOT
 from milabench_replay import CAPACITIES_GIB, HELD_OUT_GIB, Curve, ReplayDevice, fit_problems, problems
 
@@ -460,7 +461,10 @@ def test_throughput_times_a_fast_step_for_a_tenth_of_a_second_and_max_mode_runs_
     for trial in result.trials:
         timed = durations[trial.size][1:]
         assert trial.runs == len(durations[trial.size])
-        assert sum(timed[:-1]) < 0.1 and sum(timed) > 0.09, (trial.size, timed)
+        # Where the machine made the timed runs disagree, they ran once more, as many of them.
+        first = timed[:len(timed) // 2] if sum(timed[:-1]) >= 0.1 else timed
+        assert sum(first[:-1]) < 0.1 and sum(first) > 0.09, (trial.size, timed)
+        assert len(timed) in (len(first), 2 * len(first)), (trial.size, timed)
     runs = collections.Counter()
     result = find_batch(lambda size: runs.update([size]), max=8, progress=False)
     assert set(runs.values()) == {3} and [t.runs for t in result.trials] == [3, 3]
@@ -854,9 +858,9 @@ def test_a_gpu_machine_without_pynvml_is_not_told_it_has_no_cuda_device(shell, c
     from colab_gpu.devices.nvml import NO_PYNVML, NvmlSource
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: not installed
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: True)  # /proc/driver/nvidia is there
+    monkeypatch.setattr(nvml_module, "driver_loaded", lambda: True)  # /proc/driver/nvidia is there
     nvml_module.nvidia_driver_present.cache_clear()
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     try:
         assert colab_gpu.devices.default_source().snapshot().problem == NO_PYNVML
         shell.user_ns.update(batch_size=2, ran=[])
@@ -875,15 +879,14 @@ def test_kaggles_two_t4s_with_a_cpu_only_torch_refuse_a_cuda_device(shell, clean
     import torch
     from IPython.core.error import UsageError
 
-    import colab_gpu.devices
     from colab_gpu.devices.nvml import NvmlSource
     from nvml_recording import RecordedNvml
-    from test_harm import two_t4s
+    from test_never_harms import two_t4s
 
     monkeypatch.setattr(torch.version, "cuda", None)  # a CPU-only build, whichever build tests run with
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
     clean_env.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=RecordedNvml(two_t4s())))
+    monkeypatch.setattr(session, "default_source", NvmlSource(nvml=RecordedNvml(two_t4s())))
     shell.user_ns.update(batch_size=2, ran=[])
     for device in ("cuda:1", "cuda"):
         with pytest.raises(UsageError) as refused:
@@ -1733,7 +1736,7 @@ def test_chart_is_a_png_with_memory_and_throughput():
 def test_chart_draws_throughput_from_the_smallest_size_to_the_largest():
     """--start above what fits: 512 fits, then 128 is measured below it, then 673. The line
     joined them in that order, from 512 back to 128 and across to 673: it crossed itself."""
-    from colab_gpu.batch.render import _chart_figure
+    from colab_gpu.batch.render import chart_figure
     from colab_gpu.render.chart import neutral_style
 
     curve = Curve([(1, 2 * GiB), (64, 9 * GiB), (512, 60 * GiB)])
@@ -1742,20 +1745,20 @@ def test_chart_draws_throughput_from_the_smallest_size_to_the_largest():
     fits = [t for t in result.trials if t.fits]
     assert [t.size for t in fits][:2] == [512, 128]
     with neutral_style():
-        speed = _chart_figure(result, fits).axes[1]
+        speed = chart_figure(result, fits).axes[1]
     assert list(speed.lines[0].get_xdata()) == sorted(t.size for t in fits)
 
 
 def test_chart_without_memory_measured_has_no_empty_memory_panel():
     """measure_memory=False (or a CPU other than Linux's): the memory panel was drawn empty, with
     made-up ticks from -0.04 to 0.04 GiB and a legend for "peak (ran)" points that are not there."""
-    from colab_gpu.batch.render import _chart_figure, render_html
+    from colab_gpu.batch.render import chart_figure, render_html
     from colab_gpu.render.chart import neutral_style
 
     result = find_batch(lambda size: None, mode="throughput", max=8, steps=1, measure_memory=False,
                         progress=False)
     with neutral_style():
-        figure = _chart_figure(result, [t for t in result.trials if t.fits])
+        figure = chart_figure(result, [t for t in result.trials if t.fits])
     assert [axes.get_title() for axes in figure.axes] == ["throughput"]
     assert "<img alt='throughput against batch_size'" in render_html(result)
 
@@ -1764,7 +1767,7 @@ def test_chart_marks_at_the_capacity_only_the_sizes_that_ran_out_of_memory():
     """A red cross on the capacity line says "ran out of memory here". A trial over the
     headroom (its real peak is drawn), one cut short by Ctrl-C and one that raised the user's
     error never reached the capacity; they were drawn there too, with no legend entry."""
-    from colab_gpu.batch.render import _chart_figure
+    from colab_gpu.batch.render import chart_figure
     from colab_gpu.batch.result import ERROR, INTERRUPTED, OVER_HEADROOM, BatchResult
     from colab_gpu.render.chart import neutral_style
 
@@ -1776,7 +1779,7 @@ def test_chart_marks_at_the_capacity_only_the_sizes_that_ran_out_of_memory():
     result = BatchResult("bs", "max", "cuda:0 (Tesla T4)", trials, answer=2, largest_fitting=2,
                          fastest=2, capacity=16 * gib, usable=15 * gib, fit=None, stopped="interrupted")
     with neutral_style():
-        memory = _chart_figure(result, [trials[0]]).axes[0]
+        memory = chart_figure(result, [trials[0]]).axes[0]
     crosses = [line for line in memory.lines if line.get_marker() == "x"]
     assert [list(line.get_xdata()) for line in crosses] == [[64]]
     assert list(crosses[0].get_ydata()) == [16]

@@ -67,6 +67,7 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for data in ("colab_gpu/data/tesla-t4.xml", "colab_gpu/data/v100s-pcie-32gb_miris.csv",
                  "colab_gpu/data/LICENSE.telegraf", "colab_gpu/data/LICENSE.miris",
+                 "colab_gpu/data/nanogpt-8gpu-training_gpus0-3.csv", "colab_gpu/data/LICENSE.nanogpt",
                  "colab_gpu/live/page.html"):
         assert data in names
     for module in ("__init__", "arguments", "cell", "later_runs"):  # a subpackage, found by include

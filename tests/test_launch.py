@@ -554,13 +554,16 @@ class SlowSource:
 
 
 @pytest.mark.filterwarnings("ignore:.*use of fork\\(\\) may lead to deadlocks:DeprecationWarning")
-def test_a_fork_waits_for_the_live_samplers_read_and_the_child_has_no_monitor_running():
+def test_a_fork_waits_for_the_live_samplers_read_and_the_child_has_no_monitor_running(monkeypatch):
     """Forked during a read, the child had the reader's lock held forever (NVML's own, in a
     real sampler: the child's first NVML call hung) and a sampler claiming to run."""
+    import colab_gpu.live  # noqa: F401  (its fork hooks, for the kernel's monitor)
     from colab_gpu.live.sampler import Sampler
+    from colab_gpu.state import session
 
     source = SlowSource()
     sampler = Sampler(source, interval=0.01).start()
+    monkeypatch.setattr(session, "live_sampler", sampler)  # the kernel's monitor, as live.start() keeps it
     try:
         source.reading.clear()
         assert source.reading.wait(5)  # a read is in flight in the sampler's thread

@@ -637,12 +637,12 @@ def test_the_status_cards_breakdown_says_what_it_cannot_split(others, text, lege
     in a container: the 3 GiB were every process's, not this one's context."""
     from colab_gpu.torch_view import MemoryBreakdown
     from colab_gpu.render import breakdown_summary
-    from colab_gpu.render.html import _breakdown_bar
+    from colab_gpu.render.html import breakdown_bar
 
     part = MemoryBreakdown(nvml_index=0, total=15 * GiB, driver_reserved=None, other_processes=others,
                            context_and_non_torch=GiB, torch_cache=GiB, torch_tensors=4 * GiB, free=7 * GiB)
     assert text in breakdown_summary(part) and "unknown" not in breakdown_summary(part)
-    assert legend in _breakdown_bar(part)
+    assert legend in breakdown_bar(part)
 
 
 def test_clear_cache_reads_the_gpus_once_per_reading(shell, clean_env):

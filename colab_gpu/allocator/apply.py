@@ -14,17 +14,18 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
 from ..spelling import command, option
 from ..runtime import TorchState
 from ..render.shown import Shown
+from ..state import session
 from ..torch_allocator.installed import TargetTorch, current_settings, read_names, reported_settings, runtime_setter
 from ..torch_allocator.parse import (AllocConfError, Settings, check_key_name, format_number, format_version,
                                      merge, parse, parse_many, to_torch)
 from ..torch_allocator.schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
 
-__all__ = ["AllocConfResult", "alloc_conf"]
+__all__ = ["AllocConfResult", "alloc_conf", "ignored_variables", "setting_warnings"]
 
 # torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
 # from 2.10) puts only these keys back to their defaults for each new settings string, and from
@@ -46,7 +47,38 @@ def _reset_by_every_string(name: str, version: Version) -> bool:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class AllocConfResult(Shown):
-    """What one ``alloc_conf()`` call found and did."""
+    """What one ``alloc_conf()`` call found and did.
+
+    ``print(result)`` is the report ``%alloc_conf`` prints, ``result.to_json()`` what
+    ``%alloc_conf --json`` prints; ``result.changed`` whether the environment changed.
+
+    Attributes
+    ----------
+    action : str
+        ``"show"``, ``"check"`` or ``"set"``.
+    torch : TorchState
+        The torch the call acted on: imported, CUDA started.
+    torch_version : str or None
+        The installed torch's version, read without importing it.
+    settings : tuple of (str, str)
+        The configuration now set in this process (or checked), key by key.
+    env_before, env_after : dict of str to str or None
+        The allocator variables before and after the call (None: unset).
+    applied_via : tuple of str
+        Where the settings went: ``"environment"``, then torch's run-time setter if called.
+    deferred : tuple of (str, str)
+        (key, why) of keys that cannot change in this process any more.
+    warnings : tuple of str
+        What the settings do not do as one would think, and variables torch ignores.
+    in_effect : str or None
+        What torch reports it runs with, where asking it changes nothing.
+    preset : (str, str) or None
+        (name, explanation) of the preset applied.
+    saved, saved_path : str or None
+        The setting kept for ``%load_ext`` after a restart, and its file.
+    forgotten : str or None
+        With ``forget``: the saved setting deleted, ``""`` where none was.
+    """
 
     action: str  # "show", "check" or "set"
     torch: TorchState
@@ -102,8 +134,10 @@ def _restore(environ: MutableMapping[str, str], snapshot: Dict[str, Optional[str
             environ[name] = value
 
 
-def _warnings(settings: Settings, version: Optional[Tuple[int, int]],
-              platform: str = sys.platform) -> Tuple[str, ...]:
+def setting_warnings(settings: Settings, version: Optional[Tuple[int, int]],
+                     platform: str = sys.platform) -> Tuple[str, ...]:
+    """What ``settings`` do not do as one would think under torch ``version`` (None: not
+    installed) on ``platform``: a key another makes useless, a torch this check does not know."""
     values = dict(settings)
     found = []
     if version is None:
@@ -138,8 +172,8 @@ def _warnings(settings: Settings, version: Optional[Tuple[int, int]],
     return tuple(found)
 
 
-def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Optional[str]],
-                       written: bool, cleared: bool = False) -> Tuple[str, ...]:
+def ignored_variables(version: Optional[Version], env_before: Mapping[str, Optional[str]],
+                      written: bool, cleared: bool = False) -> Tuple[str, ...]:
     """The variables set in ``env_before`` that torch does not read, said as such: torch reads
     the first one set (``env_before`` is in its order; PYTORCH_ALLOC_CONF only from 2.10), so
     another that holds something else changes nothing. ``written``: this call wrote the same
@@ -207,7 +241,9 @@ def _left_refused(base: Settings, kept: Settings, merged: Settings, target: Targ
             continue
         except AllocConfError as error:
             why = str(error)
-        low = format_number(BY_NAME[name].lowest(target.known, after)[0])
+        lowest = BY_NAME[name].lowest(target.known, after)
+        assert lowest is not None  # a key whose bound follows another always has one
+        low = format_number(lowest[0])
         done = f"{followed}={after[followed]}" if followed in after else \
             f"unsetting {followed} (default {BY_NAME[followed].default})"
         when = ""
@@ -281,19 +317,50 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
                modules: Optional[Mapping[str, Any]] = None) -> AllocConfResult:
     """Show, check or change the allocator configuration, as ``%alloc_conf`` does.
 
-    ``settings`` are strings in either form (``"max_split_size_mb=128"`` or
-    ``"max_split_size_mb:128,expandable_segments:True"``), ``unset`` key names; either may
-    be one string (anything else, a dict or bytes, is a TypeError). ``reset`` starts from
-    nothing, ``preset`` names one of ``colab_gpu.allocator.PRESETS``, ``check`` validates its
-    string and applies nothing, ``save`` / ``forget`` keep the result for ``%load_ext
-    colab_gpu`` after a restart or delete it. Before CUDA starts the settings go into the
-    environment variables; after, through torch's run-time setter (keys that cannot change
-    any more are listed; under a torch without a setter, every changed key).
-    Everything is validated against the installed torch before anything changes; on any
-    failure the environment is restored byte for byte and AllocConfError says what was
-    wrong. ``state`` overrides the detected torch state (for callers that already know it).
-    ``environ`` and ``modules`` (``os.environ`` and ``sys.modules`` when None) are the
-    environment written and the module table inspected.
+    Before CUDA starts the settings go into the environment variables; after, through
+    torch's run-time setter (keys that cannot change any more are listed; under a torch
+    without a setter, every changed key). Everything is validated against the installed
+    torch before anything changes; on any failure the environment is restored byte for byte.
+    Without arguments it shows the configuration and changes nothing.
+
+    Parameters
+    ----------
+    settings : str or sequence of str
+        Settings in either form, ``"max_split_size_mb=128"`` or
+        ``"max_split_size_mb:128,expandable_segments:True"``, merged into the current ones.
+    unset : str or sequence of str
+        Key names to drop from the configuration.
+    reset : bool, default False
+        Start from nothing instead of the current configuration.
+    preset : str, optional
+        One of ``colab_gpu.allocator.PRESETS``, applied before ``settings``.
+    check : str, optional
+        A setting string to validate against the installed torch; nothing is applied.
+    save, forget : bool, default False
+        Keep the result for ``%load_ext colab_gpu`` after a restart, or delete what was kept.
+    state : TorchState, optional
+        The torch state to act on, for callers that already know it; detected when None.
+    environ : MutableMapping[str, str], optional
+        The environment written; ``os.environ`` when None.
+    modules : Mapping[str, module], optional
+        The module table torch is looked up in (never imported); ``sys.modules`` when None.
+
+    Returns
+    -------
+    AllocConfResult
+        What the call found and did: the settings now held, how they were applied, what
+        waits for a restart, warnings.
+
+    Raises
+    ------
+    TypeError
+        ``settings`` or ``unset`` is neither a string nor a list of strings (a dict, bytes),
+        or ``check`` is not a string.
+    AllocConfError
+        (a ValueError) A setting that is malformed, unknown, out of range or not in the
+        installed torch, an unknown preset, options that contradict each other, a variable
+        already set that cannot be read (``reset=True`` replaces it), a value torch refused,
+        or a saved file that could not be written or deleted; nothing was changed.
     """
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
@@ -356,7 +423,7 @@ def _held(target: TargetTorch, environ, env_before: Dict[str, Optional[str]], re
             raise
         source, current = "", ()  # --reset is the way out of an unreadable setting
     edited = _hand_edit(taken, source, env_before, current)
-    if edited is not None:  # torch no longer reads the variables: start from what it holds
+    if edited is not None and taken is not None:  # torch no longer reads the variables: start from what it holds
         current = parse(taken[0])
     return _Held(env_before, source, current, taken, edited)
 
@@ -366,8 +433,8 @@ def _check(text: str, target: TargetTorch, env_before: Dict[str, Optional[str]])
     checked = target.validate(parse(text))
     return AllocConfResult(action="check", torch=target.state, torch_version=target.version_text,
                            settings=checked, env_before=env_before, env_after=env_before,
-                           warnings=_warnings(checked, target.version)
-                           + _ignored_variables(target.version, env_before, written=False))
+                           warnings=setting_warnings(checked, target.version)
+                           + ignored_variables(target.version, env_before, written=False))
 
 
 def _show(target: TargetTorch, held: _Held, environ, modules) -> AllocConfResult:
@@ -379,9 +446,10 @@ def _show(target: TargetTorch, held: _Held, environ, modules) -> AllocConfResult
     refused = () if held.edited else tuple(problem for problem in (
         _key_value_form(held.source, held.env_before.get(held.source), held.current),
         _refused_setting(held.source, held.current, target, "holds")) if problem)
-    warnings = (refused + _warnings((), target.version) if refused else _warnings(held.current, target.version)) + (
+    warnings = (refused + setting_warnings((), target.version) if refused
+                else setting_warnings(held.current, target.version)) + (
         (_hand_edit_warning(held.edited, held.taken, written=False),) if held.edited else
-        _ignored_variables(target.version, held.env_before, False))
+        ignored_variables(target.version, held.env_before, False))
     return AllocConfResult(action="show", torch=target.state, torch_version=target.version_text,
                            settings=held.current, env_before=held.env_before, env_after=held.env_before,
                            warnings=warnings, in_effect=_in_effect(target.state, modules),
@@ -399,7 +467,8 @@ def _set(target: TargetTorch, held: _Held, request: _Request, environ, modules) 
     # The file first: one that cannot be written or deleted then changes nothing, and a setting
     # torch refuses puts the file back, so that either all of it happens or none.
     previous, _ = saved_setting(environ)
-    waiting, to_save = (), new_settings
+    waiting: Settings = ()
+    to_save = new_settings
     if request.save and not request.reset:
         waiting, to_save = _still_waiting(previous, new_settings, set(dict(request.changes)) | set(request.unset),
                                           target)
@@ -410,15 +479,15 @@ def _set(target: TargetTorch, held: _Held, request: _Request, environ, modules) 
                         held.env_before, dropped)
     except AllocConfError:
         if request.save or request.forget:
-            save_or_forget(previous, previous is not None, previous is None, environ)
+            save_or_forget(previous or "", previous is not None, previous is None, environ)
         raise
     return dataclasses.replace(
         result, action="set", preset=request.preset, saved=saved, saved_path=str(path),
         forgotten=forgotten, deferred=result.deferred + waiting, torch=target.state,
         torch_version=target.version_text, env_before=held.env_before,
-        warnings=_warnings(new_settings, target.version) + result.warnings + (
+        warnings=setting_warnings(new_settings, target.version) + result.warnings + (
             (_hand_edit_warning(held.edited, held.taken, written=True),) if held.edited else
-            _ignored_variables(target.version, held.env_before, written=True,
+            ignored_variables(target.version, held.env_before, written=True,
                                cleared=all(value is None for value in result.env_after.values()))))
 
 
@@ -509,7 +578,8 @@ def _dropped_defaults(current: Settings, new: Settings, target: TargetTorch
     """The keys ``current`` held and ``new`` drops, each with the value that puts it back to
     torch's default through the run-time setter, or None where torch takes no value meaning
     its default ("0 (off)", "unlimited")."""
-    after, dropped = dict(new), []
+    after = dict(new)
+    dropped: List[Tuple[str, Optional[str]]] = []
     for name in dict(current):
         key = BY_NAME.get(name)
         if name in after or _reset_by_every_string(name, target.known) or key is None \
@@ -538,7 +608,6 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
 
     ``dropped``: keys the setting held before and no longer does, with their defaults
     (:func:`_dropped_defaults`); torch keeps a key's value until the setter's string names it."""
-    global _given_to_torch
     text = to_torch(settings)
     setter = runtime_setter(modules) if state.imported else None
     skip = {name for name, _ in deferred} | {"backend"}
@@ -560,13 +629,13 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
             else:
                 environ.pop(name, None)
         via.append("environment")
-        if hands_to_torch:
+        if hands_to_torch and setter is not None:
             setter.set(runtime_text)
             via.append(setter.name)
-            _given_to_torch = text
+            session.given_to_torch = text
     except Exception as error:
         _restore(environ, env_before)
-        if previous is not None:
+        if previous is not None and setter is not None:  # previous: read from this setter
             setter.set(previous)
         if isinstance(error, AllocConfError):
             raise
@@ -582,11 +651,6 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
                            in_effect=reported_settings(modules) if hands_to_torch else None)
 
 
-# The setting (as written to the environment) last given to torch's run-time setter in this
-# process: from that call on, torch holds its settings and never reads the variables again.
-_given_to_torch: Optional[str] = None
-
-
 def _taken_setting(state: TorchState, modules) -> Optional[Tuple[str, str]]:
     """(setting, when) once torch has read its settings and ignores the variables: from
     %alloc_conf's call of its run-time setter (what torch reports then lacks the keys held
@@ -594,8 +658,8 @@ def _taken_setting(state: TorchState, modules) -> Optional[Tuple[str, str]]:
     parsed, is what it uses; None before either."""
     if not state.imported:
         return None
-    if _given_to_torch is not None:
-        return _given_to_torch, "when %alloc_conf applied them through its run-time setter"
+    if session.given_to_torch is not None:  # the setting last given to torch's setter
+        return session.given_to_torch, "when %alloc_conf applied them through its run-time setter"
     try:
         reported = _in_effect(state, modules)
     except Exception:  # a variable torch refuses, read for the first time: it holds nothing yet
@@ -622,7 +686,8 @@ def _hand_edit(taken: Optional[Tuple[str, str]], source: str, env_before: Mappin
     return "; ".join(held) if held else f"{' and '.join(env_before)} are unset"
 
 
-def _hand_edit_warning(edited: str, taken: Tuple[str, str], written: bool) -> str:
+def _hand_edit_warning(edited: str, taken: Optional[Tuple[str, str]], written: bool) -> str:
+    assert taken is not None  # an edit by hand is found only against a setting torch took
     setting, when = taken
     change = command("%alloc_conf KEY=VALUE", "colab_gpu.alloc_conf('KEY=VALUE')")
     held = repr(setting) if setting else "its defaults"

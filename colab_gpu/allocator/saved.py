@@ -184,6 +184,7 @@ def _apply_saved(environ: MutableMapping[str, str], modules, state: Optional[Tor
         return (f"colab_gpu: saved allocator setting {said!r} not re-applied: it applies at the "
                 f"extension's first load in a process, not at a reload; {shows} shows what runs {forget}")
     late = ""
+    result: Optional[AllocConfResult]
     try:
         result = alloc_conf([saved], environ=environ, modules=modules, state=state)
     except AllocConfError as error:

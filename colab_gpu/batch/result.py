@@ -37,6 +37,9 @@ class Trial:
     # Out-of-memory errors the CUDA allocator counted while the trial ran and which never reached
     # the search: cuDNN's fallback to a smaller workspace, or a cell that skips its batch on OOM.
     caught_ooms: int = 0
+    # The fastest and slowest timed runs (the middle half of them from four on) where they
+    # disagreed even when the trial ran them again: a busy machine, so the time is uncertain.
+    timing_range: Optional[Tuple[float, float]] = None
 
     @property
     def fits(self) -> bool:
@@ -80,7 +83,34 @@ class MemoryFit:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class BatchResult(Shown):
-    """The search's trials and its answer: ``answer`` is always a size that ran and fitted."""
+    """The search's trials and its answer: ``answer`` is always a size that ran and fitted.
+
+    ``print(result)`` is the table ``%%find_batch`` shows; ``result.rows()`` its rows.
+
+    Attributes
+    ----------
+    variable : str
+        The name of the size.
+    mode : str
+        ``"max"`` or ``"throughput"``.
+    device : str
+        The device searched on (``"cuda:0"``, ``"cpu"``).
+    trials : tuple of Trial
+        Each size tried, in order: its outcome, peak memory and time per step.
+    answer : int or None
+        The largest size that fits (max mode) or the fastest (throughput); None when no
+        size fitted.
+    largest_fitting, fastest : int or None
+        The largest size that fitted, and the one with the most samples per second.
+    capacity, usable : int or None
+        The device's memory on the scale of the peaks, and what headroom left of it (bytes).
+    fit : MemoryFit or None
+        Peak memory as a line in the batch size, from two measured successes.
+    stopped : str
+        Why the search ended, one sentence.
+    notes : tuple of str
+        What else the user should know (a rounded ``start``, headroom not applied ...).
+    """
 
     variable: str
     mode: str  # "max" or "throughput"

@@ -24,7 +24,7 @@ import keyword
 import math
 import operator
 import re
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from .. import words
 from ..errors import UserError
@@ -89,7 +89,7 @@ class Headroom:
             return None
         if self.fraction is not None:
             return int(capacity * (1 - self.fraction))
-        return max(0, capacity - self.bytes)  # a headroom above the device leaves nothing, not less
+        return max(0, capacity - (self.bytes or 0))  # a headroom above the device leaves nothing, not less
 
     @property
     def is_zero(self) -> bool:
@@ -167,8 +167,14 @@ def step_after_failure(lo: int, hi: int, fitted: bool, first_failure: bool) -> f
 
 def _line_through(small: Trial, large: Trial) -> MemoryFit:
     """Peak memory against size through two measured successes."""
-    slope = (large.peak_memory - small.peak_memory) / (large.size - small.size)
-    return MemoryFit(large.peak_memory - slope * large.size, slope, (small.size, large.size))
+    slope = (_peak(large) - _peak(small)) / (large.size - small.size)
+    return MemoryFit(_peak(large) - slope * large.size, slope, (small.size, large.size))
+
+
+def _peak(trial: Trial) -> int:
+    """The peak memory of a success that measured it (see Search._measured)."""
+    assert trial.peak_memory is not None, trial
+    return trial.peak_memory
 
 
 def _middle(lo: int, hi: int) -> float:
@@ -323,9 +329,9 @@ class Search:
         if self.refused or len(measured) < 2 or self.capacity is None:
             return None
         small, large = measured[-2], measured[-1]
-        if large.peak_memory - small.peak_memory >= noise_floor(self.capacity):
+        if _peak(large) - _peak(small) >= noise_floor(self.capacity):
             return _line_through(small, large)
-        flat = large.peak_memory - measured[0].peak_memory < FLAT_BYTES
+        flat = _peak(large) - _peak(measured[0]) < FLAT_BYTES
         if flat and large.size >= FLAT_RANGE * measured[0].size:
             self.refused = True
             self.notes.append(
@@ -334,7 +340,7 @@ class Search:
             return None
         if reach_back:
             for small in reversed(measured[:-2]):
-                if large.peak_memory - small.peak_memory >= noise_floor(self.capacity):
+                if _peak(large) - _peak(small) >= noise_floor(self.capacity):
                     return _line_through(small, large)
         return None
 
@@ -368,9 +374,10 @@ class Search:
     def _next_size(self, failed_last: bool) -> Optional[int]:
         """The next size to run in max mode, or None when the answer is close enough."""
         lo, hi = self.lo, self.hi
+        assert lo is not None  # called after the first success
         fit = self.fit()
         usable = self.usable
-        predicted = fit.largest_under(usable) if fit is not None else None
+        predicted = fit.largest_under(usable) if fit is not None and usable is not None else None
         if predicted is not None and hi is not None and predicted >= hi:
             predicted = None  # a failure proved the fit wrong up there: bisect, not retry under it
         upper = min(x for x in (hi, predicted, self.maximum + 1) if x is not None)
@@ -384,7 +391,7 @@ class Search:
         if failed_last and hi is not None:
             first_failure = sum(t.outcome in (OUT_OF_MEMORY, OVER_HEADROOM) for t in self.trials) == 1
             candidate = step_after_failure(lo, hi, fit is not None, first_failure)
-        elif predicted is not None:
+        elif predicted is not None and fit is not None:
             candidate = aim_after_success(lo, predicted, lo - fit.sizes[0])
             if hi is None and candidate > LONGEST_JUMP * lo:
                 candidate = math.sqrt(lo * candidate)  # refine the fit halfway (geometrically)
@@ -413,18 +420,22 @@ class Search:
         """Started above what fits: the first success is the only measured size, and bisecting
         blind towards the failure above costs an out-of-memory error a step. A size BELOW
         times smaller is cheap and always fits; with it the memory fit places the rest."""
-        below = self._align(self.lo / BELOW)
+        lo = self.lo
+        assert lo is not None  # called after the first success
+        below = self._align(lo / BELOW)
         if self.hi is not None and len(self._measured()) == 1 and self.capacity is not None \
-                and below < self.lo:
+                and below < lo:
             self.attempt(below)
 
     def _fastest(self) -> None:
         """Double from the first success while samples/s pays. Once a size has failed, the
         sizes between the largest success and that failure are bisected, not given up: where
         samples/s still grew at the last doubling, the fastest size lies up there."""
-        best, unpaid = self._successes()[-1], []
+        best = self._successes()[-1]
+        unpaid: List[Tuple[int, int]] = []  # (lo, size) of the sizes up that did not pay
         while True:
             lo, hi, fit = self.lo, self.hi, self.fit(reach_back=True)
+            assert lo is not None  # called after the first success
             if hi is not None and self._close(lo, hi):
                 self.stopped = f"{self.variable}={hi} did not fit" + (
                     f", and {lo} is within {TOLERANCE:.0%} of it" if hi - lo > self.step else "")
@@ -484,4 +495,5 @@ class Search:
             return True
         if self.mode == "throughput":  # stopped by samples/s, memory bounded nothing
             return self._fit_stopped
-        return fit is not None and fit.largest_under(self.usable) <= self.maximum
+        usable = self.usable  # known where a fit is
+        return fit is not None and usable is not None and fit.largest_under(usable) <= self.maximum

@@ -17,8 +17,9 @@ import numbers
 import os
 import re
 import time
-from typing import FrozenSet, Iterable, List, Optional, Protocol, Sequence, Tuple
+from typing import FrozenSet, Iterable, List, Optional, Protocol, Sequence, Tuple, TypedDict
 
+from ..state import session
 from ..words import size
 
 MiB = 1024 ** 2
@@ -130,7 +131,7 @@ def _checked_processes(gpu, notes: List[Tuple[str, str]]) -> None:
 
 def _is_number(value, limit: int) -> bool:
     """Whether ``value`` is an index or id a device has: a whole number from 0, below ``limit``."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value < limit
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= int(value) < limit
 
 
 def _checked_index(what: str, value) -> None:
@@ -192,6 +193,15 @@ class MigInstance:
     @property
     def memory_used_fraction(self) -> Optional[float]:
         return used_fraction(self.memory_used, self.memory_total)
+
+
+class MemoryFields(TypedDict):
+    """The memory of a GPU or a MIG device as a reader passes it to either: ``**fields``."""
+
+    memory_total: Optional[int]
+    memory_used: Optional[int]
+    memory_free: Optional[int]
+    memory_reserved: Optional[int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,7 +329,28 @@ class DeviceSource(Protocol):
 
 
 def open_source(path: Optional[str] = None) -> "DeviceSource":
-    """The live NVML source, or a replay of the ``nvidia-smi`` recording at ``path``."""
+    """The live NVML source, or a replay of the ``nvidia-smi`` recording at ``path``.
+
+    Parameters
+    ----------
+    path : str, bytes or os.PathLike, optional
+        An ``nvidia-smi`` recording (``-q -x`` XML, a ``--query-gpu`` CSV log or the table);
+        None for this machine's GPUs through NVML.
+
+    Returns
+    -------
+    DeviceSource
+        Its ``snapshot()`` reads every GPU now and never raises: a driver that is missing or
+        a file that is no recording becomes ``Snapshot.problem``. ``close()`` releases it.
+
+    Raises
+    ------
+    TypeError
+        ``path`` is not a path.
+    colab_gpu.devices.replay.RecordingError
+        (a ValueError) ``path`` names no regular file this process can read (missing, a
+        directory, blank), or one too large to read whole.
+    """
     if path is not None:
         from .replay import ReplaySource
 
@@ -329,15 +360,12 @@ def open_source(path: Optional[str] = None) -> "DeviceSource":
     return NvmlSource()
 
 
-_default_source: Optional[DeviceSource] = None
-
-
 def default_source() -> DeviceSource:
-    """The process's one live NVML source, initialized once and shut down at exit."""
-    global _default_source
-    if _default_source is None:
+    """The process's one live NVML source (``session.default_source``), initialized once and
+    shut down at exit."""
+    if session.default_source is None:
         import atexit
 
-        _default_source = open_source()
-        atexit.register(_default_source.close)
-    return _default_source
+        session.default_source = open_source()
+        atexit.register(session.default_source.close)
+    return session.default_source

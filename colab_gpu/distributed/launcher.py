@@ -32,8 +32,8 @@ from .failures import LaunchOptionError, LaunchRefused, LaunchTimeout, RankError
 from .output import RankLines
 from .rank import FAILED, HEADER, OK, Rank, run_rank
 
-__all__ = ["launch", "BACKENDS", "GRACE", "plan", "gpu_count", "free_port", "launched_already", "run_here",
-           "has_memory", "Ranks"]
+__all__ = ["launch", "BACKENDS", "GRACE", "plan", "distributed_here", "check_nccl", "gpu_count", "free_port",
+           "launched_already", "run_here", "has_memory", "Ranks"]
 
 BACKENDS = ("nccl", "gloo")
 POLL = 0.05  # seconds between two looks at the ranks' processes
@@ -47,25 +47,55 @@ REAP = 5.0  # seconds to wait for a SIGKILLed process (one in the GPU driver can
 
 def launch(fn: Callable, *args, nprocs: Optional[int] = None, backend: Optional[str] = None,
            timeout: Optional[float] = None, **kwargs) -> List[Any]:
-    """Run ``fn(*args, **kwargs)`` once per GPU with torch.distributed set up; each rank's return
-    value, in rank order.
+    """Run ``fn(*args, **kwargs)`` once per GPU, with torch.distributed set up in each process.
 
-    ``nprocs``: how many processes (ranks); one per visible GPU by default. ``backend``:
-    ``"nccl"`` (one GPU per rank: rank N runs on cuda:N) or ``"gloo"`` (the CPU); by default NCCL
-    where there are GPUs, else Gloo (``nprocs`` is then needed). ``timeout``: seconds the
-    whole run may take (and the process group's timeout); None waits until the ranks end.
+    The processes (ranks) are forked from this one, so the functions and data defined in the
+    notebook are there as they are now. What a rank prints appears here as it happens,
+    prefixed with ``[rank N]``. The first rank to fail stops the others; Ctrl-C stops every
+    rank. CUDA must not have started in this process before a launch on GPUs
+    (``torch.cuda.device_count()`` and ``%gpu_status`` do not start it;
+    ``torch.cuda.is_available()`` does). In a process that is already a rank (``RANK`` and
+    ``WORLD_SIZE`` set, as under torchrun, or a process group initialized), ``fn`` runs here,
+    in that process group, and every rank gets the list (``all_gather_object``).
 
-    The ranks are forked from this process, so functions and data defined in the notebook are
-    there as they are now; the process group is initialized (``RANK``, ``WORLD_SIZE``,
-    ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``: 127.0.0.1 and a free port). What a rank
-    prints appears here prefixed with ``[rank N]``; what it returns comes back pickled, its
-    tensors moved to the CPU. A rank that raises stops the others: :class:`RankError`, with its
-    traceback. Ctrl-C stops every rank. CUDA must not have started in this process before a
-    launch on GPUs (LaunchRefused says what started it); ``%gpu_status`` never starts it.
+    Parameters
+    ----------
+    fn : callable
+        The function each rank runs; ``torch.distributed`` is initialized (``RANK``,
+        ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``: 127.0.0.1 and a free
+        port) and, with NCCL, rank N runs on ``cuda:N``.
+    *args : any
+        Given to ``fn``.
+    nprocs : int, optional
+        How many ranks: one per visible GPU by default (needed where there is no GPU).
+    backend : {"nccl", "gloo"}, optional
+        NCCL (one GPU per rank) or Gloo (the CPU); by default NCCL where there are GPUs.
+    timeout : float, optional
+        Seconds the whole run may take, and the process group's timeout; None waits until
+        the ranks end.
+    **kwargs : any
+        Given to ``fn`` (any name but ``nprocs``, ``backend`` and ``timeout``).
 
-    In a process that is already a rank (``RANK`` and ``WORLD_SIZE`` set, as under torchrun,
-    or a process group initialized), ``fn`` runs here, in the existing process group (or one
-    set up from those variables), and every rank gets the list (``all_gather_object``).
+    Returns
+    -------
+    list
+        Each rank's return value, in rank order, pickled back (tensors moved to the CPU:
+        unpickled here, a CUDA tensor would start CUDA in this process).
+
+    Raises
+    ------
+    colab_gpu.RankError
+        A rank raised, or its process ended without returning (killed, crashed); its
+        traceback is the cause, and the other ranks were stopped.
+    colab_gpu.distributed.LaunchTimeout
+        (a TimeoutError) The ranks still ran after ``timeout`` seconds; all were stopped.
+    colab_gpu.distributed.LaunchOptionError
+        (a ValueError) An ``nprocs``, ``backend`` or ``timeout`` that cannot run here.
+    colab_gpu.distributed.LaunchRefused
+        (a ValueError) CUDA already started in this process, no fork (Windows), or no
+        torch.distributed or backend in this torch.
+    TypeError
+        ``fn`` is not callable.
     """
     __tracebackhide__ = True  # IPython shows the cell's line and the rank's error, not these frames
     if not callable(fn):
@@ -78,13 +108,13 @@ def launch(fn: Callable, *args, nprocs: Optional[int] = None, backend: Optional[
         return Ranks(nprocs, backend, timeout).run(fn, args, kwargs)
     except (RankError, LaunchTimeout) as error:
         # raised from here: the rank's own traceback is the cause, the watching frames say nothing
-        raise error.with_traceback(None)
+        raise error.with_traceback(None) from error.__cause__
 
 
 def checked_timeout(timeout) -> Optional[float]:
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < timeout < float("inf"):
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not 0 < float(timeout) < float("inf"):
         raise LaunchOptionError(f"{option('timeout', timeout)}: give a positive number of seconds, or None "
                                 f"to wait until the ranks end")
     return float(timeout)
@@ -132,16 +162,7 @@ def plan(nprocs: Optional[int], backend: Optional[str]) -> Tuple[int, str]:
     if backend is not None and backend not in BACKENDS:
         raise LaunchOptionError(f"{option('backend', backend)}: use 'nccl' (one GPU per rank) or 'gloo' "
                                 f"(the CPU); without it NCCL is used where there are GPUs")
-    if not hasattr(os, "fork"):
-        raise LaunchRefused("launch forks this process, and this system has no fork (Windows): put the "
-                            "function in a script and run it with torchrun, which launch also works under")
-    try:
-        import torch.distributed as dist
-    except ImportError as error:
-        raise LaunchRefused(f"torch.distributed cannot be imported ({error}): launch needs torch") from None
-    if not dist.is_available():
-        raise LaunchRefused("this torch was built without torch.distributed: launch needs a build with it "
-                            "(the Linux wheels of pytorch.org and PyPI have it)")
+    dist = distributed_here()
     gpus = gpu_count()  # None: NVML could not tell
     if backend is None:
         if gpus is None:
@@ -156,25 +177,45 @@ def plan(nprocs: Optional[int], backend: Optional[str]) -> Tuple[int, str]:
                                     f"{'with NCCL' if backend == 'nccl' else 'on the CPU with Gloo'}")
         nprocs = gpus
     if backend == "nccl":
-        if gpus == 0:
-            raise LaunchOptionError(f"{option('backend', 'nccl')} needs a GPU per rank, and no GPU is visible "
-                                    f"here: {option('backend', 'gloo')} runs the ranks on the CPU")
-        if gpus is not None and nprocs > gpus:
-            raise LaunchOptionError(f"{option('nprocs', nprocs)} with NCCL needs {nprocs} GPUs (one per rank); "
-                                    f"{gpus} {'is' if gpus == 1 else 'are'} visible: give {option('nprocs', gpus)}, "
-                                    f"or {option('backend', 'gloo')} for more ranks than GPUs")
-        if not dist.is_nccl_available():
-            raise LaunchRefused("this torch has no NCCL (a CPU or macOS build): "
-                                f"{option('backend', 'gloo')} runs the ranks on the CPU")
-        started = cuda_started()
-        if started is not None:
-            raise LaunchRefused(f"CUDA already started in this process ({started}), and processes forked "
-                                f"from it cannot use the GPU: restart the kernel and launch before anything "
-                                f"starts CUDA (torch.cuda.device_count() and %gpu_status do not; "
-                                f"torch.cuda.is_available() does)")
+        check_nccl(dist, int(nprocs), gpus)
     elif not dist.is_gloo_available():
         raise LaunchRefused("this torch has no Gloo backend: give backend='nccl' on GPUs")
     return int(nprocs), backend
+
+
+def distributed_here():
+    """torch.distributed, where this system forks and this torch has it; else a refusal."""
+    if not hasattr(os, "fork"):
+        raise LaunchRefused("launch forks this process, and this system has no fork (Windows): put the "
+                            "function in a script and run it with torchrun, which launch also works under")
+    try:
+        import torch.distributed as dist
+    except ImportError as error:
+        raise LaunchRefused(f"torch.distributed cannot be imported ({error}): launch needs torch") from None
+    if not dist.is_available():
+        raise LaunchRefused("this torch was built without torch.distributed: launch needs a build with it "
+                            "(the Linux wheels of pytorch.org and PyPI have it)")
+    return dist
+
+
+def check_nccl(dist, nprocs: int, gpus: Optional[int]) -> None:
+    """A GPU per rank, NCCL in this torch, and CUDA not started here (a forked rank could not use it)."""
+    if gpus == 0:
+        raise LaunchOptionError(f"{option('backend', 'nccl')} needs a GPU per rank, and no GPU is visible "
+                                f"here: {option('backend', 'gloo')} runs the ranks on the CPU")
+    if gpus is not None and nprocs > gpus:
+        raise LaunchOptionError(f"{option('nprocs', nprocs)} with NCCL needs {nprocs} GPUs (one per rank); "
+                                f"{gpus} {'is' if gpus == 1 else 'are'} visible: give {option('nprocs', gpus)}, "
+                                f"or {option('backend', 'gloo')} for more ranks than GPUs")
+    if not dist.is_nccl_available():
+        raise LaunchRefused("this torch has no NCCL (a CPU or macOS build): "
+                            f"{option('backend', 'gloo')} runs the ranks on the CPU")
+    started = cuda_started()
+    if started is not None:
+        raise LaunchRefused(f"CUDA already started in this process ({started}), and processes forked "
+                            f"from it cannot use the GPU: restart the kernel and launch before anything "
+                            f"starts CUDA (torch.cuda.device_count() and %gpu_status do not; "
+                            f"torch.cuda.is_available() does)")
 
 
 def gpu_count() -> Optional[int]:

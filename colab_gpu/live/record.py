@@ -14,6 +14,10 @@ from .sampler import RunTotals, Sample, totals_of
 
 ROW_FIELDS = ("time", "gpu", "name", "utilization", "memory_used", "memory_total", "power",
               "temperature")
+# history()'s DataFrame columns, one per ROW_FIELDS entry: each names its unit, as the charts do.
+FRAME_COLUMNS = ("time", "gpu", "name", "busy (%)", "memory used (MiB)", "memory total (MiB)", "power (W)",
+                 "temperature (°C)")
+MIB_COLUMNS = ("memory used (MiB)", "memory total (MiB)")  # bytes in ROW_FIELDS
 
 
 def rows(samples, names: Dict[int, str]) -> Iterator[tuple]:

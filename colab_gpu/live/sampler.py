@@ -13,15 +13,16 @@ import collections
 import copy
 import dataclasses
 import numbers
-import os
 import threading
 import time
-import weakref
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
 from ..errors import UserError
 from ..words import count
+
+if TYPE_CHECKING:
+    from ..torch_view import Status
 
 THREAD_NAME = "colab_gpu-sampler"
 # An hour: slower sampling cannot follow a notebook's cells, and far longer waits overflow
@@ -32,7 +33,7 @@ DEFAULT_HISTORY = 3600  # samples kept: an hour at the default interval
 # How often a display waiting for a sample that is due looks again (wait() polls: see
 # Sampler.__init__); until it is due, it sleeps.
 POLL_SECONDS = 0.01
-# The longest a fork waits for a read in flight (see _before_fork): NVML answers in
+# The longest a fork waits for a read in flight (pause_for_fork): NVML answers in
 # milliseconds; a read stuck on a lost GPU must not stop every fork of the process.
 FORK_WAIT = 5.0
 
@@ -69,7 +70,7 @@ def check_history(samples: int, name: str = "the history length") -> int:
 class GPUReading(NamedTuple):
     """One GPU at one moment: the fields the live monitor draws (None where not reported)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's, named as everywhere; it shadows tuple.index
     utilization: Optional[float]  # percent of time a kernel ran
     memory_used: Optional[int]  # bytes
     memory_total: Optional[int]  # bytes
@@ -100,7 +101,8 @@ class RunTotals:
 
     busy_sum: float = 0.0
     busy_count: int = 0
-    peaks: Dict[str, Optional[float]] = dataclasses.field(default_factory=lambda: dict.fromkeys(PEAKS))
+    # each reading's own type: bytes an int, percent, watts and °C a float
+    peaks: Dict[str, Any] = dataclasses.field(default_factory=lambda: dict.fromkeys(PEAKS))
 
     def add(self, reading: GPUReading) -> None:
         if reading.utilization is not None:
@@ -170,7 +172,7 @@ class Sampler:
         self.gpu_names: Dict[int, str] = {}
         # The first sample's GPUs as the card sees them (cuda:N, hidden from torch): what the
         # displays label them by, read with the CUDA_VISIBLE_DEVICES of the start.
-        self.torch_view = None
+        self.torch_view: Optional[Status] = None
         # The source is a recording of some other machine (its first snapshot says so), not
         # this one's GPUs: every display marks it, whatever the source's label.
         self.recorded = False
@@ -188,6 +190,7 @@ class Sampler:
         # the start and released to ask the thread to stop (it then takes it and ends).
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # held by the thread while it reads: a fork waits for it
+        self._fork_held = False  # pause_for_fork() holds _reading
         self._running_gate = threading.Lock()
         self._running_gate.acquire()
         self._stop_asked = False  # set after the release: a Ctrl-C between them asks again
@@ -234,7 +237,6 @@ class Sampler:
         self.started_at = time.time()
         self._record(first)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
-        _started.add(self)
         self._thread.start()
         # Registered after the source was created, so it runs before the source's own
         # atexit close (atexit runs last-registered first): NVML is never shut down under
@@ -351,44 +353,24 @@ class Sampler:
                 self.remove_listener(listener)
                 self.listener_error = _one_line(error)
 
-    def _forked(self) -> None:
+    def pause_for_fork(self) -> None:
+        """Before a fork: wait for a read in flight and hold the next one back (see
+        live.__init__'s fork hooks); resume_after_fork() lets the thread read again."""
+        if self.running and self._thread is not threading.current_thread() and not self._fork_held:
+            self._fork_held = self._reading.acquire(timeout=FORK_WAIT)
+
+    def resume_after_fork(self) -> None:
+        if self._fork_held:
+            self._fork_held = False
+            self._reading.release()
+
+    def forked(self) -> None:
         """In a forked child: the thread was not copied, so the sampler has ended there, with
         fresh locks (one may have been held by the thread at the fork) and nothing to stop
         at the child's exit (its NVML belongs to the parent's run)."""
         self._lock = threading.Lock()
         self._reading = threading.Lock()
+        self._fork_held = False
         self._done = True
         self.stopped_at = self.stopped_at or time.time()
         atexit.unregister(self.stop)
-
-
-# A fork (colab_gpu.launch, a DataLoader's workers, multiprocessing) copies only the forking
-# thread. A read in flight in the sampler thread would leave the library it reads (NVML) locked
-# forever in the child, and the child's copy of the sampler would claim to run. So a fork waits
-# for that read (and holds the next one back), and in the child every sampler has ended.
-_started: "weakref.WeakSet[Sampler]" = weakref.WeakSet()
-_held: List[Sampler] = []
-
-
-def _before_fork() -> None:
-    for sampler in list(_started):
-        if (sampler.running and sampler._thread is not threading.current_thread()
-                and sampler._reading.acquire(timeout=FORK_WAIT)):
-            _held.append(sampler)
-
-
-def _after_fork_in_parent() -> None:
-    while _held:
-        _held.pop()._reading.release()
-
-
-def _after_fork_in_child() -> None:
-    del _held[:]
-    for sampler in list(_started):
-        sampler._forked()
-    _started.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)

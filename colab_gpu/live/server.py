@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
+from typing import Dict, Optional
 
 from .panel import render_panel, source_title
 from .sampler import Sampler
@@ -82,7 +82,7 @@ class _QuietServer(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(self, *args) -> None:
-        self._connections = {}  # thread -> its socket, while it serves
+        self._connections: Dict[threading.Thread, socket.socket] = {}  # thread -> its socket, while it serves
         self._connections_lock = threading.Lock()
         super().__init__(*args)
 
@@ -122,12 +122,13 @@ class LiveServer:
 
     def __init__(self, sampler: Sampler):
         self.sampler = sampler
-        self._httpd: Optional[ThreadingHTTPServer] = None
+        self._httpd: Optional[_QuietServer] = None
         self._thread: Optional[threading.Thread] = None
         self._stopping = threading.Lock()
 
     @property
     def port(self) -> int:
+        assert self._httpd is not None, "start() first"
         return self._httpd.server_address[1]
 
     @property
@@ -137,6 +138,7 @@ class LiveServer:
     @property
     def address(self):
         """(host, port) the socket is bound to."""
+        assert self._httpd is not None, "start() first"
         return self._httpd.socket.getsockname()
 
     def start(self) -> "LiveServer":
@@ -196,7 +198,8 @@ class LiveServer:
             if self._httpd is None:
                 return
             self._httpd.shutdown()
-            self._thread.join()
+            if self._thread is not None:  # started with _httpd
+                self._thread.join()
             self._httpd.close_connections(CLOSE_SECONDS)
             self._httpd.server_close()
             self._httpd = None

@@ -4,8 +4,9 @@ Options are declared with IPython's ``magic_arguments``, so ``%gpu_status?`` sho
 settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%config``.
 How the options are read is in ``arguments.py``; %%find_batch's handling of the cell, in
 ``cell.py`` (checked before the search, then run) and ``later_runs.py`` (the output of runs
-after the first); %gpu_status --live's, in ``live.py``; %%distributed's, in ``distributed.py``. An error in what the user asked for
-(:class:`~colab_gpu.errors.UserError`) becomes one UsageError line here, in one place.
+after the first); %gpu_status --live's, in ``live.py``; %%distributed's, in ``distributed.py``.
+An error in what the user asked for (:class:`~colab_gpu.errors.UserError`) becomes one
+UsageError line here, in one place.
 """
 from __future__ import annotations
 
@@ -13,18 +14,22 @@ import copy
 import dataclasses
 import functools
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument
-from traitlets import Enum, Float, Int, TraitError, validate
+from traitlets import Bool, Enum, Float, Int, TraitError, validate
 
 from ..errors import UserError
 from ..spelling import as_magic
 from .arguments import WHOLE_NUMBER, Once, int_or_float, magic_arguments, number, parse
 from .cell import prepare, raised_in_cell, search_cell
 from .live import check_combination, start_and_show, stop_and_show, stop_on_unload
+from .loader import tune_and_show
+
+if TYPE_CHECKING:
+    from ..render.shown import Shown
 
 
 def _one_line(error: BaseException) -> str:
@@ -69,7 +74,7 @@ def _friendly_errors(method: Callable) -> Callable:
 @magics_class
 class GPUMagics(Magics):
     """See and tune the GPU from a notebook: %gpu_status, %alloc_conf, %clear_cache, %%find_batch,
-    %%distributed."""
+    %tune_loader, %%distributed."""
 
     output = Enum(
         ["auto", "text"], default_value="auto",
@@ -97,6 +102,11 @@ class GPUMagics(Magics):
         0, min=0, help="In a terminal, %gpu_status --live ends its lines after this many, as "
                        "Ctrl-C does (the monitor stops only if that --live started it); 0 prints "
                        "until Ctrl-C.",
+    ).tag(config=True)
+
+    oom_doctor = Bool(
+        True, help="After a cell fails with an out-of-memory error, show under its traceback why and what "
+                   "to do (%explain_oom shows it again).",
     ).tag(config=True)
 
     @validate("live_interval")
@@ -179,7 +189,6 @@ class GPUMagics(Magics):
         ``%alloc_conf`` is safe. torch's allocator view appears only once your own code
         has started CUDA.
         """
-        from ..devices.replay import RecordingError
         from ..gpu_status import status
 
         args = parse(self.gpu_status, line)
@@ -193,10 +202,7 @@ class GPUMagics(Magics):
                 checked_interval(args.interval, "--interval")
             raise UsageError("--interval, --demo and --cells go with --live, "
                              "e.g. %gpu_status --live --demo")
-        try:
-            result = status(path=args.path, shell=self.shell)
-        except RecordingError as error:  # --from a missing file, a directory, a FIFO: one line, no card
-            raise UsageError(str(error)) from None
+        result = status(path=args.path, shell=self.shell)  # --from a FIFO ...: a UserError, one line
         if args.json:
             print(result.to_json())
         else:
@@ -233,6 +239,7 @@ class GPUMagics(Magics):
         args = parse(self.clear_cache, line)
         if args.vars and (args.names or args.history):
             raise UsageError("--vars only shows who holds memory; it takes no NAME or --history")
+        result: Shown
         if args.vars:
             result = memory_holders(shell=self.shell)
         else:
@@ -291,6 +298,23 @@ class GPUMagics(Magics):
         else:
             self.show(result)
 
+    @magic_arguments()
+    @argument("message", nargs="*", metavar="MESSAGE",
+              help="An out-of-memory message pasted from elsewhere, explained from its numbers alone "
+                   "(or, with %%explain_oom, in the cell below).")
+    @argument("--from", dest="path", metavar="FILE", help="Read the message from a log or traceback file.")
+    @argument("--json", action="store_true", help="Print the report as JSON, for scripts.")
+    @line_cell_magic
+    @_friendly_errors
+    def explain_oom(self, line: str = "", cell=None):
+        """Why did the last cell run out of memory, and what to do? Its card again.
+
+        With a MESSAGE (or --from FILE), explains that message from its numbers.
+        """
+        from .doctor import explain_oom_magic
+
+        explain_oom_magic(self, line, cell)
+
     @magic_arguments("%find_batch")  # usage reads %%find_batch: it is a cell magic
     @argument("--var", action=Once, default="batch_size", metavar="NAME",
               help="The variable the cell reads its batch size from (default batch_size); set to the answer.")
@@ -311,8 +335,13 @@ class GPUMagics(Magics):
     @argument("--mode", action=Once, choices=["max", "throughput"], default="max",
               help="max: the largest size that fits; throughput: the fastest size that fits.")
     @argument("--restore", nargs="+", action="extend", default=[], metavar="NAME",
-              help="Objects (model, optimizer, scheduler, tensor, your own random generator) whose "
-                   "state is saved to the CPU and restored after every trial.")
+              help="More objects whose state is saved to the CPU and restored after every trial: "
+                   "a tensor, your own random generator (the models, optimizers, LR schedulers and "
+                   "GradScalers the cell uses are restored without it).")
+    @argument("--no-restore", action="store_true", dest="no_restore",
+              help="Leave the models, optimizers, LR schedulers and GradScalers the cell uses as "
+                   "the trials change them (names, random generators and --restore objects are "
+                   "still put back).")
     @argument("--device", action=Once, default="auto",
               help="auto (CUDA once your code has started it, else CPU), cpu, cuda or cuda:N.")
     @argument("-o", action="store_true", dest="return_result",
@@ -325,9 +354,10 @@ class GPUMagics(Magics):
         fastest) that fits.
 
         Every notebook name a trial binds, rebinds or deletes (also through %time or a
-        function's global), the --restore objects and the random generators are put back
-        after every trial; Ctrl-C stops and keeps the best size so far. A cell error
-        other than out-of-memory stops the search and is shown.
+        function's global), the models, optimizers, LR schedulers and GradScalers the
+        cell uses (unless --no-restore), the --restore objects and the random generators
+        are put back after every trial; Ctrl-C stops and keeps the best size so far. A
+        cell error other than out-of-memory stops the search and is shown.
         """
         from ..batch.progress import NotebookProgress, TerminalProgress
         from ..runtime import in_notebook
@@ -342,6 +372,39 @@ class GPUMagics(Magics):
             return dataclasses.replace(result, text_only=True) if self.output == "text" else result
         if not notebook:  # in a notebook the progress display has become the report
             self.show(result)
+
+    @magic_arguments()
+    @argument("name", metavar="NAME", help="The variable holding the torch.utils.data.DataLoader to time.")
+    @argument("--step", action=Once, metavar="NAME",
+              help="A function running one training step on a batch as the loader yields it, or a "
+                   "%%%%find_batch --mode throughput result (-o): say whether the loader or the step "
+                   "bounds training, and by how much. A function runs on one batch, then in the loop.")
+    @argument("--apply", action="store_true",
+              help="Rebind NAME to a new DataLoader with the answer (same dataset, sampler and "
+                   "batches) and print the constructor call to paste for the next run.")
+    @argument("--device", action=Once, default="auto",
+              help="Where batches are copied while timed: auto (CUDA once your code has started it, "
+                   "else none), cpu, cuda or cuda:N; pin_memory is tried only for CUDA.")
+    @argument("--seconds", action=Once, type=number(float, "a number of seconds"), default=0.5,
+              help="Seconds each setting is timed in each round, after its start-up (default 0.5).")
+    @argument("--repeats", action=Once, type=WHOLE_NUMBER, default=3,
+              help="Rounds of timings (default 3; up to twice as many where rates vary too much to "
+                   "tell the answer from a smaller setting).")
+    @argument("--max-workers", action=Once, type=WHOLE_NUMBER, dest="max_workers", metavar="N",
+              help="Try at most N workers (default: the usable cores and a little past).")
+    @line_magic
+    @_friendly_errors
+    def tune_loader(self, line: str = ""):
+        """Time a DataLoader with its own settings and with the settings worth
+        trying here (num_workers, prefetch_factor, pin_memory,
+        persistent_workers); answer the smallest within 5 % of the best.
+
+        Each setting runs on a new DataLoader over the same dataset, sampler,
+        batch size, collate_fn, drop_last and generator; your loader, its
+        iterator and the random state it draws from are left as they were,
+        and every worker started is stopped.
+        """
+        tune_and_show(self, parse(self.tune_loader, line))
 
     @magic_arguments("%distributed")  # usage reads %%distributed: it is a cell magic
     @argument("-n", "--nprocs", action=Once, type=WHOLE_NUMBER, metavar="N",

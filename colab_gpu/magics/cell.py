@@ -39,7 +39,7 @@ class Prepared:
     code: types.CodeType
     variable: str  # the batch-size variable, --var
     options: Dict[str, Any]  # search_batch's keywords, checked
-    restore_point: Any  # the notebook and the --restore objects as they were (batch.state.RestorePoint)
+    restore_point: Any  # the notebook, the --restore objects and those the cell uses, as they were (batch.state.RestorePoint)
     piped: bool  # later runs may run its ``!cmd`` lines piped (pipes_its_commands)
     warnings: Tuple[str, ...]
 
@@ -50,7 +50,7 @@ def prepare(shell, line: str, cell: str, args) -> Prepared:
     RestoreError from colab_gpu.batch, which the magics show as a UsageError)."""
     from ..batch import check_options
     from ..batch.search import check_variable
-    from ..batch.state import RestorePoint
+    from ..batch.state import RestorePoint, stateful_objects
 
     check_variable(args.var)  # before the hints below, which name it
     namespace = shell.user_ns
@@ -77,7 +77,10 @@ def prepare(shell, line: str, cell: str, args) -> Prepared:
                    steps=args.steps, headroom=args.headroom, multiple_of=args.multiple_of,
                    device=args.device)
     check_options(**options)  # a bad option or --restore object is one line, not after the warnings
-    restore_point = RestorePoint(namespace, {name: namespace[name] for name in args.restore})
+    found = {} if args.no_restore else stateful_objects(
+        [(name, namespace[name]) for name in read_names(tree) if name in namespace and name != args.var],
+        home=[namespace])
+    restore_point = RestorePoint(namespace, {name: namespace[name] for name in args.restore}, found)
     return Prepared(code, args.var, options, restore_point, pipes_its_commands(tree), tuple(warnings))
 
 
@@ -170,6 +173,27 @@ def checked_names(tree: ast.AST, variable: str, namespace: dict) -> List[str]:
     return warnings
 
 
+def read_names(tree: ast.AST) -> List[str]:
+    """The names a cell reads, in the order it reads them (``model`` in ``model.fc = ...`` too),
+    then the words of its magic and shell lines (``%time step(bs)``): where the search looks
+    for the models and optimizers to restore. Not a name the cell assigns, unconditionally, on a
+    line before it first reads it (``model = Net()`` ... ``model(x)``): the notebook's object of
+    that name is not the one the trials change."""
+    bound: Dict[str, int] = {}
+    for statement in getattr(tree, "body", []):
+        if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for node in (node for target in targets for node in ast.walk(target)):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    bound.setdefault(node.id, node.lineno)
+    first_read: Dict[str, int] = {}
+    for line, _, name in sorted((node.lineno, node.col_offset, node.id) for node in ast.walk(tree)
+                                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)):
+        first_read.setdefault(name, line)
+    read = [name for name, line in first_read.items() if bound.get(name, line) >= line]
+    return list(dict.fromkeys(read + sorted(_words_in_ipython_lines(tree))))
+
+
 def _words_in_ipython_lines(tree: ast.AST) -> Set[str]:
     """The words of the cell's magic and shell lines, which IPython turned into calls with
     the line as a string (``%time x = f(bs)``: ``get_ipython().run_line_magic('time', 'x =
@@ -186,7 +210,9 @@ def _ipython_lines(tree: ast.AST) -> Iterator[Tuple[str, List[str]]]:
     """(the shell's method, its string arguments) of each ``get_ipython().method(...)`` call:
     ``!ls`` is ``("system", ["ls"])``, ``%time f(bs)`` ``("run_line_magic", ["time", "f(bs)"])``."""
     for node in ast.walk(tree):
-        called = getattr(node, "func", None)
+        if not isinstance(node, ast.Call):
+            continue
+        called = node.func
         if isinstance(called, ast.Attribute) and isinstance(called.value, ast.Call) \
                 and getattr(called.value.func, "id", None) == "get_ipython":
             yield called.attr, [arg.value for arg in node.args

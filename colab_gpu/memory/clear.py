@@ -10,7 +10,7 @@ import dataclasses
 import gc
 import sys
 import types
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..cuda import empty_cuda_cache
 from ..devices import DeviceSource
@@ -138,9 +138,9 @@ def delete_variables(shell: Any, names: Iterable[str]) -> List[str]:
         del namespace[name]
         if hidden.get(name) is obj:
             del hidden[name]
-    history = output_history(shell, namespace)
+    history = output_history(shell, namespace) or {}
     ids = {id(obj) for obj in objects}
-    for number in [n for n, v in (history or {}).items() if id(v) in ids]:
+    for number in [n for n, v in history.items() if id(v) in ids]:
         del history[number]
     _forget_outputs(shell, namespace, hidden, objects)
     return names
@@ -158,7 +158,27 @@ class Step:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class ClearReport(Shown):
-    """What clear_cache did, what each step freed, and who still holds memory."""
+    """What clear_cache did, what each step freed, and who still holds memory.
+
+    ``print(report)`` is the report ``%clear_cache`` prints; ``report.freed("cuda:0")`` the
+    bytes freed on a device over the whole run (None where unread).
+
+    Attributes
+    ----------
+    before : tuple of Reading
+        Each device's memory before the first step.
+    steps : tuple of Step
+        Each step run, in order: what it did (or its error) and the memory right after it.
+    holders : Holders
+        Who still holds memory after the last step.
+    deleted : tuple of str
+        The variables deleted.
+    cuda_initialized : bool
+        Whether CUDA had started, so the CUDA cache step ran.
+    kept_by_arrays : tuple of (str, int)
+        (variable, bytes): NumPy arrays that still hold the memory deleted tensors lay on
+        (``torch.from_numpy``).
+    """
 
     before: Tuple[Reading, ...]
     steps: Tuple[Step, ...]
@@ -205,12 +225,36 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     after a mere query such as ``torch.cuda.current_device()``), synchronize, free cuBLAS's
     workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after
     each step. A step that raises (a CUDA error after a device-side assert) is reported as
-    failed, with its error, and the others still run. A bad name raises
-    ``colab_gpu.memory.ClearCacheError`` (a ValueError) before anything is done.
-    ``print(report)`` shows the report ``%clear_cache`` shows.
+    failed, with its error, and the others still run.
+
+    Parameters
+    ----------
+    *names : str
+        Variables of the notebook (or of a script's ``__main__``) to delete first.
+    history : bool, default False
+        Clear every entry of the output history (``Out``), not only those that hold
+        tensors or modules.
+    shell : InteractiveShell, optional
+        The IPython shell whose names are cleared; the running one when None.
+    source : DeviceSource, optional
+        Where the GPUs' memory is read; the process's NVML source when None.
+
+    Returns
+    -------
+    ClearReport
+        What each step freed and who still holds memory; ``print(report)`` shows the
+        report ``%clear_cache`` shows.
+
+    Raises
+    ------
+    TypeError
+        A name that is not a string (``clear_cache(model)``).
+    colab_gpu.memory.ClearCacheError
+        (a ValueError) A name that is no variable of yours (unknown, IPython's or Python's
+        own, a module, not an identifier); raised before anything is done.
     """
     shell = shell if shell is not None else current_shell()
-    names = check_names(names, shell)  # a name given twice is deleted and reported once
+    names = tuple(check_names(names, shell))  # a name given twice is deleted and reported once
     torch = imported_torch()
     snapshot = read_snapshot(source)
     readings = read_memory(torch, snapshot)
@@ -241,7 +285,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
                        cuda_initialized=cuda, kept_by_arrays=_kept_by_arrays(deleted_storages, holders))
 
 
-def _cpu_storages(shell: Any, names: List[str], torch) -> Dict[Tuple[str, int], int]:
+def _cpu_storages(shell: Any, names: Sequence[str], torch) -> Dict[Tuple[str, int], int]:
     """The CPU storages the variables ``names`` reach, by address (no reference kept)."""
     if not names or torch is None:
         return {}

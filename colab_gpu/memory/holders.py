@@ -10,7 +10,7 @@ import bisect
 import collections
 import dataclasses
 import os
-from typing import Any, Dict, Iterable, Mapping, Optional, Set, Tuple
+from typing import AbstractSet, Any, Dict, Iterable, Mapping, Optional, Set, Tuple
 
 from ..devices import DeviceSource
 from ..render.shown import Shown
@@ -22,7 +22,7 @@ from .readings import Reading, gpu_view, read_memory, read_snapshot
 from .rounding import unreached_bytes
 from .walk import MAX_OBJECTS, imported_torch, walk_from
 
-__all__ = ["Elsewhere", "Holder", "Holders", "holders_of", "lying_on_arrays", "memory_holders",
+__all__ = ["Elsewhere", "Holder", "Holders", "holders_of", "lying_on_arrays", "memory_holders", "other_roots",
            "rank_holders"]
 
 
@@ -55,7 +55,36 @@ class Elsewhere:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Holders(Shown):
-    """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch."""
+    """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch.
+
+    ``print(holders)`` shows the ranking as ``%clear_cache --vars`` does.
+
+    Attributes
+    ----------
+    holders : tuple of Holder
+        Your variables, largest first: the bytes each reaches, those no other variable
+        reaches (about what ``del`` would free), per device.
+    total_by_device : tuple of (str, int)
+        (device, bytes) the variables reach together, each storage counted once.
+    not_yours : tuple of (str, int)
+        (device, bytes) of tensor memory no variable holds: ``elsewhere`` and ``unreached``.
+    elsewhere : tuple of Elsewhere
+        Of that, what IPython keeps: an output (``Out[3]``, ``_``) or the last error.
+    unreached : tuple of (str, int)
+        (device, bytes) of the memory reading no variable, output or error reaches (a
+        library's cache, a thread, a reference cycle): a lower bound.
+    outside_torch : tuple of MemoryBreakdown
+        Per GPU: other processes, the CUDA context and non-torch libraries.
+    torch_labels : dict of int to str
+        NVML index -> ``"cuda:N"``.
+    torch_imported : bool
+        False: torch is not imported, so nothing is ranked.
+    problem : str or None
+        Why the GPUs could not be read.
+    numpy_arrays : dict
+        ("cpu", address) -> (variable, bytes): NumPy arrays the variables reach whose memory
+        a tensor lies on.
+    """
 
     holders: Tuple[Holder, ...] = ()
     total_by_device: Tuple[Tuple[str, int], ...] = ()  # every storage counted once
@@ -84,14 +113,14 @@ def _by_device(storages: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int]
     return tuple(sorted(totals.items()))
 
 
-def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int] = frozenset(),
+def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: AbstractSet[int] = frozenset(),
                  max_objects: int = MAX_OBJECTS) -> Tuple[Tuple[Holder, ...], Tuple[Tuple[str, int], ...]]:
     """Rank ``(name, value)`` pairs by the tensor bytes each reaches; also the union per device."""
     holders, union, _ = _rank(variables, torch, skip, max_objects)
     return holders, _by_device(union)
 
 
-def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
+def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: AbstractSet[int],
           max_objects: int) -> Tuple[Tuple[Holder, ...], Dict[Tuple[str, int], int],
                                      Dict[Tuple[str, int], Tuple[str, int]]]:
     """rank_holders() with the union of the storages reached, by (device, address), and the
@@ -142,7 +171,7 @@ def lying_on_arrays(storages: Mapping[Tuple[str, int], int],
     return found
 
 
-def _other_roots(shell: Any, namespace: Mapping[str, Any],
+def other_roots(shell: Any, namespace: Mapping[str, Any],
                  hidden: Mapping[str, Any]) -> Iterable[Tuple[str, Any]]:
     """What IPython keeps that is no variable of the user's: each output (``Out[3]``; ``_``,
     ``__``, ``_N`` only where the history has no such entry) and the last error, as one root."""
@@ -166,14 +195,14 @@ def _other_roots(shell: Any, namespace: Mapping[str, Any],
     yield "the last error", error
 
 
-def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], int],
+def _elsewhere(shell: Any, torch, skip: AbstractSet[int], union: Dict[Tuple[str, int], int],
                max_objects: int) -> Tuple[Tuple[Elsewhere, ...], Dict[Tuple[str, int], int]]:
     """The outputs and the last error, by the storages they reach that no variable (the
     ones ``union`` lacks) nor one before them does, and those storages; ``union`` gains them.
     One walk per root."""
     not_yours: Dict[Tuple[str, int], int] = {}
     found = []
-    for name, root in _other_roots(shell, *namespaces(shell)):
+    for name, root in other_roots(shell, *namespaces(shell)):
         reach = walk_from(root, torch, skip, max_objects, known=union)
         del root
         # each storage in one row only: the rows add up to what no variable holds
@@ -211,6 +240,23 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     traceback, a ``%debug``) keep, and the rest of the memory reading, which none of these
     reaches. Also reads, through NVML, the GPU memory held outside torch. Never initializes
     CUDA and never keeps a reference to a tensor.
+
+    Parameters
+    ----------
+    shell : InteractiveShell, optional
+        The IPython shell whose variables are ranked; the running one when None (a script's
+        ``__main__`` without IPython).
+    source : DeviceSource, optional
+        Where the GPUs' memory is read; the process's NVML source when None.
+    max_objects : int, default 1000000
+        Objects visited per variable at most, so a huge container stays fast; a variable
+        whose walk was cut short is marked, its bytes a lower bound.
+
+    Returns
+    -------
+    Holders
+        The ranking, what no variable holds and the memory outside torch (only the last
+        where torch is not imported: ``torch_imported`` is False).
     """
     return holders_of(shell if shell is not None else current_shell(), read_snapshot(source), max_objects)
 
@@ -227,9 +273,9 @@ def holders_of(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
     skip = {id(namespace), id(hidden), id(shell)}
     holders, union, arrays = _rank(user_variables(shell), torch, skip, max_objects)
     total = _by_device(union)
-    elsewhere, not_yours = _elsewhere(shell, torch, skip, union, max_objects)
+    elsewhere, held_elsewhere = _elsewhere(shell, torch, skip, union, max_objects)
     unreached = unreached_bytes(read_memory(torch, snapshot) if readings is None else readings, union, torch)
-    not_yours = collections.Counter(dict(_by_device(not_yours)))
+    not_yours = collections.Counter(dict(_by_device(held_elsewhere)))
     not_yours.update(dict(unreached))
     return Holders(holders=holders, total_by_device=total, not_yours=tuple(sorted(not_yours.items())),
                    elsewhere=elsewhere, unreached=unreached, problem=problem, numpy_arrays=arrays,

@@ -62,7 +62,7 @@ def namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
 
 def exception_references(shell: Any) -> List[Tuple[Any, str, str]]:
     """(owner, attribute, name) of each reference IPython and ``sys`` keep to the last exception."""
-    found = [(sys, name, f"sys.{name}") for name in ("last_type", "last_value", "last_traceback", "last_exc")
+    found: List[Tuple[Any, str, str]] = [(sys, name, f"sys.{name}") for name in ("last_type", "last_value", "last_traceback", "last_exc")
              if hasattr(sys, name)]  # last_exc exists on Python 3.12+ only
     if shell is None:
         return found

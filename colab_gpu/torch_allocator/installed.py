@@ -90,7 +90,7 @@ def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
     torch = modules.get("torch")
     if torch is None:
         return None
-    native = getattr(torch, "_C", None)
+    native: Any = getattr(torch, "_C", None)
     if hasattr(native, "_accelerator_setAllocatorSettings"):
         return _Setter("torch._C._accelerator_setAllocatorSettings",
                        native._accelerator_setAllocatorSettings,
@@ -111,8 +111,8 @@ def reported_settings(modules=sys.modules) -> Optional[str]:
     setter = runtime_setter(modules)
     if setter is not None and setter.get is not None:
         return setter.get()
-    memory = getattr(getattr(modules.get("torch"), "cuda", None), "memory", None)
-    try:
+    memory: Any = getattr(getattr(modules.get("torch"), "cuda", None), "memory", None)
+    try:  # None too: the AttributeError below
         return memory._snapshot()["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"]
     except Exception:  # no CUDA build, backend:cudaMallocAsync (no snapshot), or a torch without the key
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import UserError
 from ..spelling import command
@@ -207,7 +207,7 @@ def format_number(value: float) -> str:
     return str(int(value)) if value == int(value) and abs(value) >= 1 else f"{value:g}"
 
 
-def _range_text(key: Key, version: Version, given: Mapping[str, str]) -> str:
+def _range_text(key: Key, version: Version, given: Optional[Mapping[str, str]]) -> str:
     low = key.lowest(version, given)
     followed = key.followed(version)
     parts = []
@@ -221,7 +221,7 @@ def _range_text(key: Key, version: Version, given: Mapping[str, str]) -> str:
     return " and ".join(parts)
 
 
-def _in_range(key: Key, version: Version, number: float, given: Mapping[str, str]) -> bool:
+def _in_range(key: Key, version: Version, number: float, given: Optional[Mapping[str, str]]) -> bool:
     low = key.lowest(version, given)
     if low is not None and (number <= low[0] if low[1] else number < low[0]):
         return False
@@ -235,7 +235,7 @@ def _is_power_of_two(number: int) -> bool:
 
 
 def canonical_value(key: Key, value: str, version: Version, rocm: bool = False,
-                    given: Mapping[str, str] = {}) -> str:
+                    given: Optional[Mapping[str, str]] = None) -> str:
     """The value as torch should read it, or AllocConfError saying what is accepted.
 
     ``rocm``: the installed torch is a ROCm build, which accepts ``key.rocm_choices`` too;
@@ -268,15 +268,16 @@ def canonical_value(key: Key, value: str, version: Version, rocm: bool = False,
         if not _DECIMAL.fullmatch(value):
             raise AllocConfError(f"{where}: takes a decimal number like 0.5, "
                                  f"{_range_text(key, version, given)}")
-        number = float(value)
+        fraction = float(value)
         # torch's stod refuses values that underflow to subnormals: keep clear of them
-        if not _in_range(key, version, number, given) or 0 < number < sys.float_info.min:
+        if not _in_range(key, version, fraction, given) or 0 < fraction < sys.float_info.min:
             raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version, given)}")
-        return repr(number) if number != int(number) else f"{number:.1f}"
+        return repr(fraction) if fraction != int(fraction) else f"{fraction:.1f}"
     number = whole_number(value)
     if number is None:
         raise AllocConfError(f"{where}: takes a whole number, {_range_text(key, version, given)}")
     if key.kind == POWER_OF_TWO and not _is_power_of_two(number):
+        assert key.maximum is not None  # the schema bounds every power-of-two key
         raise AllocConfError(f"{where}: must be a power of two (1, 2, 4, ... "
                              f"{format_number(key.maximum)})")
     if not _in_range(key, version, number, given):
@@ -284,9 +285,11 @@ def canonical_value(key: Key, value: str, version: Version, rocm: bool = False,
     return str(number)
 
 
-def _list_entries(value: str) -> List[Tuple[str, str]]:
+def _list_entries(value: str) -> Iterator[Tuple[str, str]]:
     """(name, value) pairs of a list value as ``_value`` wrote it: ``[name:value,...]``."""
-    return [tuple(entry.split(":", 1)) for entry in value[1:-1].split(",")]
+    for entry in value[1:-1].split(","):
+        name, entry_value = entry.split(":", 1)
+        yield name, entry_value
 
 
 def _reserve(where: str, value: str) -> str:
@@ -410,6 +413,7 @@ def availability_message(key: Key, version: Version) -> str:
     if version < key.added:
         return (f"{key.name} needs torch >= {format_version(key.added)} (added in "
                 f"{format_version(key.added)}); the installed torch is {installed}")
+    assert key.removed is not None  # unavailable, not too old: removed
     return (f"{key.name} was removed in torch {format_version(key.removed)}; the installed "
             f"torch is {installed}")
 

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import io
 import re
-from typing import Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from ... import words
 from .. import GPU, Snapshot, known_compute_capability
@@ -112,7 +112,7 @@ _capability = functools.lru_cache(maxsize=256)(known_compute_capability)
 
 
 def row_gpu(position: int, row: Dict[str, str]) -> GPU:
-    fields: Dict[str, object] = {}
+    fields: Dict[str, Any] = {}  # GPU's keyword arguments, each of its field's type
     for column in sorted(row, key=lambda name: _PRIORITY.get(name, len(_PRIORITY))):
         if column not in _COLUMNS:
             continue

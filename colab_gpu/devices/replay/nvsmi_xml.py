@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ElementTree
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
-from .. import GPU, GPUProcess, MigInstance, Snapshot, known_compute_capability
+from .. import GPU, GPUProcess, MemoryFields, MigInstance, Snapshot, known_compute_capability
 from .values import (UNKNOWN_NAME, RecordingError, as_bytes, as_enabled, as_float, as_int, as_text, epoch,
                      event_reasons, process_kind, with_note)
 
@@ -45,10 +45,11 @@ def _xml_processes(gpu) -> Optional[Tuple[GPUProcess, ...]]:
     return tuple(result)
 
 
-def _xml_memory(element) -> Dict[str, Optional[int]]:
+def _xml_memory(element) -> MemoryFields:
     """memory_total/used/free/reserved of a GPU's or a MIG device's ``<fb_memory_usage>``."""
-    return {f"memory_{name}": as_bytes(_find(element, f"fb_memory_usage/{name}"))
-            for name in ("total", "used", "free", "reserved")}
+    total, used, free, reserved = (as_bytes(_find(element, f"fb_memory_usage/{name}"))
+                                   for name in ("total", "used", "free", "reserved"))
+    return MemoryFields(memory_total=total, memory_used=used, memory_free=free, memory_reserved=reserved)
 
 
 def _xml_mig_instance(position: int, device) -> MigInstance:

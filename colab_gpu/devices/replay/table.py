@@ -101,6 +101,7 @@ def _table_mig_instance(cells: List[str]) -> Optional[Tuple[int, MigInstance]]:
 
 def _table_frame(lines: Sequence[str], label: str, timestamp: float) -> Snapshot:
     versions = _TABLE_START.match(lines[0].strip())
+    assert versions is not None  # read() starts a frame at each line it matches
     sections = _table_sections(lines[1:])
     header, blocks = sections["gpus"]
     gpus = [_table_gpu(position, header, block) for position, block in enumerate(blocks)]

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import stat
-from typing import BinaryIO, Dict, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Dict, Optional, Sequence, Tuple
 
 from ...errors import UserError
 from .. import GPU, MiB, Snapshot
@@ -76,13 +76,15 @@ def value_and_unit(text: Optional[str]) -> Optional[Tuple[float, str]]:
     """(value, unit) of "26.78 W" / "16x" / "40"; None for "N/A", "[Not Supported]" .... A number
     too large for a float (400 digits) is infinite: :class:`~colab_gpu.devices.GPU` refuses it
     as a reading, with what was read."""
-    if text is None:
-        return None
-    match = _NUMBER.match(text)
+    match = _number(text)
     if match is None:
         return None
     value = float(match.group(1))
     return value, match.group(2)
+
+
+def _number(text: Optional[str]) -> Optional[re.Match[str]]:
+    return None if text is None else _NUMBER.match(text)
 
 
 def as_float(text: Optional[str]) -> Optional[float]:
@@ -92,25 +94,25 @@ def as_float(text: Optional[str]) -> Optional[float]:
 
 def as_int(text: Optional[str]) -> Optional[int]:
     """An integer as written: through a float, a 20-digit GPU index read 12345678901234567168."""
-    parsed = value_and_unit(text)
-    return None if parsed is None else _whole(text, parsed[0], 1)
+    match = _number(text)
+    return None if match is None else _whole(match, 1)
 
 
 def as_bytes(text: Optional[str], default_unit: str = "MiB") -> Optional[int]:
     """Bytes from "1032 MiB" (nvidia-smi's unit) or a bare number in ``default_unit``."""
-    parsed = value_and_unit(text)
-    if parsed is None:
+    match = _number(text)
+    if match is None:
         return None
-    value, unit = parsed
-    scale = UNIT_BYTES.get(unit or default_unit)
-    return None if scale is None else _whole(text, value, scale)
+    scale = UNIT_BYTES.get(match.group(2) or default_unit)
+    return None if scale is None else _whole(match, scale)
 
 
-def _whole(text: str, value: float, scale: int):
-    """``text``'s number times ``scale``, exact where it is an integer; one past what ``int()``
+def _whole(number: re.Match[str], scale: int) -> Any:  # an int; past int()'s digits the float below
+    """The matched number times ``scale``, exact where it is an integer; one past what ``int()``
     reads of a string (4300 digits) or past a float (1e308) stays a float, infinite at worst,
     which :class:`~colab_gpu.devices.GPU` refuses as a reading (int(inf) raised OverflowError)."""
-    literal = _NUMBER.match(text).group(1)
+    literal = number.group(1)
+    value = float(literal)
     if "." not in literal:
         try:
             return int(literal) * scale

@@ -22,6 +22,7 @@ import colab_gpu.devices
 from colab_gpu.devices.nvml import NvmlSource, describe_nvml_error
 from colab_gpu.devices.replay import ReplaySource
 from colab_gpu.live.sampler import Sampler
+from colab_gpu.state import session
 
 from conftest import DATA, ROOT
 from nvml_recording import RecordedNvml
@@ -84,7 +85,7 @@ def test_the_call_list_is_the_real_codes():
 def gpu_status_text(shell, capsys, monkeypatch):
     """%gpu_status over NvmlSource(nvml), as text; fails on any traceback."""
     def run(nvml, line=""):
-        monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=nvml))
+        monkeypatch.setattr(session, "default_source", NvmlSource(nvml=nvml))
         shell.run_line_magic("gpu_status", line)
         captured = capsys.readouterr()
         assert "Traceback" not in captured.out + captured.err and captured.err == ""
@@ -430,6 +431,10 @@ def cuda_calls_in_the_code() -> dict:
 CUDA_GUARDS = {
     "colab_gpu/torch_view.py:torch_memory": "returns () unless torch.cuda.is_initialized()",
     "colab_gpu/cuda.py:cuda_devices_in_use": "called by empty_cuda_cache and _cuda_index, after their check",
+    "colab_gpu/doctor/device.py:_with_torch_cap": "returns at once unless runtime.cuda_torch() gives torch "
+                                                  "(CUDA initialized)",
+    "colab_gpu/doctor/explain.py:_default_device": "current_device() only with the torch runtime.cuda_torch() "
+                                                   "returned: CUDA initialized",
     "colab_gpu/cuda.py:empty_cuda_cache": "returns at once unless CUDA is initialized",
     "colab_gpu/memory/rounding.py:_split_limit": "asked only for a storage on a CUDA device: CUDA already runs",
     "colab_gpu/live/cells.py:before": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
@@ -580,7 +585,7 @@ def old_pynvml_module(nvml: RecordedNvml):
 def test_an_old_pynvml_module_still_gives_the_card(shell, capsys, monkeypatch):
     nvml = RecordedNvml(two_t4s(), names_as_bytes=True)
     monkeypatch.setitem(sys.modules, "pynvml", old_pynvml_module(nvml))
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())  # the real `import pynvml`
+    monkeypatch.setattr(session, "default_source", NvmlSource())  # the real `import pynvml`
     shell.run_line_magic("gpu_status", "")
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
@@ -623,7 +628,7 @@ def test_the_deprecated_pynvml_package_that_warns_on_import_still_gives_the_card
 
     finder = Finder()
     monkeypatch.setattr(sys, "meta_path", [finder] + sys.meta_path)
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     with warnings.catch_warnings():  # the shim's warning is not the user's to act on: another
         warnings.simplefilter("error")  # tool pulled it in, and nvidia-ml-py is already there
         shell.run_line_magic("gpu_status", "")
