@@ -1,9 +1,9 @@
 """colab_gpu: see and tune the GPU inside a notebook.
 
 ``%load_ext colab_gpu`` adds ``%gpu_status``, ``%alloc_conf``, ``%clear_cache``,
-``%%find_batch``, ``%tune_loader`` and ``%explain_oom`` (and its card under every cell that
-runs out of memory). Each is a thin layer over the plain functions exported here, which scripts
-and tests use directly. Importing this package is cheap: torch, matplotlib,
+``%%find_batch``, ``%tune_loader``, ``%explain_oom`` (and its card under every cell that
+runs out of memory) and ``%%distributed``. Each is a thin layer over the plain functions
+exported here, which scripts and tests use directly. Importing this package is cheap: torch, matplotlib,
 ipywidgets and even IPython are imported only when a feature needs them, and nothing here
 ever initializes CUDA.
 """
@@ -33,6 +33,8 @@ _LAZY = {
     "tune_loader": "colab_gpu.loader",
     "LoaderTuning": "colab_gpu.loader",
     "is_out_of_memory": "colab_gpu.oom",
+    "launch": "colab_gpu.distributed",
+    "RankError": "colab_gpu.distributed",
     "UserError": "colab_gpu.errors",
     "explain_oom": "colab_gpu.doctor",
     "OomReport": "colab_gpu.doctor",

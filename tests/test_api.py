@@ -85,7 +85,7 @@ def _user_errors():
     """Every UserError subclass, once each package that defines one is imported."""
     from colab_gpu.errors import UserError
 
-    for package in ("allocator", "batch", "devices.replay", "live", "memory"):  # for their errors alone
+    for package in ("allocator", "batch", "devices.replay", "distributed", "live", "memory"):  # their errors
         importlib.import_module(f"colab_gpu.{package}")
 
     found, todo = [], [UserError]
@@ -100,7 +100,7 @@ def test_every_error_in_what_the_user_asked_for_is_a_user_error_and_still_a_valu
     """One base the magics translate; the names and ValueError that callers catch are kept."""
     names = {kind.__name__ for kind in _user_errors()}
     assert {"AllocConfError", "RecordingError", "SourceError", "LiveOptionError", "AlreadyRunning",
-            "SearchError", "RestoreError", "ClearCacheError"} <= names
+            "SearchError", "RestoreError", "ClearCacheError", "LaunchOptionError", "LaunchRefused"} <= names
     assert all(issubclass(kind, ValueError) for kind in _user_errors())
     assert colab_gpu.AllocConfError in _user_errors()
 
@@ -109,7 +109,8 @@ def test_every_error_in_what_the_user_asked_for_is_a_user_error_and_still_a_valu
 MAGIC_CALLS = [("gpu_status", "", None, "colab_gpu.gpu_status.status"),
                ("alloc_conf", "", None, "colab_gpu.allocator.alloc_conf"),
                ("clear_cache", "", None, "colab_gpu.memory.clear_cache"),
-               ("find_batch", "", "x = batch_size", "colab_gpu.batch.search_batch")]
+               ("find_batch", "", "x = batch_size", "colab_gpu.batch.search_batch"),
+               ("distributed", "-n 2", "x = 1", "colab_gpu.distributed.launch")]
 
 
 @pytest.mark.parametrize("kind", _user_errors(), ids=lambda kind: kind.__name__)

@@ -30,7 +30,7 @@ from conftest import ROOT
 # kernel keeps between calls, each part written by the module it belongs to.
 CORE = frozenset({"errors", "words", "runtime", "devices", "cuda", "cuda_order", "torch_view", "oom",
                   "torch_allocator", "memory", "advice", "render", "spelling", "host", "data", "state"})
-FEATURES = frozenset({"gpu_status", "allocator", "batch", "live", "doctor", "loader"})
+FEATURES = frozenset({"gpu_status", "allocator", "batch", "live", "doctor", "loader", "distributed"})
 TOP = frozenset({"__init__", "magics"})
 
 PACKAGE = ROOT / "colab_gpu"

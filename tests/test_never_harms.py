@@ -441,7 +441,7 @@ CUDA_GUARDS = {
     "colab_gpu/memory/rounding.py:_split_limit": "asked only for a storage on a CUDA device: CUDA already runs",
     "colab_gpu/live/cells.py:before": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
     "colab_gpu/live/cells.py:_torch_line": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
-    "colab_gpu/batch/__init__.py:_cuda_devices": "device_count() only after torch.cuda.is_initialized()",
+    "colab_gpu/cuda.py:visible_cuda_devices": "device_count() only after torch.cuda.is_initialized()",
     "colab_gpu/batch/state.py:__init__": "get_rng_state_all only if torch.cuda.is_initialized()",
     "colab_gpu/batch/state.py:restore": "set_rng_state_all only with a CUDA state saved while initialized; "
                                           "the generators reseeded only if cuda_torch() says CUDA started",
@@ -453,6 +453,9 @@ CUDA_GUARDS = {
     "colab_gpu/batch/trial.py:peak": "a CudaGauge exists only for the index _cuda_index gave",
     "colab_gpu/batch/trial.py:capacity": "a CudaGauge exists only for the index _cuda_index gave",
     "colab_gpu/batch/trial.py:label": "a CudaGauge exists only for the index _cuda_index gave",
+    "colab_gpu/distributed/rank.py:_run": "in a forked rank, never the kernel: set_device(rank) for NCCL",
+    "colab_gpu/distributed/launcher.py:run_here": "only in a process that is already a rank (torchrun's "
+                                                  "RANK and WORLD_SIZE), which torchrun started for its GPU",
 }
 
 

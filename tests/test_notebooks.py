@@ -68,9 +68,9 @@ def largest_size(text: str) -> int:
     return max((int(float(value) * UNITS[unit]) for value, unit in SIZE.findall(text)), default=0)
 
 
-def test_the_five_notebooks_are_there():
+def test_the_notebooks_are_there():
     assert NAMES == ["01-gpu-status.ipynb", "02-alloc-conf.ipynb", "03-clear-cache.ipynb",
-                     "04-find-batch.ipynb", "05-out-of-memory.ipynb"]
+                     "04-find-batch.ipynb", "05-out-of-memory.ipynb", "06-multi-gpu.ipynb"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -352,3 +352,39 @@ def test_05_out_of_memory_shows_each_card_and_its_fix_works(executed):
     assert "fix: `%alloc_conf expandable_segments=True` right after `%load_ext colab_gpu`" in pasted
     api = stream(code_cell(notebook, "report = colab_gpu.explain_oom("))
     assert api.startswith(f"{round(1.70 * 2 ** 30)} {round(2.30 * 2 ** 30)} None\nfragmentation ")
+
+
+def test_06_multi_gpu_runs_two_ranks_and_shows_what_its_text_says(executed):
+    """On this machine without a GPU: two Gloo ranks on the CPU, said so; the numbers the text
+    works out by hand; DDP's weights equal everywhere; the failing rank's traceback; DataParallel
+    skipped, with the reason."""
+    notebook = executed("06-multi-gpu.ipynb")
+    plan = stream(code_cell(notebook, "if gpus >= 2:\n    nprocs, backend"))
+    assert plan.startswith("0 GPUs here: the ranks run on the CPU with Gloo") and plan.endswith("2 ranks, backend gloo\n")
+    hello = code_cell(notebook, "def hello():")
+    for rank in (0, 1):
+        assert f"[rank {rank}] rank {rank} of 2 on cpu: my value is {rank + 1.0}\n" in stream(hello)
+        assert f"[rank {rank}] rank {rank}: after all_reduce 3.0\n" in stream(hello)
+    assert bundles(hello)[0]["text/plain"] == "[3.0, 3.0]"
+
+    gradients = stream(code_cell(notebook, "x = torch.arange(1.0, 9.0)"))
+    assert "[rank 0] rank 0: x = [1.0, 2.0, 3.0, 4.0], loss 30.0, gradient -30.0\n" in gradients
+    assert "[rank 1] rank 1: x = [5.0, 6.0, 7.0, 8.0], loss 174.0, gradient -174.0\n" in gradients
+    assert gradients.endswith("averaged on the ranks: [-102.0, -102.0] | whole batch, one process: -102.0\n")
+
+    trained = stream(code_cell(notebook, "torch.manual_seed(0)\ninputs = torch.randn(256, 10)"))
+    assert all(f"[rank {rank}] rank {rank}, epoch {epoch}: 128 samples, last loss " in trained
+               for rank in (0, 1) for epoch in range(3))
+    assert stream(code_cell(notebook, 'print("equal on every rank:"')) == (
+        "equal on every rank: True\nequal to one process on the whole batch: True\n")
+
+    magic = code_cell(notebook, "%%distributed -n $nprocs --backend $backend")
+    assert "[rank 1] rank 1 sees the notebook's dataset (256 samples) and model (1, 10)\n" in stream(magic)
+    assert bundles(magic)[0]["text/plain"] == "[0, 10]"
+
+    (error,) = [output for output in code_cell(notebook, "def fragile():").outputs if output.output_type == "error"]
+    assert (error.ename, error.evalue) == ("RankError", "rank 1 of 2 failed: ValueError: rank 1 found a bad batch; "
+                                                        "rank 0 did not finish")
+    assert 'raise ValueError("rank 1 found a bad batch")' in "\n".join(error.traceback)
+    assert stream(code_cell(notebook, "if gpus >= 2:\n    parallel")) == (
+        "skipped: DataParallel needs two GPUs, and this machine has 0\n")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..cuda import visible_cuda_devices
 from ..oom import is_out_of_memory
 from ..spelling import option
-from ..runtime import cpu_only_build, cuda_torch, torch_state
+from ..runtime import cpu_only_build, torch_state
 from ..words import count
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
@@ -27,27 +27,6 @@ _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")  # torch refuses "cuda:١", whi
 # Throughput mode compares sizes 5 % apart: a trial's timed runs must add up to this many
 # seconds, or one scheduler hiccup in a 100 µs step decides the answer.
 THROUGHPUT_TIMED = 0.1
-
-
-def _cuda_devices() -> Optional[int]:
-    """CUDA devices torch can use, counted through NVML so that the check never starts CUDA
-    (torch.cuda.device_count() would, before ``%alloc_conf`` has had its say). None when
-    NVML cannot tell: MIG instances in CUDA_VISIBLE_DEVICES are not among NVML's GPUs, and a
-    driver is here but NVML cannot be read (pynvml not installed, no permission)."""
-    torch = cuda_torch()
-    if torch is not None:
-        return torch.cuda.device_count()
-    from ..devices import default_source
-    from ..devices.nvml import DRIVER_PRESENT_PROBLEMS
-    from ..runtime import names_mig_instances, torch_indices
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if names_mig_instances(visible):
-        return None
-    snapshot = default_source().snapshot()
-    if snapshot.problem in DRIVER_PRESENT_PROBLEMS:
-        return None
-    return len(torch_indices(visible, snapshot.gpus))
 
 
 def other_devices() -> str:
@@ -64,7 +43,7 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
         raise SearchError(f"{option('device', device)}: use auto, cpu, cuda or cuda:N")
     torch = torch_state()
     if spec.startswith("cuda") and torch.build != "rocm":
-        index, available = int(spec.partition(":")[2] or 0), _cuda_devices()
+        index, available = int(spec.partition(":")[2] or 0), visible_cuda_devices()
         if available and torch.build in ("cpu", "mps") and not torch.cuda_initialized:
             # NVML counted the machine's GPUs; the torch imported here can use none of them.
             raise SearchError(f"{option('device', device, plain=True)}: " + cpu_only_build(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from typing import Callable, Optional, Tuple
 
 from ..errors import UserError
@@ -37,6 +38,31 @@ DEMO_TRACE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data",
 
 # The kernel's monitor (its sampler, page server, on_stop cleanups and their lock) is kept in
 # colab_gpu.state's session, as live_*.
+
+
+# A fork (colab_gpu.launch, a DataLoader's workers, multiprocessing) copies only the forking
+# thread. A read in flight in the sampler's thread would leave the library it reads (NVML)
+# locked for ever in the child, and the child's copy of the sampler would claim to run. So a
+# fork waits for that read (and holds the next one back), and in the child the monitor has ended.
+def _before_fork() -> None:
+    if session.live_sampler is not None:
+        session.live_sampler.pause_for_fork()
+
+
+def _after_fork_in_parent() -> None:
+    if session.live_sampler is not None:
+        session.live_sampler.resume_after_fork()
+
+
+def _after_fork_in_child() -> None:
+    session.live_lock = threading.Lock()  # held, maybe, by a thread the fork did not copy
+    if session.live_sampler is not None:
+        session.live_sampler.forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
 
 
 def on_stop(cleanup: Callable[[], None]) -> None:

@@ -33,6 +33,9 @@ DEFAULT_HISTORY = 3600  # samples kept: an hour at the default interval
 # How often a display waiting for a sample that is due looks again (wait() polls: see
 # Sampler.__init__); until it is due, it sleeps.
 POLL_SECONDS = 0.01
+# The longest a fork waits for a read in flight (pause_for_fork): NVML answers in
+# milliseconds; a read stuck on a lost GPU must not stop every fork of the process.
+FORK_WAIT = 5.0
 
 
 class LiveOptionError(UserError, ValueError):
@@ -186,6 +189,8 @@ class Sampler:
         # joined that thread. ``_lock`` guards the buffer; ``_running_gate`` is held from
         # the start and released to ask the thread to stop (it then takes it and ends).
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # held by the thread while it reads: a fork waits for it
+        self._fork_held = False  # pause_for_fork() holds _reading
         self._running_gate = threading.Lock()
         self._running_gate.acquire()
         self._stop_asked = False  # set after the release: a Ctrl-C between them asks again
@@ -313,7 +318,8 @@ class Sampler:
         try:
             next_time = time.monotonic() + self.interval
             while not self._running_gate.acquire(timeout=max(0.0, next_time - time.monotonic())):
-                snapshot, problem = self._read(self.source.light_snapshot)  # what _record keeps
+                with self._reading:
+                    snapshot, problem = self._read(self.source.light_snapshot)  # what _record keeps
                 if problem is not None:
                     self.error = problem
                     break
@@ -346,3 +352,25 @@ class Sampler:
             except Exception as error:  # a broken display must not stop the recording
                 self.remove_listener(listener)
                 self.listener_error = _one_line(error)
+
+    def pause_for_fork(self) -> None:
+        """Before a fork: wait for a read in flight and hold the next one back (see
+        live.__init__'s fork hooks); resume_after_fork() lets the thread read again."""
+        if self.running and self._thread is not threading.current_thread() and not self._fork_held:
+            self._fork_held = self._reading.acquire(timeout=FORK_WAIT)
+
+    def resume_after_fork(self) -> None:
+        if self._fork_held:
+            self._fork_held = False
+            self._reading.release()
+
+    def forked(self) -> None:
+        """In a forked child: the thread was not copied, so the sampler has ended there, with
+        fresh locks (one may have been held by the thread at the fork) and nothing to stop
+        at the child's exit (its NVML belongs to the parent's run)."""
+        self._lock = threading.Lock()
+        self._reading = threading.Lock()
+        self._fork_held = False
+        self._done = True
+        self.stopped_at = self.stopped_at or time.time()
+        atexit.unregister(self.stop)

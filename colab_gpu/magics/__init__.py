@@ -4,8 +4,9 @@ Options are declared with IPython's ``magic_arguments``, so ``%gpu_status?`` sho
 settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%config``.
 How the options are read is in ``arguments.py``; %%find_batch's handling of the cell, in
 ``cell.py`` (checked before the search, then run) and ``later_runs.py`` (the output of runs
-after the first); %gpu_status --live's, in ``live.py``. An error in what the user asked for
-(:class:`~colab_gpu.errors.UserError`) becomes one UsageError line here, in one place.
+after the first); %gpu_status --live's, in ``live.py``; %%distributed's, in ``distributed.py``.
+An error in what the user asked for (:class:`~colab_gpu.errors.UserError`) becomes one
+UsageError line here, in one place.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def _friendly_errors(method: Callable) -> Callable:
 @magics_class
 class GPUMagics(Magics):
     """See and tune the GPU from a notebook: %gpu_status, %alloc_conf, %clear_cache, %%find_batch,
-    %tune_loader."""
+    %tune_loader, %%distributed."""
 
     output = Enum(
         ["auto", "text"], default_value="auto",
@@ -404,6 +405,27 @@ class GPUMagics(Magics):
         and every worker started is stopped.
         """
         tune_and_show(self, parse(self.tune_loader, line))
+
+    @magic_arguments("%distributed")  # usage reads %%distributed: it is a cell magic
+    @argument("-n", "--nprocs", action=Once, type=WHOLE_NUMBER, metavar="N",
+              help="Processes (ranks) to run the cell on (default: one per GPU).")
+    @argument("--backend", action=Once, metavar="NAME",
+              help="nccl (one GPU per rank) or gloo (the CPU); default: NCCL where there are GPUs.")
+    @argument("--timeout", action=Once, type=number(float, "a number of seconds"), metavar="SECONDS",
+              help="Stop every rank after this many seconds (default: wait until they end).")
+    @cell_magic
+    @_friendly_errors
+    def distributed(self, line: str = "", cell: str = ""):
+        """Run the cell on every rank, with torch.distributed set up (colab_gpu.launch).
+
+        The ranks are forked from this kernel: the cell sees your functions and data;
+        what it assigns stays in the ranks. Each rank's prints appear prefixed with
+        [rank N]; the cell's result is the list of the ranks' last expressions.
+        """
+        from .distributed import run_distributed
+
+        __tracebackhide__ = True  # a rank's error shows its cell's lines, not the magic's
+        return run_distributed(self.shell, line, cell, parse(self.distributed, line))
 
 
 def _loaded(shell) -> "GPUMagics | None":
