@@ -19,6 +19,17 @@ torch = pytest.importorskip("torch")
 MiB = 1024 ** 2
 
 
+@pytest.fixture(autouse=True)
+def names_taken_back(ipython):
+    """The names a test's cells bind are deleted after it: the shell is the whole session's,
+    and a later test's ranking of the notebook's variables must not find these models."""
+    before = set(ipython.user_ns)
+    yield
+    for name in set(ipython.user_ns) - before:
+        del ipython.user_ns[name]
+
+
+
 def same(a, b) -> bool:
     """Whether two state dicts (dicts, lists, tensors, numbers) hold equal values throughout."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
