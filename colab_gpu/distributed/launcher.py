@@ -430,6 +430,13 @@ class Ranks:
                 failed.append((process.alive_at, process))  # ended without a word: killed, crashed, os._exit
         return min(failed, key=lambda pair: pair[0])[1] if failed else None
 
+    def _await_reaped(self, chosen, seconds: float) -> None:
+        """Read their output and reap them until all have ended or ``seconds`` have passed."""
+        ends = time.monotonic() + seconds
+        while any(not process.reaped for process in chosen) and time.monotonic() < ends:
+            self.read(POLL)
+            self.reap()
+
     def stop(self, ranks) -> None:
         """SIGTERM to these ranks' process groups, SIGKILL after GRACE; every one reaped, and what
         they forked killed. What they print meanwhile is still shown."""
@@ -438,17 +445,11 @@ class Ranks:
             if not process.reaped:
                 process.stopped = process.sent is None  # one that has sent its value is ending anyway
                 _signal_group(process.pid, signal.SIGTERM)
-        ends = time.monotonic() + GRACE
-        while any(not process.reaped for process in chosen) and time.monotonic() < ends:
-            self.read(POLL)
-            self.reap()
+        self._await_reaped(chosen, GRACE)
         for process in chosen:
             if not process.reaped:
                 _signal_group(process.pid, signal.SIGKILL)
-        ends = time.monotonic() + REAP
-        while any(not process.reaped for process in chosen) and time.monotonic() < ends:
-            self.read(POLL)
-            self.reap()
+        self._await_reaped(chosen, REAP)
         for process in chosen:
             _signal_group(process.pid, signal.SIGKILL)  # what it forked, still in its group
 
