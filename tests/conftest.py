@@ -26,10 +26,15 @@ def ipython():
 
 @pytest.fixture
 def shell(ipython):
-    """The real shell with ``%load_ext colab_gpu`` run, unloaded again after the test."""
+    """The real shell with ``%load_ext colab_gpu`` run, unloaded again after the test, and the
+    names the test's cells bound taken out again: the shell is shared by the whole session,
+    and a tensor or name one test left behind changed what a later test's ``--vars`` counted."""
+    before = set(ipython.user_ns)
     ipython.run_line_magic("load_ext", "colab_gpu")
     yield ipython
     ipython.run_line_magic("unload_ext", "colab_gpu")
+    for name in set(ipython.user_ns) - before:
+        del ipython.user_ns[name]
 
 
 @pytest.fixture(autouse=True)
