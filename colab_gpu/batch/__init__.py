@@ -2,7 +2,8 @@
 
 Layers: ``oom`` says what an error means, ``search`` picks sizes (pure), ``trial`` runs one
 size and measures it, ``state`` leaves the caller's objects as they were, ``result`` holds
-the answer, ``render`` / ``progress`` show it. Nothing here imports torch or IPython at
+the answer, ``parallel`` makes it hold across GPUs (DataParallel, the ranks of a process group),
+``render`` / ``progress`` show it. Nothing here imports torch or IPython at
 import time.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..oom import is_out_of_memory
 from ..spelling import option
 from ..runtime import cpu_only_build, torch_state
 from ..words import count
+from .parallel import across_devices
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
 from .state import RestoreError, RestorePoint, stateful_objects
@@ -128,7 +130,8 @@ def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, var
                     else f"{option('measure_memory', False)} measures no memory"
                 search.notes.append(f"{option('headroom', search.headroom.spec, plain=True)} was not "
                                     f"applied: {why}, so only out-of-memory errors decided what fits")
-            result = search.result()
+            # Every rank of a process group gets here (or fails, which stops the launch): one all-reduce.
+            result = across_devices(search.result(), [state.obj for state in restore_point.objects])
             # Ctrl-C still held: the search has ended, and the final report (the chart, matplotlib's
             # first import: a second) is how it stops; raised there, it left the table "still
             # running" over a KeyboardInterrupt and the answer unassigned.
@@ -209,7 +212,10 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     -------
     BatchResult
         The trials and the answer, ``result.answer``: always a size that ran and fitted (None
-        when none did).
+        when none did). With a ``torch.nn.DataParallel`` model the answer is the whole batch,
+        and a note gives each GPU's share. In a ``torch.distributed`` process group of several
+        ranks (``colab_gpu.launch``, ``%%distributed``), where every rank calls it and searches
+        on its own device, the answer is the smallest of the ranks' answers (one all-reduce).
 
     Raises
     ------
