@@ -63,13 +63,15 @@ def _nvml_call(function: Callable) -> Callable:
 
     @functools.wraps(function)
     def call(self, *args, **kwargs):
-        handle = next((arg for arg in args if isinstance(arg, _Handle)), None)
+        handles = [arg for arg in args if isinstance(arg, _Handle)]  # two for a call about a pair of GPUs
+        handle = handles[0] if handles else None
         # A call on a MIG device is logged apart, so a GPU's calls can still be counted.
         self.calls.append(f"{name} on MIG" if isinstance(handle, _MigHandle) else name)
         if not self.initialized and name != "nvmlInit":
             raise nvml_error(pynvml.NVML_ERROR_UNINITIALIZED)
-        index = handle.index if handle is not None else (args[0] if name == "nvmlDeviceGetHandleByIndex" else None)
-        code = self._failures.get((name, index), self._failures.get((name, None)))
+        indices = [h.index for h in handles] or [args[0] if name == "nvmlDeviceGetHandleByIndex" else None]
+        code = next((self._failures[(name, index)] for index in indices if (name, index) in self._failures),
+                    self._failures.get((name, None)))
         if code is not None:
             raise nvml_error(code)
         gate = self._gates.get(name)
@@ -79,6 +81,20 @@ def _nvml_call(function: Callable) -> Callable:
         return function(self, *args, **kwargs)
 
     return call
+
+
+class Wiring:
+    """How a box's GPUs are linked, which no nvidia-smi recording holds (``topo -m`` in the
+    captures shows one GPU): ``nvlinks[index]``, each active NVLink's far end as (PCI bus id,
+    NVML device type: 0 a GPU, 2 an NVSwitch); ``ancestors[frozenset({a, b})]``, the NVML
+    topology level (NVML_TOPOLOGY_*) of their nearest common PCIe ancestor. A GPU not in
+    ``nvlinks`` has no NVLink (NOT_SUPPORTED, as the RTX 4080 capture's "Device does not have or
+    support Nvlink"); a pair not in ``ancestors`` is NOT_SUPPORTED too."""
+
+    def __init__(self, nvlinks: Optional[Dict[int, List[Tuple[str, int]]]] = None,
+                 ancestors: Optional[Dict[frozenset, int]] = None):
+        self.nvlinks = nvlinks or {}
+        self.ancestors = ancestors or {}
 
 
 class RecordedNvml:
@@ -96,12 +112,15 @@ class RecordedNvml:
     NVML_CLOCK_MEM = pynvml.NVML_CLOCK_MEM
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_NVLINK_MAX_LINKS = pynvml.NVML_NVLINK_MAX_LINKS
+    NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
     NVMLError = pynvml.NVMLError
 
     def __init__(self, snapshot: Snapshot, *, memory_v2: bool = True, clocks_event_reasons: bool = True,
-                 names_as_bytes: bool = False):
+                 names_as_bytes: bool = False, wiring: Optional["Wiring"] = None):
         assert snapshot.ok and snapshot.gpus, "build the stand-in from a recording that has GPUs"
         self.snapshot = snapshot
+        self.wiring = wiring
         self.memory_v2 = memory_v2
         self.clocks_event_reasons = clocks_event_reasons
         self.names_as_bytes = names_as_bytes
@@ -343,6 +362,35 @@ class RecordedNvml:
     @_nvml_call
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle) -> list:
         return self._processes(handle, "graphics")
+
+    def _link(self, handle, link: int) -> Tuple[str, int]:
+        """An NVLink's far end: NOT_SUPPORTED on a GPU without NVLink, INVALID_ARGUMENT past its last link."""
+        links = self.wiring.nvlinks.get(handle.index) if self.wiring else None
+        if links is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < len(links):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return links[link]
+
+    @_nvml_call
+    def nvmlDeviceGetNvLinkState(self, handle, link: int) -> int:
+        self._link(handle, link)
+        return pynvml.NVML_FEATURE_ENABLED
+
+    @_nvml_call
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle, link: int) -> pynvml.nvmlPciInfo_t:
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = self._link(handle, link)[0].encode()
+        return info
+
+    @_nvml_call
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle, link: int) -> int:
+        return self._link(handle, link)[1]
+
+    @_nvml_call
+    def nvmlDeviceGetTopologyCommonAncestor(self, first, second) -> int:
+        pair = frozenset({first.index, second.index})
+        return self._value(self.wiring.ancestors.get(pair) if self.wiring else None)
 
     @_nvml_call
     def nvmlSystemGetProcessName(self, pid: int):

@@ -453,6 +453,8 @@ CUDA_GUARDS = {
     "colab_gpu/batch/trial.py:peak": "a CudaGauge exists only for the index _cuda_index gave",
     "colab_gpu/batch/trial.py:capacity": "a CudaGauge exists only for the index _cuda_index gave",
     "colab_gpu/batch/trial.py:label": "a CudaGauge exists only for the index _cuda_index gave",
+    "colab_gpu/batch/parallel.py:agree_across_ranks": "current_device() only in an initialized NCCL process "
+                                                     "group, whose collectives take CUDA tensors only",
     "colab_gpu/distributed/rank.py:_run": "in a forked rank, never the kernel: set_device(rank) for NCCL",
     "colab_gpu/distributed/launcher.py:run_here": "only in a process that is already a rank (torchrun's "
                                                   "RANK and WORLD_SIZE), which torchrun started for its GPU",

@@ -56,7 +56,7 @@ def agree_across_ranks(result: BatchResult) -> BatchResult:
     """``result`` with the smallest answer of every rank, where a torch.distributed process
     group of several ranks is initialized (one all-reduce, MIN; each rank must call this);
     ``result`` itself elsewhere. No answer on a rank (nothing fitted) is no answer for all."""
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     distributed = getattr(torch, "distributed", None)
     if distributed is None or not distributed.is_available() or not distributed.is_initialized():
         return result

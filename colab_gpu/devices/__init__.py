@@ -253,6 +253,27 @@ class GPU:
         return used_fraction(self.memory_used, self.memory_total)
 
 
+# How two GPUs reach each other over PCIe, nearest first: nvidia-smi topo -m's names of NVML's
+# topology levels (nvmlGpuTopologyLevel_t). A pair joined by NVLink is "NV<links>" instead.
+PCIE_PATHS = ("INTERNAL", "PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """How two GPUs (NVML indices ``first`` < ``second``) exchange data, as ``nvidia-smi topo -m``
+    names it: ``"NV<n>"`` over n bonded NVLinks (direct, or each GPU's links to an NVSwitch),
+    else the PCIe path (:data:`PCIE_PATHS`); ``path`` None where the driver could not say."""
+
+    first: int
+    second: int
+    path: Optional[str]
+    nvlinks: int = 0
+
+    @property
+    def nvlink(self) -> bool:
+        return self.nvlinks > 0
+
+
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
     """Every GPU a source sees at one moment, and why it saw none if so."""
@@ -265,6 +286,9 @@ class Snapshot:
     cuda_driver_version: Optional[str] = None
     problem: Optional[str] = None  # one line: why the source could not be read (no driver ...)
     recorded: bool = False  # from a recording of some other machine, not this one's driver
+    # Each pair of GPUs, where there are several: None where not read (no recording holds it,
+    # a light snapshot does not read it, the driver did not answer).
+    topology: Optional[Tuple[Link, ...]] = None
     timestamp: float = dataclasses.field(default_factory=time.time)
 
     @property

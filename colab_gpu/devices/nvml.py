@@ -7,13 +7,14 @@ is ``Snapshot.problem`` or ``GPU.error``; a field a device does not support is `
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import threading
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import GPU, UNKNOWN_GPU, GPUProcess, MemoryFields, MigInstance, Snapshot
+from . import GPU, PCIE_PATHS, UNKNOWN_GPU, GPUProcess, Link, MemoryFields, MigInstance, Snapshot
 
 # nvml.h's clocks-event reason bits, in words a notebook user understands.
 CLOCK_EVENT_REASONS = (
@@ -28,6 +29,9 @@ CLOCK_EVENT_REASONS = (
     (0x100, "display clock setting"),
 )
 
+# nvml.h's nvmlGpuTopologyLevel_t (INTERNAL 0, SINGLE 10 ... SYSTEM 50), as nvidia-smi topo -m names them
+TOPOLOGY_LEVELS = {10 * step: path for step, path in enumerate(PCIE_PATHS)}
+NVLINK_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH: a link's far end is an NVSwitch
 # Why NVML could not start, by the pynvml exception class name (classes are made at import).
 # At most 67 characters: "No GPU read: ..." stays one line of an 80-column terminal.
 INIT_PROBLEMS = {
@@ -121,6 +125,17 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _bus(bus_id: Optional[str]) -> Optional[str]:
+    """A PCI bus id as one spelling: NVML writes "00000000:07:00.0" or the legacy "0000:07:00.0"."""
+    if not bus_id:
+        return None
+    domain, _, rest = bus_id.partition(":")
+    try:
+        return f"{int(domain, 16):08x}:{rest.lower()}"
+    except ValueError:
+        return bus_id.lower()
+
+
 class NvmlSource:
     """Reads every GPU through NVML. Initializes NVML once; ``close()`` shuts it down.
 
@@ -139,6 +154,7 @@ class NvmlSource:
         self._lock = threading.Lock()  # one NVML call sequence at a time; close waits for it
         self._versions: Optional[Tuple[Optional[str], Optional[str]]] = None  # driver, CUDA driver
         self._devices: Dict[int, Tuple[Any, str, Dict[str, Any]]] = {}  # index -> handle, name, fixed fields
+        self._links: Optional[Tuple[Link, ...]] = None  # the GPUs' topology, once read whole
 
     def _start(self) -> Optional[str]:
         """Import and initialize NVML; the problem in words if that fails."""
@@ -169,15 +185,16 @@ class NvmlSource:
         return None
 
     def snapshot(self) -> Snapshot:
-        return self._read(self._read_fields)
+        return self._read(self._read_fields, topology=True)
 
     def light_snapshot(self) -> Snapshot:
         """Only what a live chart keeps of each GPU: no processes (NVML's slowest calls,
         one more per process), clocks, PCIe link or MIG instances."""
         return self._read(self._read_light_fields)
 
-    def _read(self, read_fields: Callable[..., GPU]) -> Snapshot:
-        """Every GPU, each read by ``read_fields(index, handle, name, fixed)``."""
+    def _read(self, read_fields: Callable[..., GPU], topology: bool = False) -> Snapshot:
+        """Every GPU, each read by ``read_fields(index, handle, name, fixed)``; with
+        ``topology``, how each pair is linked too."""
         with self._lock:
             problem = self._start()
             if problem:
@@ -193,18 +210,23 @@ class NvmlSource:
                     self._versions = None if failed else versions
             except Exception as error:
                 return Snapshot(source=self.label, problem=describe_nvml_error(error))
+            gpus = tuple(self._read_gpu(index, read_fields) for index in range(count))
+            links = None
+            if topology and len(gpus) > 1:
+                gpus, links = self._topology(gpus)
             return Snapshot(
                 source=self.label,
-                gpus=tuple(self._read_gpu(index, read_fields) for index in range(count)),
+                gpus=gpus,
                 driver_version=versions[0],
                 cuda_driver_version=versions[1],
+                topology=links,
             )
 
     def close(self) -> None:
         with self._lock:  # waits for a sampler thread's call in flight (nvitop's segfault)
             if self._started:
                 self._started = False
-                self._versions, self._devices = None, {}
+                self._versions, self._devices, self._links = None, {}, None
                 try:
                     self._nvml.nvmlShutdown()
                 except Exception:
@@ -262,6 +284,81 @@ class NvmlSource:
                 return handle, name, fixed
             self._devices[index] = (handle, name, fixed)
         return self._devices[index]
+
+    def _topology(self, gpus: Tuple[GPU, ...]) -> Tuple[Tuple[GPU, ...], Optional[Tuple[Link, ...]]]:
+        """(``gpus``, how each pair of them is linked) as ``nvidia-smi topo -m`` shows it: the
+        NVLinks joining them (direct, or both GPUs' links to NVSwitches), else their nearest
+        common PCIe ancestor. Read once, where every call answered for good: slots and cables
+        stay while NVML is up. No links where a GPU cannot be read; one found lost here is
+        marked so among ``gpus``."""
+        if self._links is not None:
+            return gpus, self._links
+        if any(gpu.error for gpu in gpus):
+            return gpus, None
+        nvml = self._nvml
+        failed: List[BaseException] = []
+        handles = [self._devices[gpu.index][0] if gpu.index in self._devices else None for gpu in gpus]
+        if None in handles:  # a GPU whose fixed fields are not all read yet: next time
+            return gpus, None
+        buses = [_bus(gpu.bus_id) for gpu in gpus]
+        remotes, lost = [], {}
+        for position, handle in enumerate(handles):
+            try:
+                # Its links to an NVSwitch: said by the driver, or (before it could) a far end no GPU is at.
+                remotes.append([(bus, kind == NVLINK_SWITCH if kind is not None else bus not in buses)
+                                for bus, kind in self._nvlink_remotes(handle, failed)])
+            except Exception as error:  # only a lost GPU gets here
+                lost[position] = GPU(index=gpus[position].index, name=gpus[position].name,
+                                     error=describe_nvml_error(error))
+        if lost:
+            return tuple(lost.get(position, gpu) for position, gpu in enumerate(gpus)), None
+        links = []
+        for a, b in itertools.combinations(range(len(gpus)), 2):
+            direct = sum(bus == buses[b] for bus, _ in remotes[a])
+            switched = min(sum(switch for _, switch in remotes[a]), sum(switch for _, switch in remotes[b]))
+            nvlinks = direct or switched
+            if nvlinks:
+                links.append(Link(gpus[a].index, gpus[b].index, f"NV{nvlinks}", nvlinks))
+                continue
+            try:
+                level = self._field(functools.partial(nvml.nvmlDeviceGetTopologyCommonAncestor,
+                                                      handles[a], handles[b]), failed=failed)
+            except Exception as error:  # one of the two is lost: asked alone, it says so again
+                for position in (a, b):
+                    try:
+                        nvml.nvmlDeviceGetTopologyCommonAncestor(handles[position], handles[position])
+                    except Exception as again:
+                        if _is_lost(again):
+                            lost[position] = GPU(index=gpus[position].index, name=gpus[position].name,
+                                                 error=describe_nvml_error(error))
+                return tuple(lost.get(position, gpu) for position, gpu in enumerate(gpus)), None
+            links.append(Link(gpus[a].index, gpus[b].index, TOPOLOGY_LEVELS.get(level)))
+        if not failed:
+            self._links = tuple(links)
+        return gpus, tuple(links)
+
+    def _nvlink_remotes(self, handle: Any, failed: list) -> List[Tuple[Optional[str], Optional[int]]]:
+        """(the far end's PCI bus, its NVML device type, None where unread) of each active NVLink of a GPU;
+        none on a GPU without NVLink (NVML: not supported) or past its last link (invalid argument)."""
+        nvml, remotes = self._nvml, []
+        for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                active = nvml.nvmlDeviceGetNvLinkState(handle, link) == getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+            except Exception as error:
+                if _is_lost(error):
+                    raise
+                if type(error).__name__ in ("NVMLError_NotSupported", "NVMLError_InvalidArgument",
+                                            "NVMLError_FunctionNotFound"):
+                    break
+                failed.append(error)
+                continue
+            if not active:
+                continue
+            info = self._field(functools.partial(nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link), failed=failed)
+            bus = None if info is None else _bus(_text(info.busId))
+            kind = self._field(functools.partial(nvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link))
+            remotes.append((bus, kind))
+        return remotes
 
     def _read_light_fields(self, index: int, handle: Any, name: str, fixed: Dict[str, Any]) -> GPU:
         return GPU(index=index, name=name, **self._light_fields(handle))

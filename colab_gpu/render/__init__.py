@@ -25,6 +25,7 @@ __all__ = [
     "pcie_link", "capability", "UNKNOWN_CUDA_NAME", "FASTEST_FIRST_NOTE", "DRIVER_NUMBERING_NOTE", "seen_as",
     "short_uuid", "mig_instance_summary", "this_process", "process_name", "unrecorded_rows", "driver_versions",
     "torch_summary", "allocator_summary", "NOT_TOLD_APART", "outside_torch_label", "breakdown_summary",
+    "TOPOLOGY_NOT_RECORDED", "PATH_WORDS", "interconnect",
 ]
 
 WIDTH = 80  # a terminal's columns: it breaks a longer line at any character, mid-word
@@ -237,3 +238,34 @@ def breakdown_summary(part) -> str:
         outside = f"{outside_torch_label(part)} {size(part.context_and_non_torch)} ({NOT_TOLD_APART})"
     return (f"{outside}, torch cache {size(part.torch_cache)}, "
             f"torch tensors {size(part.torch_tensors)}, free {size(part.free)}")
+
+
+TOPOLOGY_NOT_RECORDED = "topology not recorded"  # no nvidia-smi recording holds how its GPUs are linked
+# nvidia-smi topo -m's legend, shortened: how data goes from one GPU to the other
+PATH_WORDS = {"INTERNAL": "on one board", "PIX": "PCIe through one switch", "PXB": "PCIe through several switches",
+              "PHB": "PCIe through the CPU", "NODE": "PCIe across the CPU's host bridges",
+              "SYS": "PCIe across CPU sockets"}
+
+
+def _path_words(path: Optional[str]) -> str:
+    if path is None:
+        return NA
+    if path.startswith("NV"):
+        return f"NVLink x{path[2:]} ({path})"
+    return f"{PATH_WORDS.get(path, path)} ({path})"
+
+
+def interconnect(snapshot) -> Optional[str]:
+    """How the GPUs of ``snapshot`` are linked, pairs grouped by path ("NVLink x4 (NV4): 0-1,
+    2-3; PCIe across CPU sockets (SYS): 0-2, ..."); None with fewer than two GPUs. A recording's
+    is :data:`TOPOLOGY_NOT_RECORDED`: nvidia-smi's files do not hold it."""
+    if len(snapshot.gpus) < 2:
+        return None
+    if snapshot.topology is None:
+        return TOPOLOGY_NOT_RECORDED if snapshot.recorded else f"{NA} (the driver did not say)"
+    groups: dict = {}
+    for link in snapshot.topology:
+        groups.setdefault(link.path, []).append(f"{link.first}-{link.second}")
+    if len(groups) == 1:
+        return f"{_path_words(next(iter(groups)))} between every pair"
+    return "; ".join(f"{_path_words(path)}: {', '.join(pairs)}" for path, pairs in groups.items())

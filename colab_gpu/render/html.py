@@ -24,8 +24,8 @@ import re
 from html import escape
 from typing import List
 
-from . import (DRIVER_NUMBERING_NOTE, NA, allocator_summary, capability, driver_versions, outside_torch_label,
-               process_name, seen_as, size, torch_summary, this_process)
+from . import (DRIVER_NUMBERING_NOTE, NA, allocator_summary, capability, driver_versions, interconnect,
+               outside_torch_label, process_name, seen_as, size, torch_summary, this_process)
 from .card import gpu_rows
 
 STYLE = """
@@ -136,6 +136,9 @@ def render_status(status) -> str:
         parts.append("<p>No GPU found.</p>")
     for gpu in snapshot.gpus:
         parts.append(_gpu(status, gpu))
+    links = interconnect(snapshot)
+    if links:
+        parts.append(f"<p><span class='cgpu-muted'>Interconnect</span> {escape(links)}</p>")
     if status.torch_memory_without_gpu:
         parts.append(rows_table([(f"torch cuda:{memory.torch_index}", escape(allocator_summary(memory)))
                             for memory in status.torch_memory_without_gpu]))

@@ -6,10 +6,11 @@ UUID, a configuration string) gets a line of its own.
 """
 from __future__ import annotations
 
+import re
 from typing import List
 
 from . import (DRIVER_NUMBERING_NOTE, FASTEST_FIRST_NOTE, WIDTH, allocator_summary, capability, driver_versions, fold,
-               fold_items, labelled_row, process_name, seen_as, size, this_process, torch_summary)
+               fold_items, interconnect, labelled_row, process_name, seen_as, size, this_process, torch_summary)
 from .card import gpu_rows
 
 LABEL = 11  # a GPU row's label column ("  memory      "): its values start at column 14
@@ -64,6 +65,12 @@ def render_status(status) -> str:
         lines.append(FASTEST_FIRST_NOTE)
     for gpu in snapshot.gpus:
         lines.extend(_gpu_lines(status, gpu))
+    links = interconnect(snapshot)
+    if links:  # too long for a line: a line per path, its pairs folded under it
+        label = "Interconnect  "
+        lines.extend(fold_items(f"{' ' * len(label) if number else label}{group}", len(label))
+                     for number, group in enumerate([links] if len(label + links) <= WIDTH
+                                                    else re.split(r"(?<=;) ", links)))
     for memory in status.torch_memory_without_gpu:
         lines.append(fold_items(f"torch cuda:{memory.torch_index}  {allocator_summary(memory)}", 2))
     for advice in status.advice:
