@@ -12,10 +12,11 @@ import sys
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB, gpu_models
+from .load import input_pipeline_hint
 from .devices.nvml import DRIVER_PRESENT_PROBLEMS, NO_PYNVML
 from .spelling import command
 from .runtime import COLAB, KAGGLE, cpu_only_build, names_a_device_twice, wheel_build
-from .words import count
+from .words import count, duration
 
 if TYPE_CHECKING:
     from .torch_view import Status
@@ -281,6 +282,13 @@ def had_oom(status):
                 f"a batch size that fits.")
 
 
+def input_pipeline(status):
+    load = status.cell_load
+    hint = input_pipeline_hint(load, status.cell_loaders) if load is not None else None
+    if hint:  # the live monitor's --cells measured it: said again where the user looks for advice
+        return f"In the last cell the live monitor measured ({duration(load.seconds)}), {hint}."
+
+
 def _largest_holder(gpu) -> str:
     """" (largest: pid 999 python3, 14.45 GiB)", or "" when no process is listed."""
     holders = [p for p in gpu.processes or () if p.used_memory]
@@ -387,6 +395,7 @@ RULES: Tuple[Rule, ...] = (
     Rule("several_gpus", "tip", several_gpus, about_this_machine=True),
     Rule("had_oom", "warning", had_oom),
     Rule("fragmentation", "tip", fragmentation),
+    Rule("input_pipeline", "tip", input_pipeline, about_this_machine=True),
     Rule("memory_nearly_full", "tip", memory_nearly_full),
     Rule("other_processes", "info", other_processes),
     Rule("throttled", "info", throttled),

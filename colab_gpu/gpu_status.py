@@ -12,6 +12,7 @@ from typing import Any, Optional
 from .advice import advise
 from .devices import DeviceSource, default_source, open_source
 from .runtime import detect_runtime
+from .state import session
 from .torch_view import Status, breakdown, torch_memory, torch_view
 
 __all__ = ["status"]
@@ -72,5 +73,14 @@ def status(source: Optional[DeviceSource] = None, path: Optional[str] = None,
     parts = tuple(part for part in (breakdown(gpu, by_nvml.get(gpu.index), os.getpid())
                                     for gpu in view.gpus if gpu.index in by_nvml)
                   if part is not None)
-    result = dataclasses.replace(view, torch_memory=memory, breakdown=parts)
+    result = dataclasses.replace(view, torch_memory=memory, breakdown=parts, **_live_evidence(view))
     return dataclasses.replace(result, advice=advise(result))
+
+
+def _live_evidence(view: Status) -> dict:
+    """The last cell the running live monitor's --cells measured, for the advice: this machine's
+    CPUs and GPUs, so never with a recording's GPUs, nor once the monitor stopped."""
+    sampler = session.live_sampler
+    if view.snapshot.recorded or session.cell_load is None or sampler is None or not sampler.running:
+        return {}
+    return dict(cell_load=session.cell_load, cell_loaders=session.cell_loaders)

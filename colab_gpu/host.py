@@ -1,11 +1,13 @@
 """This machine's memory as Linux reports it, for the CPU runtime's figures: this process's
 sizes, the machine's available memory and a container's (cgroup v2) limit. find_batch's CPU
-gauge and the out-of-memory card read the same files the same way."""
+gauge and the out-of-memory card read the same files the same way. And the CPU time this
+process and its workers used, for the live monitor's per-cell load."""
 from __future__ import annotations
 
+import os
 from typing import Dict, Optional, Tuple
 
-__all__ = ["cgroup_memory", "meminfo", "process_status", "ram_available"]
+__all__ = ["cgroup_memory", "meminfo", "process_cpu", "process_status", "ram_available", "usable_cores"]
 
 
 def _kilobyte_lines(path: str) -> Dict[str, int]:
@@ -54,3 +56,45 @@ def ram_available() -> Optional[int]:
     except (OSError, KeyError, ValueError, ImportError):
         return None
     return max(0, min(room for room in rooms if room is not None))
+
+
+def process_cpu() -> Tuple[float, Optional[float], Optional[float]]:
+    """(CPU seconds this process used; with its child processes' (DataLoader workers): those
+    ended and waited for, and those still running; the seconds its main thread ran or waited
+    in the run queue for a core: on a machine shared with busier processes a thread that
+    never stops computing may run only half the time, and still is the bound). The last two
+    are None where /proc cannot tell (not Linux). All only grow: the difference of two
+    readings is what was spent between them, by a worker started or ended meanwhile too."""
+    times = os.times()
+    own = times.user + times.system
+    tree = own + times.children_user + times.children_system
+    try:
+        with open("/proc/self/schedstat") as stat:  # the main thread's: ran, waited (ns), slices
+            ran, waited = (int(value) for value in stat.read().split()[:2])
+        wanted: Optional[float] = (ran + waited) / 1e9
+    except (OSError, ValueError):
+        wanted = None
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        children = []
+        for thread in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{thread}/children") as listed:
+                children += listed.read().split()
+    except (OSError, ValueError, AttributeError):
+        return own, None, wanted
+    for child in children:
+        try:
+            with open(f"/proc/{child}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+        except OSError:  # ended since it was listed: its time is in children_* once waited for
+            continue
+        tree += sum(int(value) for value in fields[11:15]) / tick  # utime, stime, and its own children's
+    return own, tree, wanted
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a container's share), at least 1."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1

@@ -49,6 +49,10 @@ class Session:
     live_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # live.widget: (sampler, its widget): a second --live shows the same widget again
     live_shown: Any = None
+    # live.cells: how busy the GPU and the CPUs were during the last cell --cells measured (a
+    # load.CellLoad, sampled twice at least) and the notebook's DataLoaders then: the advice's evidence
+    cell_load: Any = None
+    cell_loaders: Tuple[str, ...] = ()
 
     def reset(self, *names: str) -> None:
         """Put the named fields (all when none is named) back as after a fresh import, before

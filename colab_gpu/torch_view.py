@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Sequence, Tup
 
 from .cuda_order import driver_torch_indices
 from .devices import GPU, MigInstance, Snapshot
+from .load import CellLoad
 from .render.shown import Shown
 from .runtime import (Runtime, cuda_numbering_known, cuda_torch, mig_torch_indices, names_mig_instances,
                       torch_indices)
@@ -94,6 +95,11 @@ class Status(Shown):
     visible_devices_changed : (str or None, bool) or None
         Where CUDA_VISIBLE_DEVICES changed after CUDA started: its value now, and whether the
         one CUDA started under is certain.
+    cell_load : CellLoad or None
+        While the live monitor runs with ``--cells``: how busy the GPU and the CPUs were during
+        the last cell it measured.
+    cell_loaders : tuple of str
+        The names of the notebook's DataLoaders when that cell was measured.
     """
 
     runtime: Runtime
@@ -113,6 +119,9 @@ class Status(Shown):
     # Where CUDA_VISIBLE_DEVICES was changed after this process's CUDA started: (its value now,
     # whether runtime's, the one CUDA started under, is certain: :func:`visible_at_cuda_start`)
     visible_devices_changed: Optional[Tuple[Optional[str], bool]] = None
+    # The live monitor's evidence of the input pipeline: the last cell --cells measured, while it runs
+    cell_load: Optional[CellLoad] = None
+    cell_loaders: Tuple[str, ...] = ()
 
     @property
     def gpus(self) -> Tuple[GPU, ...]:

@@ -425,3 +425,18 @@ def test_advice_names_the_command_as_the_caller_runs_it(rule, status, python, ma
     said = {advice.rule: advice.message for advice in advise(make_status(**status))}[rule]
     assert python in said and not re.search(r"%[a-z]", said)
     assert magic in fired(make_status(**status))[rule]
+
+
+def test_input_pipeline():
+    """The live monitor's --cells measured a cell whose GPU waited on a saturated CPU."""
+    import dataclasses
+
+    from colab_gpu.load import CellLoad
+
+    waiting = CellLoad(seconds=12.0, samples=12, gpu=0, gpu_busy=31.0, process_cpu=0.98, workers_cpu=0.5, cores=2)
+    status = dataclasses.replace(make_status([T4]), cell_load=waiting, cell_loaders=("train_loader",))
+    assert fired(status)["input_pipeline"] == (
+        "In the last cell the live monitor measured (12 s), GPU busy 31 % while the CPUs were at 98 %: the "
+        "input pipeline may be the bottleneck: try %tune_loader train_loader.")
+    busy_gpu = dataclasses.replace(status, cell_load=dataclasses.replace(waiting, gpu_busy=95.0))
+    assert "input_pipeline" not in fired(busy_gpu) and "input_pipeline" not in fired(make_status([T4]))

@@ -29,7 +29,7 @@ from conftest import ROOT
 # tells an out-of-memory error (%%find_batch, %clear_cache, the doctor); state is what the
 # kernel keeps between calls, each part written by the module it belongs to.
 CORE = frozenset({"errors", "words", "runtime", "devices", "cuda", "cuda_order", "torch_view", "oom",
-                  "torch_allocator", "memory", "advice", "render", "spelling", "host", "data", "state"})
+                  "torch_allocator", "memory", "advice", "render", "spelling", "host", "data", "state", "load"})
 FEATURES = frozenset({"gpu_status", "allocator", "batch", "live", "doctor", "loader", "distributed"})
 TOP = frozenset({"__init__", "magics"})
 

@@ -1488,7 +1488,7 @@ def test_a_cells_line_read_while_the_sampler_thread_tallies_a_sample_is_whole(re
     lines = []
 
     class Reading:
-        index, seen = 0, 0
+        index, seen, utilization = 0, 0, None
 
         @property
         def memory_used(self):

@@ -10,12 +10,15 @@ during the cell: the whole GPU (every process), at the sampling interval, said a
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from ..host import process_cpu, usable_cores
+from ..load import TUNE, CellLoad, busy_words, data_loaders, input_pipeline_hint
 from ..spelling import command
 from ..runtime import cuda_torch
+from ..state import session
 from ..words import count, size
-from .panel import source_title, torch_labels
+from .panel import hidden_gpus, source_title, torch_labels
 
 if TYPE_CHECKING:
     from .sampler import Sampler
@@ -26,11 +29,17 @@ def _signed(value: int) -> str:
 
 
 class CellPeaks:
-    """``before()`` at pre_run_cell, ``after()`` at post_run_cell returns the line to show."""
+    """``before()`` at pre_run_cell, ``after()`` at post_run_cell returns the lines to show:
+    the cell's memory, then how busy the GPU and the CPUs were (from the sampler's readings
+    and the CPU times), with the input-pipeline hint when the GPU waited on saturated CPUs.
+    ``namespace``: the notebook's, where the hint looks for the DataLoader to name."""
 
-    def __init__(self, sampler: Callable[[], Optional[Sampler]]):
+    def __init__(self, sampler: Callable[[], Optional[Sampler]], namespace: Optional[Mapping[str, Any]] = None):
         self._sampler = sampler  # the running sampler, looked up per cell
+        self._namespace = namespace if namespace is not None else {}
         self._started: Optional[float] = None
+        # wall clock, and process_cpu() then: the process, with its workers, its main thread's wanted time
+        self._cpu: Optional[Tuple[float, float, Optional[float], Optional[float]]] = None
         self._allocated: Optional[List[int]] = None  # per torch device at the cell's start
         self._told_stopped = False  # the user was told the monitor stopped
         self._told_unreported = False  # ... that the source reports no memory used
@@ -39,6 +48,7 @@ class CellPeaks:
         # outside the magic that turned them on (where as_magic() says nothing any more).
         self._stop_hint = command("%gpu_status --stop shows why and ends these lines",
                                   "colab_gpu.live.stop() says why")
+        self._tune = command(*TUNE)
 
     def before(self) -> None:
         self._stop_tally()
@@ -47,6 +57,7 @@ class CellPeaks:
             self._tally = _CellTally(sampler)
             sampler.add_listener(self._tally.add)
         self._started = time.time()
+        self._cpu = (time.monotonic(), *process_cpu())
         torch = cuda_torch()
         self._allocated = None
         if torch is not None:
@@ -60,10 +71,45 @@ class CellPeaks:
             return None
         self._started = None
         tally = self._stop_tally()
+        load = self._load(tally)
         torch = cuda_torch()
-        if torch is not None:
-            return self._torch_line(torch)
-        return self._sampled_line(tally)
+        memory = self._torch_line(torch) if torch is not None else self._sampled_line(tally)
+        lines = [line for line in (self._load_line(load), memory, self._hint(load)) if line]
+        return "\n".join(lines) or None
+
+    def _load(self, tally: Optional["_CellTally"]) -> Optional[CellLoad]:
+        """The cell's GPU and CPU busy shares; None without a sample of this machine's GPUs
+        during it (a replay's GPUs are another machine's: no bound can be told from them)."""
+        if tally is None or self._cpu is None or tally.sampler.recorded:
+            return None
+        taken, _, busy = tally.tallied
+        if not taken:
+            return None
+        wall, process, tree, wanted = self._cpu
+        seconds = max(time.monotonic() - wall, 1e-9)
+        process_now, tree_now, wanted_now = process_cpu()
+        cores = usable_cores()
+        hidden = hidden_gpus(tally.sampler)
+        means = {index: total / samples for index, (total, samples) in busy.items() if index not in hidden}
+        gpu = max(means, key=lambda index: means[index]) if means else None
+        return CellLoad(seconds=seconds, samples=taken, gpu=gpu, gpu_busy=None if gpu is None else means[gpu],
+                        process_cpu=(process_now - process) / seconds,
+                        workers_cpu=None if tree is None or tree_now is None else (tree_now - tree) / seconds / cores,
+                        cores=cores,
+                        thread_wanted=None if wanted is None or wanted_now is None else (wanted_now - wanted) / seconds)
+
+    def _load_line(self, load: Optional[CellLoad]) -> Optional[str]:
+        """"cell load: GPU 0 busy 31 %; CPU: ...", kept for %gpu_status's advice when sampled
+        twice at least (a shorter cell says nothing of a bound)."""
+        if load is None:
+            return None
+        if load.samples >= 2:
+            session.cell_load, session.cell_loaders = load, tuple(data_loaders(self._namespace))
+        return f"cell load: {busy_words(load)}"
+
+    def _hint(self, load: Optional[CellLoad]) -> Optional[str]:
+        """The input-pipeline hint, last, naming the notebook's DataLoader."""
+        return None if load is None else input_pipeline_hint(load, data_loaders(self._namespace), self._tune)
 
     def _stop_tally(self) -> Optional["_CellTally"]:
         tally, self._tally = self._tally, None
@@ -94,7 +140,7 @@ class CellPeaks:
                     f"stopped; {self._stop_hint}")
         self._told_stopped = False
         # Read once, whole: the sampler thread may be adding the sample taken as the cell ended.
-        taken, memory = tally.tallied if tally is not None else (0, {})
+        taken, memory, _ = tally.tallied if tally is not None else (0, {}, {})
         if tally is None or tally.sampler is not sampler or not taken:
             return None  # e.g. print("x"): a line after each such cell would only be noise
         if sampler.recorded:  # --demo / --from FILE: not this machine's GPU at all
@@ -119,29 +165,33 @@ class CellPeaks:
 
 
 class _CellTally:
-    """Memory used per GPU over every sample taken during a cell (a sampler listener), also
-    those the sampler's buffer drops before the cell ends: an hour-long cell's early peak."""
+    """Memory used and busy per GPU over every sample taken during a cell (a sampler listener),
+    also those the sampler's buffer drops before the cell ends: an hour-long cell's early peak."""
 
     def __init__(self, sampler):
         self.sampler = sampler
         latest = sampler.latest()  # the cell's change is counted from the sample before it
         self.baseline = {r.index: r.memory_used for r in latest.gpus} if latest is not None else {}
         self.seen = sampler.count
-        # (samples counted, GPU index -> (first, peak, last) memory used), replaced whole after
-        # each sample: the cell's line is read in the main thread while the sampler thread may
-        # be in add(), and removing the listener does not wait for a call in flight.
-        self.tallied: Tuple[int, Dict[int, Tuple[int, int, int]]] = (0, {})
+        # (samples counted, GPU index -> (first, peak, last) memory used, GPU index -> (busy
+        # percent summed, readings)), replaced whole after each sample: the cell's line is read
+        # in the main thread while the sampler thread may be in add(), and removing the listener
+        # does not wait for a call in flight.
+        self.tallied: Tuple[int, Dict[int, Tuple[int, int, int]], Dict[int, Tuple[float, int]]] = (0, {}, {})
 
     def add(self, sampler) -> None:
         """After each sample, in the sampler thread (and once more when the run ends)."""
         if sampler.count == self.seen:
             return
         self.seen = sampler.count
-        taken, memory = self.tallied
-        memory = dict(memory)
+        taken, memory, busy = self.tallied
+        memory, busy = dict(memory), dict(busy)
         for reading in sampler.latest().gpus:
             used = reading.memory_used
             if used is not None:
                 first, peak, _ = memory.get(reading.index, (used, used, used))
                 memory[reading.index] = (first, max(peak, used), used)
-        self.tallied = (taken + 1, memory)
+            if reading.utilization is not None:
+                total, readings = busy.get(reading.index, (0.0, 0))
+                busy[reading.index] = (total + reading.utilization, readings + 1)
+        self.tallied = (taken + 1, memory, busy)

@@ -94,15 +94,15 @@ class LiveSession:
             return False
         from .cells import CellPeaks
 
-        peaks = CellPeaks(running)
+        peaks = CellPeaks(running, self.shell.user_ns)
 
         def pre(*args) -> None:  # IPython >= 8.17 passes an ExecutionInfo; older ones vary
             peaks.before()
 
         def post(*args) -> None:
-            line = peaks.after()
-            if line:  # folded as the reports are: a terminal breaks a longer line mid-word
-                print(fold_items(line, 2))
+            lines = peaks.after()
+            for line in lines.split("\n") if lines else ():  # folded as the reports are: a terminal
+                print(fold_items(line, 2))  # breaks a longer line mid-word
 
         self.shell.events.register("pre_run_cell", pre)
         self.shell.events.register("post_run_cell", post)

@@ -12,6 +12,7 @@ from html import escape
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..devices import used_fraction
+from ..load import one_gpu_busy
 from ..devices.replay import LABEL_PREFIX, ReplaySource, replay_label
 from ..spelling import command
 from ..render import FASTEST_FIRST_NOTE, NA, celsius, count, number, seen_as
@@ -35,6 +36,7 @@ EXTRA_STYLE = """
 .cgpu-live svg .cgpu-axis{stroke:currentColor;stroke-opacity:.55;fill:none}
 .cgpu-live svg .cgpu-grid{stroke:currentColor;stroke-opacity:.18}
 .cgpu-live .cgpu-error{color:var(--cgpu-warn)}
+.cgpu-live .cgpu-hint{margin-top:4px;font-weight:600}
 .cgpu-live td{white-space:nowrap;overflow-wrap:normal}.cgpu-live td:first-child{white-space:normal}.cgpu-card.cgpu-live .cgpu-bar{width:6em}
 </style>
 """
@@ -78,6 +80,16 @@ def torch_labels(sampler) -> Dict[int, str]:
     torch", "cuda:?" where :func:`numbering_note` says why)."""
     view = sampler.torch_view
     return {gpu.index: seen_as(view, gpu, short=True) for gpu in view.gpus} if view is not None else {}
+
+
+def hidden_gpus(sampler) -> set:
+    """The GPUs the card calls hidden from torch: this kernel cannot use them."""
+    return {index for index, label in torch_labels(sampler).items() if label.startswith("hidden")}
+
+
+def idle_gpus_hint(sampler, samples: Optional[Sequence[Sample]] = None) -> Optional[str]:
+    """"only GPU 0 is busy: GPUs 1-3 idle for the last 40 s; ..." while that holds, else None."""
+    return one_gpu_busy(sampler.samples() if samples is None else samples, hidden_gpus(sampler))
 
 
 def numbering_note(sampler) -> Optional[str]:
@@ -341,6 +353,9 @@ def render_panel(sampler, now: Optional[float] = None, charts: Optional[str] = N
     for note in (numbering_note(sampler), recording_note(sampler)):
         if note:
             parts.append(f"<div class='cgpu-muted'>{escape(note)}</div>")
+    hint = idle_gpus_hint(sampler, samples)
+    if hint:
+        parts.append(f"<div class='cgpu-hint'>{escape(hint)}</div>")
     if charts is None:
         # Ten samples at least: at --interval 600 a 300 s window held one point, no line at all.
         seconds = max(CHART_SECONDS, 10 * sampler.interval)

@@ -6,7 +6,7 @@ import time
 from typing import Callable, Dict, Optional
 
 from ..render import NA, celsius, fold, number, size
-from .panel import numbering_note, recording_note, torch_labels
+from .panel import idle_gpus_hint, numbering_note, recording_note, torch_labels
 from .sampler import Sample, Sampler
 
 
@@ -56,7 +56,7 @@ def watch(sampler: Sampler, write: Callable[[str], None], max_lines: int = 0,
         if line:
             write(fold(line, len("Source: ")))
     seen = max(0, sampler.count - 1)  # start with the latest sample at once
-    written = 0
+    written, told = 0, False
     while True:
         sampler.wait(seen, timeout=max(1.0, 2 * sampler.interval))
         seen, new = sampler.samples_after(seen)
@@ -65,6 +65,11 @@ def watch(sampler: Sampler, write: Callable[[str], None], max_lines: int = 0,
             written += 1
             if max_lines and written >= max_lines:
                 return written
+        if new:  # said once when it starts to hold, not under every line
+            hint = idle_gpus_hint(sampler)
+            if hint and not told:
+                write(fold(hint, 2))
+            told = hint is not None
         if not sampler.running:
             if sampler.error:
                 write(f"stopped: {sampler.error}")
