@@ -281,6 +281,35 @@ def test_the_live_page_fits_a_400_px_frame(browser):
         live.stop()
 
 
+@pytest.mark.parametrize("width", [300, 320, 360])
+def test_the_live_panel_and_its_stopped_view_fit_a_phone(browser, width):
+    """In a notebook 300-360 px wide (a phone), the widget's panel and the view its stop leaves
+    ran 160-280 px past the card: its cells stayed on one line. Below 600 px they now wrap and
+    drop their bars, with a 40 px output prompt beside the card as JupyterLab draws one."""
+    from colab_gpu import live
+    from colab_gpu.live.panel import render_panel
+    from colab_gpu.live.render import stopped_view
+
+    views = {}
+    for name, options in (("demo", {"demo": True}), ("v100s", {"path": str(ROOT / "colab_gpu" / "data" / "v100s-pcie-32gb_miris.csv")})):
+        sampler = live.start(interval=0.1, **options)[0]
+        try:
+            while len(sampler.samples()) < 5:
+                time.sleep(0.05)
+            views[f"{name} live"] = render_panel(sampler)
+        finally:
+            live.stop()
+        views[f"{name} stopped"] = stopped_view(sampler, live.record_of(sampler))["text/html"]
+    page = browser.new_page()
+    page.set_viewport_size({"width": width, "height": 800})
+    for name, html in views.items():
+        page.set_content(f"<html><body style='margin:8px 8px 8px 40px'>{html}</body></html>")
+        assert page.evaluate(STICKS_OUT) == [0, "", 0], (name, width)
+        assert re.search(r"GPU\s0.*\d+%", page.locator(".cgpu-live tr").nth(1).inner_text(), re.S), name
+    page.screenshot(path=str(ARTIFACTS / f"live-stopped-{width}px.png"), full_page=True)
+    page.close()
+
+
 def test_the_live_page_comes_back_after_a_longer_silence(browser):
     """A laptop waking up or a network changing leaves the page without answers for several
     seconds while the monitor runs on. After five lost polls the page said "The monitor has
