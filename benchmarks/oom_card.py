@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's colab_gpu
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # this checkout's colab_gpu
 
 SETUP = """
 import time
@@ -43,7 +44,6 @@ torch.empty(2 ** 60, dtype=torch.uint8)
 
 def one_process(tensors: int, warm: int, profile: bool) -> dict:
     """Runs in the child: a fresh shell, one fresh card and ``warm`` more; the times in seconds."""
-    sys.path.insert(0, ROOT)
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
