@@ -82,7 +82,7 @@ def jupyterlab(tmp_path_factory):
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
          "--LabApp.news_url=", "--LabApp.extension_manager=readonly", "--LabApp.expose_app_in_browser=True",
-         "--allow-root"],
+         "--JupyterNotebookApp.expose_app_in_browser=True", "--allow-root"],
         env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -107,12 +107,24 @@ def theme(page, name: str) -> None:
     page.wait_for_timeout(500)  # the theme's colours applied
 
 
-def open_notebook(page, base: str, token: str, path: str) -> None:
-    """Open ``path`` alone in ``page`` (reset: no tab of an earlier page restored) and wait
-    for its kernel (JupyterLab starts one)."""
-    page.goto(f"{base}/lab/tree/{path}?token={token}&reset")
+def open_notebook(page, base: str, token: str, path: str, app: str = "lab") -> None:
+    """Open ``path`` alone in ``page`` and wait for its kernel (the front end starts one):
+    in JupyterLab (reset: no tab of an earlier page restored) or, with ``app="notebook"``, in
+    Notebook 7 (served by the same server where the notebook package is installed)."""
+    if app == "notebook":
+        pytest.importorskip("notebook", reason="Notebook 7 is not installed (the browser extra)")
+        page.goto(f"{base}/notebooks/{path}?token={token}")
+    else:
+        page.goto(f"{base}/lab/tree/{path}?token={token}&reset")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+    wait_idle(page)
+
+
+def wait_idle(page, timeout: int = 60_000) -> None:
+    """Until the open notebook's kernel is idle, as its status shows (JupyterLab's status bar,
+    Notebook 7's indicator: both read this)."""
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget?.sessionContext?.kernelDisplayStatus === 'idle'",
+                           timeout=timeout)
 
 
 def api(base: str, token: str, path: str, method: str = "GET", body=None):
@@ -388,14 +400,14 @@ def lesson_notebook(outputs=None) -> dict:
     return json.loads(nbformat.writes(notebook))
 
 
-def reopened(browser, base: str, token: str, path: str, shot: str):
+def reopened(browser, base: str, token: str, path: str, shot: str, app: str = "lab"):
     """``path`` opened in a fresh page with a fresh kernel, as a student opens a notebook they
     were given: (the page, what its notebook says). Screenshots in the light and dark themes."""
     for session in api(base, token, "/api/sessions"):  # the kernel that ran it, and its widgets, are gone
         if session["path"].endswith(path):
             api(base, token, f"/api/sessions/{session['id']}", "DELETE")
     page = browser.new_page()
-    open_notebook(page, base, token, path)
+    open_notebook(page, base, token, path, app)
     # --stop's chart, in the last cell: every output above it has been drawn by then.
     page.wait_for_function(f"({CHART_IMAGES})().some(([cell, , width]) => cell === 3 && width > 0)", timeout=30_000)
     page.wait_for_timeout(1000)  # a widget view would have tried to draw itself by now
@@ -416,31 +428,34 @@ def assert_shows_the_stopped_monitor(page, text: str) -> None:
                      r"\d\d:\d\d:\d\d by %gpu_status --stop", live.inner_text(), re.S), live.inner_text()
 
 
-def test_a_notebook_run_saved_and_reopened_shows_the_stopped_monitor_not_a_widget_error(browser, jupyterlab):
+@pytest.mark.parametrize("app", ["lab", "notebook"])
+def test_a_notebook_run_saved_and_reopened_shows_the_stopped_monitor_not_a_widget_error(browser, jupyterlab, app):
     """A notebook where the live monitor ran, saved and reopened (also after --stop), showed
     "Error displaying widget: model not found" in its place: a widget's view needs its kernel.
-    The stop turns it into static HTML with the run's chart, in the running page already."""
+    The stop turns it into static HTML with the run's chart, in the running page already. In
+    JupyterLab and in Notebook 7, run, saved and reopened in the same front end."""
     base, token = jupyterlab
-    api(base, token, "/api/contents/lesson.ipynb", "PUT", {"type": "notebook", "content": lesson_notebook()})
+    path = f"lesson-{app}.ipynb"
+    api(base, token, f"/api/contents/{path}", "PUT", {"type": "notebook", "content": lesson_notebook()})
     page = browser.new_page()
-    open_notebook(page, base, token, "lesson.ipynb")
+    open_notebook(page, base, token, path, app)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     page.locator(".jp-Cell").nth(3).locator(".cgpu-card img").wait_for(timeout=90_000)
     live = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea-output")
     live.locator("img").wait_for(timeout=30_000)  # the widget became the static view, in this page too
     assert live.locator(".jupyter-widgets").count() == 0
-    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=30_000)
+    wait_idle(page, 30_000)
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     deadline = time.monotonic() + 30
     while True:  # saved: the file holds the static view, not the widget
-        saved = api(base, token, "/api/contents/lesson.ipynb")["content"]["cells"][1]["outputs"]
+        saved = api(base, token, f"/api/contents/{path}")["content"]["cells"][1]["outputs"]
         if saved and "image/png" in saved[0]["data"]:
             break
         assert time.monotonic() < deadline, saved
         time.sleep(0.5)
     assert not any("widget" in mime for output in saved for mime in output.get("data", {}))
     page.close()
-    page, text = reopened(browser, base, token, "lesson.ipynb", "jupyterlab-reopened")
+    page, text = reopened(browser, base, token, path, f"{'jupyterlab' if app == 'lab' else 'notebook7'}-reopened", app)
     assert_shows_the_stopped_monitor(page, text)
     page.close()
 
