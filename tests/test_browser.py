@@ -474,3 +474,45 @@ def test_a_notebook_executed_elsewhere_opens_in_jupyterlab_with_the_stopped_moni
     page, text = reopened(browser, base, token, "handout.ipynb", "jupyterlab-handout")
     assert_shows_the_stopped_monitor(page, text)
     page.close()
+
+
+NOTEBOOKS = ROOT / "notebooks"
+# How far the notebook scrolls: JupyterLab scrolls it inside the page, so a screenshot of the page
+# holds what a window that much taller shows.
+SCROLL_RANGE = """() => { const outer = document.querySelector('.jp-NotebookPanel .jp-WindowedPanel-outer');
+  return outer.scrollHeight - outer.clientHeight; }"""
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in NOTEBOOKS.glob("*.ipynb")))
+def test_every_teaching_notebook_executed_reads_in_both_themes(browser, jupyterlab, name):
+    """Each teaching notebook executed as CI does (nbclient), opened in JupyterLab as a student
+    is handed it: no widget error; screenshots of the whole
+    notebook in the light and dark themes under test-artifacts/notebooks/ for a person to look at."""
+    import nbformat
+
+    from kernel import execute
+
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    with pytest.MonkeyPatch.context() as patch:  # a student's kernel starts without torch settings
+        for variable in [variable for variable in os.environ if variable.startswith("PYTORCH_")]:
+            patch.delenv(variable)
+        execute(notebook, cwd=NOTEBOOKS, timeout=120)
+    base, token = jupyterlab
+    path = f"executed-{name}"
+    api(base, token, f"/api/contents/{path}", "PUT", {"type": "notebook", "content": json.loads(nbformat.writes(notebook))})
+    page = browser.new_page()
+    open_notebook(page, base, token, path)
+    page.wait_for_timeout(1000)  # a widget view would have tried to draw itself by now
+    # as tall as the notebook scrolls (JupyterLab draws only the cells a window shows)
+    page.set_viewport_size({"width": 1200, "height": min(900 + page.evaluate(SCROLL_RANGE), 30_000)})
+    page.wait_for_timeout(1000)  # the cells the taller window shows, drawn
+    text = page.locator(".jp-Notebook").inner_text()
+    assert "Error displaying widget" not in text and "model not found" not in text
+    folder = ARTIFACTS / "notebooks"
+    folder.mkdir(parents=True, exist_ok=True)
+    for theme_name, suffix in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
+        theme(page, theme_name)
+        page.screenshot(path=str(folder / f"{name.removesuffix('.ipynb')}-{suffix}.png"), full_page=True)
+    theme(page, "JupyterLab Light")
+    page.close()
+    api(base, token, f"/api/contents/{path}", "DELETE")
