@@ -7,10 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 envs=(colab latest)
+say() { echo "test.sh: $*" >&2; }  # what it is doing, so that a long install is not taken for a hang
 if [[ $# -gt 0 && ( $1 == colab || $1 == latest ) ]]; then envs=("$1"); shift; fi
 
 # Chromium for the live-monitor browser tests, from Debian (never a browser a tool downloads).
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+    say "installing chromium from Debian for the browser tests"
     (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "warning: chromium could not be installed" >&2
 fi
 
@@ -37,6 +39,7 @@ for env in "${envs[@]}"; do
         fi
     fi
     if [[ ! -x $venv/bin/python || $("$venv/bin/python" -V 2>&1) != $("$python" -V 2>&1) ]]; then
+        say "creating $venv with $("$python" -V 2>&1)"
         rm -rf "$venv" && "$python" -m venv "$venv"
     fi
     # torch first, so that the project's torch range is already satisfied and pip never pulls
@@ -44,18 +47,28 @@ for env in "${envs[@]}"; do
     # comes without its dependencies, which come from PyPI with the project's: that index holds
     # torch alone for us, and where it cannot be reached (a local wheel serves) pip retries it
     # per package.
+    if ! "$venv/bin/python" -c 'import importlib.metadata as m; m.version("torch")' >/dev/null 2>&1; then
+        if [[ ${torch[0]} == torch==2.11.0 ]]; then
+            say "installing the $env environment: Colab's torch 2.11.0, a CUDA build of about 5 GB: this takes minutes"
+        else
+            say "installing the $env environment: torch 2.13.0's CPU build"
+        fi
+    fi
     "$venv/bin/python" -m pip install -q "${torch[@]}"
     extras=test; [[ $env == latest ]] && extras=test,browser
+    say "installing colab_gpu with its test dependencies ($extras) pinned by ci/$env.txt"
     "$venv/bin/python" -m pip install -q -e ".[$extras]" -c "ci/$env.txt"
     "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
     echo "== tests in $env: $("$venv/bin/python" -c 'import platform, IPython, ipywidgets, torch; print("Python", platform.python_version(), "IPython", IPython.__version__, "ipywidgets", ipywidgets.__version__, "torch", torch.__version__)')"
     # The checks of the code itself, configured in pyproject.toml: pyflakes, bugbear and
     # complexity (ruff), types (mypy). Both environments: mypy reads the installed packages'
     # types, and IPython 7.34 has none. A finding fails the run, as a failing test does.
+    say "checking the code: ruff, mypy"
     "$venv/bin/python" -m ruff check --no-cache colab_gpu tests || status=$?
     "$venv/bin/python" -m mypy --cache-dir "$venv/mypy-cache" || status=$?
     # A hang fails this environment after 40 minutes (a run takes about 8) instead of
     # using up CI's 90; pytest's faulthandler_timeout has printed where it hangs by then.
+    say "running the tests in $env (about 8 minutes)"
     timeout -k 60 2400 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
 done
 exit $status

@@ -790,11 +790,11 @@ def test_magic_reads_a_setting_the_shell_split_at_its_spaces(magic_env, line):
 
 
 def test_the_readmes_example_lines_work_pasted_with_their_comments(magic_env, capsys):
-    """The README writes `%alloc_conf ...   # why` lines; pasted into a cell, each was a
+    """docs/alloc_conf.md writes `%alloc_conf ...   # why` lines; pasted into a cell, each was a
     UsageError ("malformed setting '#'", or "no closing quotation" for "torch's")."""
     from conftest import ROOT
 
-    section = (ROOT / "README.md").read_text().split("## `%alloc_conf`", 1)[1]
+    section = (ROOT / "docs" / "alloc_conf.md").read_text()
     lines = [line for line in section.split("```python", 1)[1].split("```", 1)[0].splitlines()
              if line.startswith("%alloc_conf")]
     assert len(lines) == 4 and sum("  # " in line for line in lines) == 3

@@ -82,7 +82,7 @@ def jupyterlab(tmp_path_factory):
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
          "--LabApp.news_url=", "--LabApp.extension_manager=readonly", "--LabApp.expose_app_in_browser=True",
-         "--allow-root"],
+         "--JupyterNotebookApp.expose_app_in_browser=True", "--allow-root"],
         env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -107,12 +107,24 @@ def theme(page, name: str) -> None:
     page.wait_for_timeout(500)  # the theme's colours applied
 
 
-def open_notebook(page, base: str, token: str, path: str) -> None:
-    """Open ``path`` alone in ``page`` (reset: no tab of an earlier page restored) and wait
-    for its kernel (JupyterLab starts one)."""
-    page.goto(f"{base}/lab/tree/{path}?token={token}&reset")
+def open_notebook(page, base: str, token: str, path: str, app: str = "lab") -> None:
+    """Open ``path`` alone in ``page`` and wait for its kernel (the front end starts one):
+    in JupyterLab (reset: no tab of an earlier page restored) or, with ``app="notebook"``, in
+    Notebook 7 (served by the same server where the notebook package is installed)."""
+    if app == "notebook":
+        pytest.importorskip("notebook", reason="Notebook 7 is not installed (the browser extra)")
+        page.goto(f"{base}/notebooks/{path}?token={token}")
+    else:
+        page.goto(f"{base}/lab/tree/{path}?token={token}&reset")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+    wait_idle(page)
+
+
+def wait_idle(page, timeout: int = 60_000) -> None:
+    """Until the open notebook's kernel is idle, as its status shows (JupyterLab's status bar,
+    Notebook 7's indicator: both read this)."""
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget?.sessionContext?.kernelDisplayStatus === 'idle'",
+                           timeout=timeout)
 
 
 def api(base: str, token: str, path: str, method: str = "GET", body=None):
@@ -281,6 +293,35 @@ def test_the_live_page_fits_a_400_px_frame(browser):
         live.stop()
 
 
+@pytest.mark.parametrize("width", [300, 320, 360])
+def test_the_live_panel_and_its_stopped_view_fit_a_phone(browser, width):
+    """In a notebook 300-360 px wide (a phone), the widget's panel and the view its stop leaves
+    ran 160-280 px past the card: its cells stayed on one line. Below 600 px they now wrap and
+    drop their bars, with a 40 px output prompt beside the card as JupyterLab draws one."""
+    from colab_gpu import live
+    from colab_gpu.live.panel import render_panel
+    from colab_gpu.live.render import stopped_view
+
+    views = {}
+    for name, options in (("demo", {"demo": True}), ("v100s", {"path": str(ROOT / "colab_gpu" / "data" / "v100s-pcie-32gb_miris.csv")})):
+        sampler = live.start(interval=0.1, **options)[0]
+        try:
+            while len(sampler.samples()) < 5:
+                time.sleep(0.05)
+            views[f"{name} live"] = render_panel(sampler)
+        finally:
+            live.stop()
+        views[f"{name} stopped"] = stopped_view(sampler, live.record_of(sampler))["text/html"]
+    page = browser.new_page()
+    page.set_viewport_size({"width": width, "height": 800})
+    for name, html in views.items():
+        page.set_content(f"<html><body style='margin:8px 8px 8px 40px'>{html}</body></html>")
+        assert page.evaluate(STICKS_OUT) == [0, "", 0], (name, width)
+        assert re.search(r"GPU\s0.*\d+%", page.locator(".cgpu-live tr").nth(1).inner_text(), re.S), name
+    page.screenshot(path=str(ARTIFACTS / f"live-stopped-{width}px.png"), full_page=True)
+    page.close()
+
+
 def test_the_live_page_comes_back_after_a_longer_silence(browser):
     """A laptop waking up or a network changing leaves the page without answers for several
     seconds while the monitor runs on. After five lost polls the page said "The monitor has
@@ -359,14 +400,14 @@ def lesson_notebook(outputs=None) -> dict:
     return json.loads(nbformat.writes(notebook))
 
 
-def reopened(browser, base: str, token: str, path: str, shot: str):
+def reopened(browser, base: str, token: str, path: str, shot: str, app: str = "lab"):
     """``path`` opened in a fresh page with a fresh kernel, as a student opens a notebook they
     were given: (the page, what its notebook says). Screenshots in the light and dark themes."""
     for session in api(base, token, "/api/sessions"):  # the kernel that ran it, and its widgets, are gone
         if session["path"].endswith(path):
             api(base, token, f"/api/sessions/{session['id']}", "DELETE")
     page = browser.new_page()
-    open_notebook(page, base, token, path)
+    open_notebook(page, base, token, path, app)
     # --stop's chart, in the last cell: every output above it has been drawn by then.
     page.wait_for_function(f"({CHART_IMAGES})().some(([cell, , width]) => cell === 3 && width > 0)", timeout=30_000)
     page.wait_for_timeout(1000)  # a widget view would have tried to draw itself by now
@@ -387,31 +428,34 @@ def assert_shows_the_stopped_monitor(page, text: str) -> None:
                      r"\d\d:\d\d:\d\d by %gpu_status --stop", live.inner_text(), re.S), live.inner_text()
 
 
-def test_a_notebook_run_saved_and_reopened_shows_the_stopped_monitor_not_a_widget_error(browser, jupyterlab):
+@pytest.mark.parametrize("app", ["lab", "notebook"])
+def test_a_notebook_run_saved_and_reopened_shows_the_stopped_monitor_not_a_widget_error(browser, jupyterlab, app):
     """A notebook where the live monitor ran, saved and reopened (also after --stop), showed
     "Error displaying widget: model not found" in its place: a widget's view needs its kernel.
-    The stop turns it into static HTML with the run's chart, in the running page already."""
+    The stop turns it into static HTML with the run's chart, in the running page already. In
+    JupyterLab and in Notebook 7, run, saved and reopened in the same front end."""
     base, token = jupyterlab
-    api(base, token, "/api/contents/lesson.ipynb", "PUT", {"type": "notebook", "content": lesson_notebook()})
+    path = f"lesson-{app}.ipynb"
+    api(base, token, f"/api/contents/{path}", "PUT", {"type": "notebook", "content": lesson_notebook()})
     page = browser.new_page()
-    open_notebook(page, base, token, "lesson.ipynb")
+    open_notebook(page, base, token, path, app)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     page.locator(".jp-Cell").nth(3).locator(".cgpu-card img").wait_for(timeout=90_000)
     live = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea-output")
     live.locator("img").wait_for(timeout=30_000)  # the widget became the static view, in this page too
     assert live.locator(".jupyter-widgets").count() == 0
-    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=30_000)
+    wait_idle(page, 30_000)
     page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
     deadline = time.monotonic() + 30
     while True:  # saved: the file holds the static view, not the widget
-        saved = api(base, token, "/api/contents/lesson.ipynb")["content"]["cells"][1]["outputs"]
+        saved = api(base, token, f"/api/contents/{path}")["content"]["cells"][1]["outputs"]
         if saved and "image/png" in saved[0]["data"]:
             break
         assert time.monotonic() < deadline, saved
         time.sleep(0.5)
     assert not any("widget" in mime for output in saved for mime in output.get("data", {}))
     page.close()
-    page, text = reopened(browser, base, token, "lesson.ipynb", "jupyterlab-reopened")
+    page, text = reopened(browser, base, token, path, f"{'jupyterlab' if app == 'lab' else 'notebook7'}-reopened", app)
     assert_shows_the_stopped_monitor(page, text)
     page.close()
 
@@ -430,3 +474,45 @@ def test_a_notebook_executed_elsewhere_opens_in_jupyterlab_with_the_stopped_moni
     page, text = reopened(browser, base, token, "handout.ipynb", "jupyterlab-handout")
     assert_shows_the_stopped_monitor(page, text)
     page.close()
+
+
+NOTEBOOKS = ROOT / "notebooks"
+# How far the notebook scrolls: JupyterLab scrolls it inside the page, so a screenshot of the page
+# holds what a window that much taller shows.
+SCROLL_RANGE = """() => { const outer = document.querySelector('.jp-NotebookPanel .jp-WindowedPanel-outer');
+  return outer.scrollHeight - outer.clientHeight; }"""
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in NOTEBOOKS.glob("*.ipynb")))
+def test_every_teaching_notebook_executed_reads_in_both_themes(browser, jupyterlab, name):
+    """Each teaching notebook executed as CI does (nbclient), opened in JupyterLab as a student
+    is handed it: no widget error; screenshots of the whole
+    notebook in the light and dark themes under test-artifacts/notebooks/ for a person to look at."""
+    import nbformat
+
+    from kernel import execute
+
+    notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
+    with pytest.MonkeyPatch.context() as patch:  # a student's kernel starts without torch settings
+        for variable in [variable for variable in os.environ if variable.startswith("PYTORCH_")]:
+            patch.delenv(variable)
+        execute(notebook, cwd=NOTEBOOKS, timeout=120)
+    base, token = jupyterlab
+    path = f"executed-{name}"
+    api(base, token, f"/api/contents/{path}", "PUT", {"type": "notebook", "content": json.loads(nbformat.writes(notebook))})
+    page = browser.new_page()
+    open_notebook(page, base, token, path)
+    page.wait_for_timeout(1000)  # a widget view would have tried to draw itself by now
+    # as tall as the notebook scrolls (JupyterLab draws only the cells a window shows)
+    page.set_viewport_size({"width": 1200, "height": min(900 + page.evaluate(SCROLL_RANGE), 30_000)})
+    page.wait_for_timeout(1000)  # the cells the taller window shows, drawn
+    text = page.locator(".jp-Notebook").inner_text()
+    assert "Error displaying widget" not in text and "model not found" not in text
+    folder = ARTIFACTS / "notebooks"
+    folder.mkdir(parents=True, exist_ok=True)
+    for theme_name, suffix in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
+        theme(page, theme_name)
+        page.screenshot(path=str(folder / f"{name.removesuffix('.ipynb')}-{suffix}.png"), full_page=True)
+    theme(page, "JupyterLab Light")
+    page.close()
+    api(base, token, f"/api/contents/{path}", "DELETE")

@@ -252,7 +252,7 @@ def test_explain_oom_shows_the_last_card_again_and_reads_pasted_messages(fresh, 
 def test_the_readmes_example_lines_work_pasted_with_their_comments(fresh, capsys, tmp_path, monkeypatch):
     from conftest import ROOT
 
-    section = (ROOT / "README.md").read_text().split("## Out of memory: the card under the cell", 1)[1]
+    section = (ROOT / "docs" / "explain_oom.md").read_text()
     lines = [line for line in section.split("```python", 1)[1].split("```", 1)[0].splitlines() if line]
     assert len(lines) == 4 and sum("  # " in line for line in lines) == 3
     monkeypatch.chdir(tmp_path)

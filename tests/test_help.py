@@ -34,7 +34,8 @@ def test_every_name_the_readme_says_python_returns_or_raises_is_a_name_of_the_pa
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    root = pathlib.Path(__file__).parent.parent
+    readme = "\n".join(path.read_text() for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
     text = " ".join(readme.split())
     named = set(re.findall(r"(?:returns (?:the same data as )?an?|raises) `([A-Z]\w+)`", text))
     named |= set(re.findall(r"the ranking alone \(`([A-Z]\w+)`\)", text))

@@ -111,6 +111,14 @@ def test_a_notebook_promises_your_real_gpu_only_where_a_cell_reads_it(name):
         assert "%gpu_status" in code or '"cuda" if torch.cuda.is_available()' in code, top
 
 
+def test_04_teaches_restoring_as_the_default():
+    """--restore model opt was taught as needed after restoring became the default (--no-restore
+    opts out): a student copied an option that does nothing."""
+    notebook = nbformat.read(NOTEBOOKS / "04-find-batch.ipynb", as_version=4)
+    text = "\n".join(cell.source for cell in notebook.cells)
+    assert "--restore model opt" not in text and "--no-restore" in text
+
+
 def test_04_promises_no_memory_fit_its_model_cannot_give_on_a_t4():
     """04 told a T4 student the search there "predicts the limit from measured memory", but its
     model's step at --max 4096 grows memory by a few tens of MiB, under the growth a fit needs
@@ -118,7 +126,7 @@ def test_04_promises_no_memory_fit_its_model_cannot_give_on_a_t4():
     from colab_gpu.batch.search import noise_floor
 
     notebook = nbformat.read(NOTEBOOKS / "04-find-batch.ipynb", as_version=4)
-    assert code_cell(notebook, "%%find_batch --var batch_size --max 4096 ")
+    assert code_cell(notebook, "%%find_batch --var batch_size --max 4096\n")
     images, hidden = 4096 * 28 * 28 * 4, 4096 * 256 * 4  # float32 input, one hidden layer's output
     assert images + 4 * hidden < noise_floor(int(14.56 * 2 ** 30))  # + ReLU's, and both gradients
     top = " ".join(" ".join(cell.source.split()) for cell in notebook.cells[:2] if cell.cell_type == "markdown")
@@ -212,7 +220,7 @@ def test_01_says_where_its_t4_recording_was_made():
     notebook = nbformat.read(NOTEBOOKS / "01-gpu-status.ipynb", as_version=4)
     text = " ".join(" ".join(cell.source.split()) for cell in notebook.cells if cell.cell_type == "markdown")
     assert "Colab Tesla T4" not in text and "recorded on an AWS server" in text
-    assert "recorded Colab T4" not in (ROOT / "README.md").read_text()
+    assert all("recorded Colab T4" not in path.read_text() for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 
 
 def test_01_shows_the_recordings_where_the_package_lies_in_a_folder_with_a_space(tmp_path):
@@ -306,6 +314,9 @@ def test_04_find_batch_sets_a_size_that_ran_and_leaves_the_model(executed):
     assert [int(size) for size in re.findall(r"<tr(?: class='cgpu-answer')?><td>(\d+)</td>", html)] == \
         [2, 16, 128, 1024, 4096]
     assert "model unchanged by the search: True" in after
+    # Restoring is the default: 04 no longer teaches --restore model opt as needed, and the report
+    # names what it put back, as the text says it does.
+    assert "restored after every trial: model, opt" in " ".join(re.sub("<[^>]+>", " ", html).split())
 
     assert re.search(r"<h4>batch_size = \d+ \(fastest", shown(code_cell(notebook, "%%find_batch --mode throughput"),
                                                             "text/html"))

@@ -22,7 +22,7 @@ def test_the_state_tells_installed_from_imported_without_importing_torch(monkeyp
     assert torch_summary(TorchState(imported=False, installed=False)) == "torch is not installed"
 
 
-def test_gpu_status_in_a_python_without_torch_says_it_is_not_installed(tmp_path):
+def test_gpu_status_and_clear_cache_in_a_python_without_torch_say_it_is_not_installed(tmp_path):
     """A real interpreter whose path holds every installed package but torch's."""
     site = pathlib.Path(importlib.util.find_spec("IPython").origin).parent.parent
     for entry in site.iterdir():
@@ -30,9 +30,11 @@ def test_gpu_status_in_a_python_without_torch_says_it_is_not_installed(tmp_path)
             (tmp_path / entry.name).symlink_to(entry)
     code = ("import importlib.util\nassert importlib.util.find_spec('torch') is None\n"
             "from IPython.testing.globalipapp import start_ipython\nshell = start_ipython()\n"
-            "shell.run_line_magic('load_ext', 'colab_gpu')\nshell.run_line_magic('gpu_status', '')\n")
+            "shell.run_line_magic('load_ext', 'colab_gpu')\nshell.run_line_magic('gpu_status', '')\n"
+            "shell.run_line_magic('clear_cache', '--vars')\n")
     environ = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
                           env=environ, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "torch is not installed" in done.stdout and "not imported" not in done.stdout, done.stdout
+    assert "torch is not installed: no tensor is held." in done.stdout, done.stdout

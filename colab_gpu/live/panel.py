@@ -24,7 +24,9 @@ PALETTE = ("#2da44e", "#0969da", "#cf222e", "#bf8700", "#8250df", "#1b7c83", "#e
 GiB = 2 ** 30
 # Read from the back of a classroom, in light and dark themes alike: text in the theme's own
 # colour (currentColor), lines and frames a translucent grey, numbers in fixed-width boxes
-# (tabular digits, right-aligned) so that no column moves as its values change width.
+# (tabular digits, right-aligned) so that no column moves as its values change width. In a
+# narrow window (a phone, Colab's side panel: 600 px or less) the cells wrap and the bars go,
+# the numbers stay: on one line the table ran 160-280 px past the card at 300-360 px.
 EXTRA_STYLE = """
 <style>
 .cgpu-card.cgpu-live{max-width:72em;font-size:14px;font-variant-numeric:tabular-nums}
@@ -38,6 +40,8 @@ EXTRA_STYLE = """
 .cgpu-live .cgpu-error{color:var(--cgpu-warn)}
 .cgpu-live .cgpu-hint{margin-top:4px;font-weight:600}
 .cgpu-live td{white-space:nowrap;overflow-wrap:normal}.cgpu-live td:first-child{white-space:normal}.cgpu-card.cgpu-live .cgpu-bar{width:6em}
+@media (max-width:600px){.cgpu-card.cgpu-live td{white-space:normal;padding-right:6px}.cgpu-card.cgpu-live .cgpu-bar{display:none}
+.cgpu-card.cgpu-live table{font-size:12px}.cgpu-card.cgpu-live td:last-child{padding-right:0}}
 </style>
 """
 

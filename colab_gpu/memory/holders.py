@@ -15,7 +15,7 @@ from typing import AbstractSet, Any, Dict, Iterable, Mapping, Optional, Set, Tup
 from ..devices import DeviceSource
 from ..render.shown import Shown
 from ..torch_view import MemoryBreakdown, breakdown
-from ..runtime import current_shell
+from ..runtime import current_shell, torch_installed
 from .namespace import (OUTPUT_NAME, exception_references, is_ipython_name, namespaces,
                         output_history, user_variables)
 from .readings import Reading, gpu_view, read_memory, read_snapshot
@@ -79,6 +79,8 @@ class Holders(Shown):
         NVML index -> ``"cuda:N"``.
     torch_imported : bool
         False: torch is not imported, so nothing is ranked.
+    torch_installed : bool
+        False: no torch can be imported here at all (the note says so, not "not imported").
     problem : str or None
         Why the GPUs could not be read.
     numpy_arrays : dict
@@ -96,6 +98,7 @@ class Holders(Shown):
     outside_torch: Tuple[MemoryBreakdown, ...] = ()  # per GPU: other processes, context, others
     torch_labels: Dict[int, str] = dataclasses.field(default_factory=dict)  # NVML index -> "cuda:N"
     torch_imported: bool = True
+    torch_installed: bool = True
     problem: Optional[str] = None  # why the GPUs could not be read
     # NumPy arrays' memory the variables reach, ("cpu", address) -> (variable, bytes): what a
     # deleted torch.from_numpy tensor lay on stays with the array
@@ -268,7 +271,8 @@ def holders_of(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
     torch = imported_torch()
     problem = snapshot.problem if snapshot is not None else None
     if torch is None:
-        return Holders(torch_imported=False, problem=problem, **_outside_torch(snapshot, None))
+        return Holders(torch_imported=False, torch_installed=torch_installed(), problem=problem,
+                       **_outside_torch(snapshot, None))
     namespace, hidden = namespaces(shell)
     skip = {id(namespace), id(hidden), id(shell)}
     holders, union, arrays = _rank(user_variables(shell), torch, skip, max_objects)

@@ -139,7 +139,8 @@ def _elsewhere_title(holders) -> str:
 
 def _holders_note(holders) -> Optional[str]:
     if not holders.torch_imported:
-        return "torch is not imported: no tensor is held."
+        return ("torch is not imported: no tensor is held." if holders.torch_installed
+                else "torch is not installed: no tensor is held.")
     if not holders.holders:
         return "No variable of yours holds a tensor."
     return None
