@@ -409,7 +409,7 @@ def reopened(browser, base: str, token: str, path: str, shot: str, app: str = "l
     page = browser.new_page()
     open_notebook(page, base, token, path, app)
     # --stop's chart, in the last cell: every output above it has been drawn by then.
-    page.wait_for_function(f"({CHART_IMAGES})().some(([cell, , width]) => cell === 3 && width > 0)", timeout=30_000)
+    page.wait_for_function(f"({CHART_IMAGES})().some(([cell, , width]) => cell === 3 && width > 0)", timeout=90_000)  # 30 s ran out once on a loaded 2-core machine
     page.wait_for_timeout(1000)  # a widget view would have tried to draw itself by now
     for name, suffix in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
         theme(page, name)
