@@ -28,7 +28,8 @@ from colab_gpu.batch.result import FITS, OUT_OF_MEMORY, Trial
 from colab_gpu.batch.search import Headroom, Search, SearchError
 from colab_gpu.batch.state import assigned_names
 from conftest import DATA, ROOT
-from milabench_replay import CAPACITIES_GIB, HELD_OUT_GIB, Curve, ReplayDevice, fit_problems, problems
+from milabench_replay import (CAPACITIES_GIB, HELD_OUT_GIB, Curve, ReplayDevice, claim_backed, distribution,
+                              fit_problems, problems)
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -515,54 +516,61 @@ def test_a_headroom_number_without_a_unit_below_a_mebibyte_is_refused_not_taken_
 
 # --- the memory fit on milabench's real curves ---------------------------------------------
 def search_every_real_curve(start_of=lambda largest: None, capacities_gib=CAPACITIES_GIB):
-    """Search every fit problem; each answer must have run and fitted.
-    (trials, out-of-memory errors, answer / true largest) per curve."""
+    """Search every fit problem; each answer must have run and fitted, and the sentence each
+    search ended on must be backed by its trials. (trials, out-of-memory errors, answer / true
+    largest) per curve."""
     outcomes = []
     for label, curve, capacity, largest in fit_problems(capacities_gib):
         device = ReplayDevice(curve, capacity)
         result = Search(device, start=start_of(largest)).run()
         assert result.answer in device.sizes_run and curve(result.answer) <= capacity, label
+        assert claim_backed(result.stopped, result.answer, [(t.size, t.outcome) for t in result.trials]), \
+            (label, result.stopped)
         outcomes.append((len(result.trials), result.out_of_memory_count, result.answer / largest))
     return outcomes
 
 
 def test_memory_fit_on_real_milabench_curves():
-    """132 of the 144 curves end within 4 trials; every answer ran, within capacity, >= 95 % of the truth.
-
-    The other 12 take 5-9: a sharp knee far below the two-point fit (recursiongfn: 16 GiB
-    reached at 144 where the fit says ~490; its two recorded runs at 144 peaked at 12.8 and
-    16.0 GiB), pna's strong bend over a 100x range (on the L40S, 2048 comes from another run
-    configuration and sits 2.4 GiB above the line through its neighbours), and small answers
-    (26-87) on bending curves, where 5 % is one to four samples.
+    """Every answer ran, within capacity, >= 95 % of the truth, and proven: a size at most 5 %
+    above it failed. The median search takes 4 trials: 2 and 16 measured, the fit's prediction,
+    and the size 5 % to the other side of it. Issue #6's "at most 4 trials on every curve" is
+    retired: the proof needs a trial on each side of the top (the old search ended 132 of 144
+    within 4 trials by taking the fit's word for the second), and some curves jump where no fit
+    from small sizes can see it (recursiongfn: 16 GiB reached at 144 where the fit from 2 and
+    16 says ~490: 10 trials). The distribution is printed (-s), and recorded in the README.
     """
     trials, out_of_memory, ratios = zip(*search_every_real_curve())
+    print(f"\nmilabench, {len(trials)} problems: trials {distribution(trials)}; "
+          f"{statistics.mean(out_of_memory):.2f} out-of-memory errors a search")
     assert len(trials) == 144 and min(ratios) >= 0.95
-    assert sum(t <= 4 for t in trials) >= 132 and sorted(trials)[len(trials) // 2] <= 4
-    assert max(trials) <= 9 and sum(out_of_memory) <= 19
+    assert statistics.median(trials) <= 4 and max(trials) <= 12
+    assert statistics.mean(out_of_memory) < 2  # the one that proves, and about as often one more
 
 
 def test_memory_fit_holds_at_capacities_it_was_not_tuned_on():
-    """Every 2 GiB from 12 to 80 but 16/24/40/80 (1129 problems): 1019 within 4 trials, 14 answers under 95 %
-    of the truth (the worst 80 %). Each stopped on a local fit just before its curve turns flatter;
-    for 5 of them the flat part is a last reading capped by the recording card's own memory
-    (H100 80 GB, L40S 48 GB), not the model's."""
+    """Every 2 GiB from 12 to 80 but 16/24/40/80 (1129 problems): every answer >= 95 % of the
+    truth and proven (the old search stopped on a local fit under 95 % on 14 of them, the worst
+    at 80 %), with a median of 4 trials."""
     trials, out_of_memory, ratios = zip(*search_every_real_curve(capacities_gib=HELD_OUT_GIB))
-    assert len(trials) == 1129 and sorted(trials)[len(trials) // 2] <= 4
-    assert max(trials) <= 9 and sum(out_of_memory) <= 0.17 * len(trials)
-    assert sum(t <= 4 for t in trials) >= 0.9 * len(trials)
-    assert sum(ratio >= 0.95 for ratio in ratios) >= 0.985 * len(trials)
-    assert min(ratios) >= 0.8
+    print(f"\nmilabench held out, {len(trials)} problems: trials {distribution(trials)}; "
+          f"{statistics.mean(out_of_memory):.2f} out-of-memory errors a search")
+    assert len(trials) == 1129 and min(ratios) >= 0.95
+    assert statistics.median(trials) <= 4 and max(trials) <= 12
+    assert statistics.mean(out_of_memory) < 2
 
 
 def test_starting_above_what_fits_measures_below_instead_of_bisecting_blind():
     """--start 3x the answer: two halvings fail, the first success is measured against a size
-    4x smaller, and the fit places the rest. Bisecting blind from the first success took a
-    median of 6 trials and 3.0 out-of-memory errors here, and fell short of 95 % on 5 curves
+    4x smaller, the fit places the next, and a failure at most 5 % above the answer proves it:
+    6 trials on 118 of 144 curves (5 before proofs were required, the fit's word taken for the
+    last step). Bisecting blind from the first success took a median of 6 trials and 3.0
+    out-of-memory errors here without proving anything, and fell short of 95 % on 5 curves
     (and 8 trials, 7 of them out of memory, from 4x on a real H200)."""
     trials, out_of_memory, ratios = zip(*search_every_real_curve(start_of=lambda largest: 3 * largest))
+    print(f"\nmilabench from 3x, {len(trials)} problems: trials {distribution(trials)}")
     assert min(ratios) >= 0.95
-    assert sorted(trials)[len(trials) // 2] <= 5 and sum(t <= 5 for t in trials) >= 125
-    assert sum(out_of_memory) <= 2.1 * len(out_of_memory)
+    assert statistics.median(trials) <= 6 and sum(t <= 6 for t in trials) >= 110
+    assert sum(out_of_memory) <= 3.2 * len(out_of_memory)  # two halvings and the proof, mostly
 
 
 # --- real allocator failures on the CPU ----------------------------------------------------
@@ -1672,7 +1680,7 @@ def test_result_views():
     assert repr(result).startswith("<BatchResult bs = ")
     text = pretty(result)
     assert text.splitlines()[1].split() == ["size", "outcome", "peak", "memory", "time/step", "samples/s"]
-    assert "out of memory" in text and "largest that ran: 296" in text
+    assert "out of memory" in text and "largest that ran: 294" in text
     assert str(result) == text  # print() in a script shows the table, not the repr
     assert "<table>" in result._repr_html_() and "cgpu-answer" in result._repr_html_()
 
