@@ -223,3 +223,21 @@ def test_a_real_transformer_step_under_an_address_space_limit_is_searched_in_few
     found = json.loads(done.stdout.splitlines()[-1])
     assert len(found["trials"]) <= 10 and found["oom"] <= 3, found
     assert claim_backed(found["stopped"], found["answer"], found["trials"]), found
+
+
+def test_the_gpu_checks_models_build_and_train_a_step_on_the_cpu():
+    """gpu_checks/find_batch.py runs only on a GPU machine: its three models (the ResNet, and
+    the CNN and transformer encoder searched beside it) are built and stepped here, on the CPU,
+    so that a mistake in them is found before device time is spent on it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check_find_batch", ROOT / "gpu_checks" / "find_batch.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    for name in ("resnet", *check.SHAPES):
+        model, optimizer, _, step = check.build(name, "cpu")
+        before = [parameter.detach().clone() for parameter in model.parameters()]
+        step(2)
+        assert any(not parameter.equal(old) for parameter, old in zip(model.parameters(), before)), name
+    with pytest.raises(ValueError, match="no model 'vit'"):
+        check.build("vit", "cpu")
