@@ -28,7 +28,8 @@ accelerate's find_executable_batch_size, side by side in one run.
 
 Needs: pip install lightning accelerate (into the venv the tests use: neither pulls in another
 torch there). About 40 minutes on two loaded cores, most of it in the fresh processes.
-Run: python benchmarks/find_batch_vs_peers.py [--problems mlp,cnn,...] [--repeat N] [--skip-cpu] [--skip-milabench]
+Run: python benchmarks/find_batch_vs_peers.py [--problems mlp,cnn,...] [--tools ...] [--repeat N] [--largest cnn=220,...]
+     [--skip-cpu] [--skip-milabench]
 """
 from __future__ import annotations
 
@@ -178,17 +179,21 @@ def runs_in_most(problem: str, room_mib: int, size: int) -> bool:
     return first if first == second else runs_fresh(problem, room_mib, size)
 
 
-def cpu_problem(problem: str, room_mib: int, tools, repeat: int) -> list:
-    """One problem's table; the colab_gpu runs that miss a target, as text."""
+def cpu_problem(problem: str, room_mib: int, tools, repeat: int, largest: int | None = None) -> list:
+    """One problem's table; the colab_gpu runs that miss a target, as text. ``largest``: the
+    fresh-process largest an earlier run found, instead of finding it again."""
     from benchmarks.cpu_problems import ABOUT, STEPS, largest_in_fresh_processes
     from tests.milabench_replay import claim_backed
 
     print(f"\n== {problem}: {ABOUT[problem]}, {STEPS} steps a trial, address space limited to "
           f"{room_mib} MiB above the warmed-up process")
-    began = time.perf_counter()
-    largest = largest_in_fresh_processes(lambda size: runs_in_most(problem, room_mib, size))
-    print(f"largest size that runs in a fresh process: {largest} (bisection, each size in fresh "
-          f"processes until two agree; {time.perf_counter() - began:.0f} s)")
+    if largest is None:
+        began = time.perf_counter()
+        largest = largest_in_fresh_processes(lambda size: runs_in_most(problem, room_mib, size))
+        print(f"largest size that runs in a fresh process: {largest} (bisection, each size in fresh "
+              f"processes until two agree; {time.perf_counter() - began:.0f} s)")
+    else:
+        print(f"largest size that runs in a fresh process: {largest} (given, from an earlier run)")
     print(f"{'tool':<28}{'trials':>7}{'OOMs':>6}{'samples':>10}{'wall s':>8}{'found':>7}"
           f"{'% of largest':>14}{'runs fresh':>12}  sizes tried")
     missed = []
@@ -305,6 +310,8 @@ def main() -> None:
                                                  "(default: each problem's own, benchmarks/cpu_problems.py)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of colab_gpu (defaults) a problem: "
                                                                 "glibc's heap makes one run's boundary differ from the next's")
+    parser.add_argument("--largest", default="", help="PROBLEM=N,...: fresh-process largest sizes an "
+                                                      "earlier run found, not searched again")
     parser.add_argument("--skip-cpu", action="store_true")
     parser.add_argument("--skip-milabench", action="store_true")
     args = parser.parse_args()
@@ -315,9 +322,11 @@ def main() -> None:
     from benchmarks.cpu_problems import ROOMS
 
     missed = []
+    given = {name: int(size) for name, _, size in (item.partition("=") for item in args.largest.split(",") if item)}
     if not args.skip_cpu:
         for problem in args.problems.split(","):
-            missed += cpu_problem(problem, args.room or ROOMS[problem], args.tools.split(","), args.repeat)
+            missed += cpu_problem(problem, args.room or ROOMS[problem], args.tools.split(","), args.repeat,
+                                  given.get(problem))
         print(f"\ncolab_gpu missed a target in {len(missed)} runs"
               + "".join(f"\n  {line}" for line in missed))
     if not args.skip_milabench:

@@ -469,6 +469,8 @@ class Search:
             if predicted <= lo * (1 + TOLERANCE):  # the fit puts the top at lo: a failure just above proves it
                 return self._probe_above(lo, hi)
             candidate = aim_after_success(lo, predicted, lo - fit.sizes[0], self._cautious())
+            if candidate <= lo * (1 + TOLERANCE):  # as good as a probe, and probes in a row step up faster
+                return self._probe_above(lo, hi)
             if hi is None and candidate > LONGEST_JUMP * lo:
                 candidate = math.sqrt(lo * candidate)  # refine the fit halfway (geometrically)
             return candidate
