@@ -106,9 +106,9 @@ ABOUT = {"cnn": "small CNN (3 conv blocks, batch norm) on 64x64 images, SGD",
 
 def limit_address_space(room_mib: int) -> None:
     """RLIMIT_AS at the address space in use now plus ``room_mib`` MiB."""
-    from colab_gpu.batch.trial import proc_status
+    from colab_gpu.host import process_status
 
-    limit = proc_status()["VmSize"] + room_mib * 1024 ** 2
+    limit = process_status()["VmSize"] + room_mib * 1024 ** 2
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 

@@ -44,6 +44,7 @@ def main() -> None:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from colab_gpu import cuda_order
     from colab_gpu.gpu_status import status
+    from colab_gpu.state import session
     from test_cuda_order import GTX_1660_TI, RTX_3090, driver_devices, mixed_box_source
 
     print(f"python {sys.version.split()[0]} at {sys.executable}, {os.cpu_count()} CPUs")
@@ -68,7 +69,7 @@ def main() -> None:
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         os.environ.pop("CUDA_DEVICE_ORDER", None)
         assert status(source).cuda_numbering_asked, "the mixed box was not numbered by the driver"
-        asking_ms = median_ms(lambda: status(source), args.repeats, before=cuda_order._answers.clear)
+        asking_ms = median_ms(lambda: status(source), args.repeats, before=session.driver_answers.clear)
         status(source)
         cached_ms = median_ms(lambda: status(source), args.repeats)
         source.close()

@@ -27,8 +27,9 @@ sys.path.insert(0, ROOT)
 from matplotlib.figure import Figure  # noqa: E402
 
 from colab_gpu.devices.replay import load_frames  # noqa: E402
-from colab_gpu.live import record as record_module  # noqa: E402
+from colab_gpu.live import render as live_render  # noqa: E402
 from colab_gpu.live.record import RunRecord  # noqa: E402
+from colab_gpu.live.render import chart_figure, chart_png  # noqa: E402
 from colab_gpu.live.sampler import Sample, reading_of  # noqa: E402
 
 TRACES = ("8gpu-training_nanogpt-pr643.csv", "8gpu-80gb-idle_gpu-glasses.csv")
@@ -65,7 +66,7 @@ WAYS = {  # name -> (draw every sample, constrained layout)
 def patched(every: bool, constrained: bool) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     if every:
-        stack.enter_context(mock.patch.object(record_module, "min_max_per_column", every_sample))
+        stack.enter_context(mock.patch.object(live_render, "min_max_per_column", every_sample))
     if constrained:
         stack.enter_context(mock.patch.object(Figure, "subplots_adjust", constrained_layout))
     return stack
@@ -75,12 +76,12 @@ def draw(record: RunRecord, way) -> float:
     """Seconds to draw ``record``'s chart to PNG (what --stop embeds) the ``way`` given."""
     with patched(*way):
         started = time.perf_counter()
-        record.chart_png()
+        chart_png(record)
         return time.perf_counter() - started
 
 
 def points_per_line(record: RunRecord) -> int:
-    return max(len(line.get_xdata()) for axes in record.chart_figure().axes for line in axes.lines)
+    return max(len(line.get_xdata()) for axes in chart_figure(record).axes for line in axes.lines)
 
 
 def main() -> None:

@@ -1,8 +1,9 @@
 """colab_gpu: see and tune the GPU inside a notebook.
 
-``%load_ext colab_gpu`` adds ``%gpu_status``, ``%alloc_conf``, ``%clear_cache`` and
-``%%find_batch``. Each is a thin layer over the plain functions exported here, which
-scripts and tests use directly. Importing this package is cheap: torch, matplotlib,
+``%load_ext colab_gpu`` adds ``%gpu_status``, ``%alloc_conf``, ``%clear_cache``,
+``%%find_batch``, ``%tune_loader``, ``%explain_oom`` (and its card under every cell that
+runs out of memory) and ``%%distributed``. Each is a thin layer over the plain functions
+exported here, which scripts and tests use directly. Importing this package is cheap: torch, matplotlib,
 ipywidgets and even IPython are imported only when a feature needs them, and nothing here
 ever initializes CUDA.
 """
@@ -15,7 +16,7 @@ __version__ = "0.1.0"
 # Public name -> module that defines it, imported on first use (PEP 562).
 _LAZY = {
     "status": "colab_gpu.gpu_status",
-    "Status": "colab_gpu.gpu_status",
+    "Status": "colab_gpu.torch_view",
     "detect_runtime": "colab_gpu.runtime",
     "open_source": "colab_gpu.devices",
     "clear_cache": "colab_gpu.memory",
@@ -29,7 +30,14 @@ _LAZY = {
     "live_url": "colab_gpu.live",
     "find_batch": "colab_gpu.batch",
     "BatchResult": "colab_gpu.batch",
-    "is_out_of_memory": "colab_gpu.batch",
+    "tune_loader": "colab_gpu.loader",
+    "LoaderTuning": "colab_gpu.loader",
+    "is_out_of_memory": "colab_gpu.oom",
+    "launch": "colab_gpu.distributed",
+    "RankError": "colab_gpu.distributed",
+    "UserError": "colab_gpu.errors",
+    "explain_oom": "colab_gpu.doctor",
+    "OomReport": "colab_gpu.doctor",
 }
 
 # Subpackages a hint tells a script to use (colab_gpu.live.start(demo=True) on the status card,
@@ -67,13 +75,29 @@ def _check_shell(shell, function: str) -> None:
 
 
 def load_ipython_extension(shell) -> None:
-    """Register the magics; loading twice keeps the first registration."""
+    """Register the magics; loading twice keeps the first registration.
+
+    At the first load in a process it also applies the allocator setting saved with
+    ``%alloc_conf --save`` (only before CUDA starts) and prints a line saying so, or why not.
+
+    Parameters
+    ----------
+    shell : InteractiveShell
+        The running IPython shell (``get_ipython()``); ``%load_ext colab_gpu`` passes it.
+
+    Raises
+    ------
+    TypeError
+        ``shell`` is no IPython shell (None in a plain ``python``).
+    """
     _check_shell(shell, "load_ipython_extension")
     from .allocator import apply_saved
     from .magics import register
-    from .options import as_magic
+    from .magics.doctor import watch
+    from .spelling import as_magic
 
     register(shell)
+    watch(shell)  # the out-of-memory card under a failed cell
     with as_magic():  # %load_ext's message names %alloc_conf's options
         message = apply_saved()  # a setting saved with `%alloc_conf --save`, before CUDA starts
     if message:
@@ -81,8 +105,21 @@ def load_ipython_extension(shell) -> None:
 
 
 def unload_ipython_extension(shell) -> None:
-    """Remove every magic, hook and thread the extension added."""
+    """Remove every magic, hook and thread the extension added.
+
+    Parameters
+    ----------
+    shell : InteractiveShell
+        The running IPython shell (``get_ipython()``); ``%unload_ext colab_gpu`` passes it.
+
+    Raises
+    ------
+    TypeError
+        ``shell`` is no IPython shell (None in a plain ``python``).
+    """
     _check_shell(shell, "unload_ipython_extension")
     from .magics import unregister
+    from .magics.doctor import unwatch
 
+    unwatch(shell)
     unregister(shell)

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 from .devices import GiB, gpu_models
 from .devices.nvml import DRIVER_PRESENT_PROBLEMS, NO_PYNVML
-from .options import command
+from .spelling import command
 from .runtime import COLAB, KAGGLE, cpu_only_build, names_a_device_twice, wheel_build
 from .words import count
 
 if TYPE_CHECKING:
-    from .gpu_status import Status
+    from .torch_view import Status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ def several_gpus(status):
 def _torch_version(status) -> Optional[str]:
     """The user's torch version: the imported one's, else the installed one's (read from its
     metadata, without importing it); None when there is none."""
-    from .allocator.installed import installed_torch_version
+    from .torch_allocator.installed import installed_torch_version
 
     torch = status.runtime.torch
     return torch.version if torch.imported else installed_torch_version(modules={})
@@ -187,9 +187,11 @@ def torch_lacks_kernels(status):
     if not old:
         return None
     version = _torch_version(status)
+    oldest = _oldest_capability(version)
+    if version is None or oldest is None:  # never: _without_kernels found GPUs by both
+        return None
     gpus = ", ".join(f"GPU {gpu.index} ({gpu.name}, compute capability "
                      f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]})" for gpu in old)
-    oldest = _oldest_capability(version)
     cuda = version.rsplit("+cu", 1)[1]
     what = (f"torch {version} has no kernels for {gpus}: PyTorch's CUDA {cuda[:-1]}.{cuda[-1]} builds "
             f"start at compute capability {oldest[0]}.{oldest[1]} (torch.cuda.get_arch_list() lists yours), "
@@ -245,8 +247,7 @@ def _expandable_segments_set() -> Optional[str]:
     """The variable that sets expandable_segments:True for this process (torch's own reading
     order, a ROCm build's PYTORCH_HIP_ALLOC_CONF too; %alloc_conf keeps it saying what the
     process runs with), else None."""
-    from .allocator.apply import current_settings
-    from .allocator.installed import installed_env_names
+    from .torch_allocator.installed import current_settings, installed_env_names
 
     try:
         name, settings = current_settings(os.environ, installed_env_names())

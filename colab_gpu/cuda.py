@@ -1,12 +1,16 @@
 """CUDA calls shared by clear_cache() and %%find_batch: which devices already have a CUDA
 context, the device the user's code works on, and emptying torch's cache without creating a
-context anywhere. Apart so that batch/ needs nothing of memory/ (which reports a failed step
-with batch/'s error description): neither package imports the other at import time.
+context anywhere. Shared core, so that batch/ (a feature) needs nothing of memory/; also how many CUDA devices
+torch can use, counted without starting CUDA (%%find_batch's --device check, colab_gpu.launch's
+one rank per GPU).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import List
+import os
+from typing import List, Optional
+
+from .runtime import cuda_torch
 
 
 def cuda_devices_in_use(torch) -> List[int]:
@@ -54,3 +58,25 @@ def empty_cuda_cache(torch) -> List[str]:
         torch.cuda.empty_cache()
         torch.cuda.ipc_collect()
     return [f"cuda:{device}" for device in in_use]
+
+
+def visible_cuda_devices() -> Optional[int]:
+    """CUDA devices torch can use, counted through NVML so that the check never starts CUDA
+    (torch.cuda.device_count() would, before ``%alloc_conf`` has had its say, and would keep a
+    forked process from using the GPU). None when NVML cannot tell: MIG instances in
+    CUDA_VISIBLE_DEVICES are not among NVML's GPUs, and a driver is here but NVML cannot be
+    read (pynvml not installed, no permission)."""
+    torch = cuda_torch()
+    if torch is not None:
+        return torch.cuda.device_count()
+    from .devices import default_source
+    from .devices.nvml import DRIVER_PRESENT_PROBLEMS
+    from .runtime import names_mig_instances, torch_indices
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if names_mig_instances(visible):
+        return None
+    snapshot = default_source().snapshot()
+    if snapshot.problem in DRIVER_PRESENT_PROBLEMS:
+        return None
+    return len(torch_indices(visible, snapshot.gpus))

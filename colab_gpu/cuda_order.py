@@ -19,7 +19,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from typing import Dict, Optional, Sequence, Tuple
 
 DRIVER_LIBRARY = "libcuda.so.1"
@@ -29,24 +28,23 @@ CUDA_ERROR_NO_DEVICE = 100  # cuInit's answer when CUDA_VISIBLE_DEVICES hides ev
 
 Device = Tuple[Optional[str], Optional[str]]  # one CUDA ordinal's (PCI bus id, UUID)
 
-# (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, the GPUs' ids) -> the driver's devices (None when it
-# could not say) and, for a failure, the conditions it failed under (:func:`_conditions`): one
-# child per process and setting, however often the card or monitor asks, unless those change.
-_answers: Dict[tuple, Tuple[Optional[Tuple[Device, ...]], Optional[tuple]]] = {}
-_asking = threading.Lock()
-
 
 def driver_torch_indices(cuda_visible_devices: Optional[str], cuda_device_order: str,
                          gpus: Sequence) -> Optional[Dict[int, int]]:
     """NVML index -> torch index of this machine's ``gpus`` (NVML's records: ``index``,
     ``uuid``, ``bus_id``) as the CUDA driver numbers them under these settings, or None when
-    the driver could not be asked or a device it lists is none of ``gpus``."""
+    the driver could not be asked or a device it lists is none of ``gpus``. Asked once per
+    process and setting (``session.driver_answers``), a failure again when :func:`_conditions` change."""
+    # here: the child runs this file alone, outside the package
+    from .state import session
+
     key = (cuda_visible_devices, cuda_device_order, frozenset((gpu.uuid, gpu.bus_id) for gpu in gpus))
-    with _asking:
-        devices, failed_under = _answers.get(key, (None, None))
-        if key not in _answers or (devices is None and failed_under != _conditions()):
+    with session.driver_asking:
+        answers = session.driver_answers
+        devices, failed_under = answers.get(key, (None, None))
+        if key not in answers or (devices is None and failed_under != _conditions()):
             devices = ask_driver(cuda_visible_devices, cuda_device_order)
-            _answers[key] = devices, None if devices is not None else _conditions()
+            answers[key] = devices, None if devices is not None else _conditions()
     return None if devices is None else match_devices(devices, gpus)
 
 

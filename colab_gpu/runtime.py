@@ -6,12 +6,16 @@ has already imported it, and CUDA's state only through ``torch.cuda.is_initializ
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import sys
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Tuple
 
 from .devices import GPU, gpu_models
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 COLAB = "colab"
 KAGGLE = "kaggle"
@@ -40,6 +44,9 @@ class TorchState:
     cuda_initialized: bool = False
     hip_version: Optional[str] = None  # the ROCm (HIP) a ROCm build was built with: torch.cuda runs on it
     mps_available: Optional[bool] = None  # on a Mac, whether torch reaches its GPU as device 'mps'; else None
+    # Whether torch can be imported here at all: "not imported yet" told a user without torch to
+    # wait for something that would never come.
+    installed: bool = True
 
     @property
     def cuda_built(self) -> bool:
@@ -124,7 +131,7 @@ def detect_tpu(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     return None
 
 
-def cuda_torch(modules: Mapping[str, object] = sys.modules):
+def cuda_torch(modules: Mapping[str, Any] = sys.modules):
     """The user's torch once their code has initialized CUDA, else None: the check before any
     torch.cuda call, which must never start CUDA itself. A half-imported or broken torch
     counts as not started."""
@@ -141,13 +148,22 @@ def torch_state(modules: Mapping[str, object] = sys.modules) -> TorchState:
     """torch's version and CUDA state, only if the user already imported torch."""
     torch = modules.get("torch")
     if torch is None:
-        return TorchState(imported=False)
+        return TorchState(imported=False, installed=torch_installed())
     version = getattr(torch, "__version__", None)
     build = getattr(torch, "version", None)
     return TorchState(imported=True, version=str(version) if version else None,
                       cuda_version=getattr(build, "cuda", None), cuda_initialized=cuda_torch(modules) is not None,
                       hip_version=getattr(build, "hip", None),
                       mps_available=mps_available(torch) if sys.platform == "darwin" else None)
+
+
+def torch_installed() -> bool:
+    """Whether ``import torch`` would find a torch, asked of the import system without importing
+    it (importlib.util.find_spec runs none of torch's code)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken entry in sys.path or sys.modules: none usable
+        return False
 
 
 def mps_available(torch) -> Optional[bool]:
@@ -160,7 +176,7 @@ def mps_available(torch) -> Optional[bool]:
         return None
 
 
-def current_shell(modules: Mapping[str, object] = sys.modules) -> object:
+def current_shell(modules: Mapping[str, object] = sys.modules) -> Optional[InteractiveShell]:
     """The running IPython shell, if IPython is already imported (never imports it)."""
     ipython = modules.get("IPython")
     get_ipython = getattr(ipython, "get_ipython", None)
@@ -176,8 +192,21 @@ def in_notebook(shell: object = None) -> bool:
 def detect_runtime(shell: object = None, environ: Optional[Mapping[str, str]] = None) -> Runtime:
     """Everything about the surroundings that can be read without touching the GPU.
 
-    Without ``shell``, the running IPython shell is used, so ``colab_gpu.status()`` called
-    from a notebook cell knows it is in a notebook. ``environ`` is ``os.environ`` when None.
+    Parameters
+    ----------
+    shell : InteractiveShell, optional
+        The IPython shell; the running one when None, so ``colab_gpu.status()`` called from
+        a notebook cell knows it is in a notebook.
+    environ : Mapping[str, str], optional
+        The environment variables read; ``os.environ`` when None.
+
+    Returns
+    -------
+    Runtime
+        The platform (Colab, Kaggle, Binder, Jupyter, a terminal IPython or plain Python),
+        its accelerator hint and TPU type, torch's version and whether CUDA started (read
+        only where the user imported torch), ``CUDA_VISIBLE_DEVICES`` and
+        ``CUDA_DEVICE_ORDER``.
     """
     environ = os.environ if environ is None else environ
     platform = detect_platform(shell if shell is not None else current_shell(), environ)

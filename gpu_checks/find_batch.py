@@ -245,7 +245,7 @@ def main() -> int:
     # it was, and its GPU state is given to load_state_dict without a second host copy.
     import copy
 
-    from colab_gpu.batch.state import Snapshot
+    from colab_gpu.batch.state import RestorePoint
 
     trained = copy.deepcopy(optimizer.state_dict())
     find_batch(step, restore=[model, optimizer, scaler], multiple_of=8, max=result.answer // 2,
@@ -254,10 +254,10 @@ def main() -> int:
     check(all(torch.equal(now[index][name].cpu(), value.cpu())
               for index, state in trained["state"].items() for name, value in state.items()),
           "a trained optimizer's state (moments, step counts) is as before a search")
-    snapshot, given = Snapshot(objects={"optimizer": optimizer}), []
-    saved, load = snapshot.objects[0].saved["state"][0], optimizer.load_state_dict
+    restore_point, given = RestorePoint(objects={"optimizer": optimizer}), []
+    saved, load = restore_point.objects[0].saved["state"][0], optimizer.load_state_dict
     optimizer.load_state_dict = lambda state: given.append(state["state"][0]) or load(state)
-    snapshot.restore()
+    restore_point.restore()
     del optimizer.load_state_dict
     check(given[0]["exp_avg"] is saved["exp_avg"] and given[0]["step"] is not saved["step"],
           "a restore gives the GPU's state as saved and the CPU's step counts as a fresh copy")

@@ -49,6 +49,11 @@ for env in "${envs[@]}"; do
     "$venv/bin/python" -m pip install -q -e ".[$extras]" -c "ci/$env.txt"
     "$venv/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
     echo "== tests in $env: $("$venv/bin/python" -c 'import platform, IPython, ipywidgets, torch; print("Python", platform.python_version(), "IPython", IPython.__version__, "ipywidgets", ipywidgets.__version__, "torch", torch.__version__)')"
+    # The checks of the code itself, configured in pyproject.toml: pyflakes, bugbear and
+    # complexity (ruff), types (mypy). Both environments: mypy reads the installed packages'
+    # types, and IPython 7.34 has none. A finding fails the run, as a failing test does.
+    "$venv/bin/python" -m ruff check --no-cache colab_gpu tests || status=$?
+    "$venv/bin/python" -m mypy --cache-dir "$venv/mypy-cache" || status=$?
     # A hang fails this environment after 40 minutes (a run takes about 8) instead of
     # using up CI's 90; pytest's faulthandler_timeout has printed where it hangs by then.
     timeout -k 60 2400 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?

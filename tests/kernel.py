@@ -17,7 +17,7 @@ from conftest import ROOT
 KERNEL_NAME = "colab-gpu-test"
 
 
-def _kernel_manager(folder: pathlib.Path):
+def kernel_manager(folder: pathlib.Path):
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
@@ -50,7 +50,7 @@ def execute(notebook, cwd: pathlib.Path = ROOT, timeout: int = 120, messages: Op
             return super().process_message(msg, cell, cell_index)
 
     with tempfile.TemporaryDirectory() as folder:
-        manager = _kernel_manager(pathlib.Path(folder))
+        manager = kernel_manager(pathlib.Path(folder))
         client = NotebookClient if messages is None else Recording
         client(notebook, km=manager, timeout=timeout, resources={"metadata": {"path": str(cwd)}}).execute()
     return notebook

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from colab_gpu.batch import find_batch, is_out_of_memory
-from colab_gpu.batch.trial import proc_status
+from colab_gpu.host import process_status
 
 
 def mlp_under_limit(room_mib: int, width: int, hidden: int,
@@ -36,7 +36,7 @@ def mlp_under_limit(room_mib: int, width: int, hidden: int,
         on_batch(batch_size)
 
     step(2)  # threads and allocator pools exist before the limit is measured against
-    limit = proc_status()["VmSize"] + room_mib * 1024 ** 2
+    limit = process_status()["VmSize"] + room_mib * 1024 ** 2
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     return model, optimizer, step
 

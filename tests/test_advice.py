@@ -8,7 +8,7 @@ from colab_gpu.advice import RULES, advise
 from colab_gpu.devices import GPU, GPUProcess, GiB, MiB, Snapshot
 from colab_gpu.devices.nvml import NO_PYNVML
 from colab_gpu.runtime import Runtime, TorchState
-from colab_gpu.gpu_status import MemoryBreakdown, Status, TorchMemory
+from colab_gpu.torch_view import MemoryBreakdown, Status, TorchMemory
 
 # Values of the real Tesla T4 recording (shared/data/nvidia-smi-xml/tesla-t4.xml).
 T4 = GPU(index=0, name="Tesla T4", uuid="GPU-t4", compute_capability=(7, 5), memory_total=15360 * MiB,
@@ -32,7 +32,7 @@ def make_status(gpus=(), platform="jupyter", torch=CUDA_TORCH, tpu=None, visible
 
 def fired(status):
     """The advice as %gpu_status shows it (inside the magic, which names the magics)."""
-    from colab_gpu.options import as_magic
+    from colab_gpu.spelling import as_magic
 
     with as_magic():
         return {advice.rule: advice.message for advice in advise(status)}

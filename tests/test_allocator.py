@@ -13,10 +13,10 @@ from IPython.core.error import UsageError
 
 from colab_gpu.allocator import (AllocConfError, alloc_conf, apply_saved, installed_torch_version, parse,
                                  to_torch, validate, version_of)
-from colab_gpu.allocator.parse import format_version
-from colab_gpu.allocator.schema import BY_NAME, KEYS, PRESETS
-from colab_gpu.options import as_magic
+from colab_gpu.spelling import as_magic
 from colab_gpu.runtime import TorchState
+from colab_gpu.torch_allocator.parse import format_version
+from colab_gpu.torch_allocator.schema import BY_NAME, KEYS, PRESETS
 
 NOT_IMPORTED = TorchState(imported=False)
 # the installed torch's version as the reports name it ("2.13"), read as %alloc_conf reads it
@@ -527,8 +527,9 @@ def test_heading_says_unchanged_and_forget_says_what_it_deleted(env):
     forgot = pretty(alloc_conf(forget=True, environ=env, modules={}))
     assert forgot.startswith("Allocator configuration unchanged: expandable_segments:True\n")
     assert "  saved setting:\n    deleted 'expandable_segments:True' from\n" in forgot  # the path on its own line
-    assert "applied through" not in forgot and "applied through" not in pretty(again)  # nothing was
-    assert "applied through:\n    environment" in pretty(alloc_conf(["max_split_size_mb=64"], environ=env, modules={}))
+    assert "applied:" not in forgot and "applied:" not in pretty(again)  # nothing was
+    assert ("applied:\n    written to PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF, which torch reads\n"
+            "      when CUDA starts\n") in pretty(alloc_conf(["max_split_size_mb=64"], environ=env, modules={}))
     assert "there was none to delete" in pretty(alloc_conf(forget=True, environ=env, modules={}))
     assert pretty(alloc_conf(reset=True, environ=env, modules={})).startswith(
         "Allocator configuration changed: (empty)\n")

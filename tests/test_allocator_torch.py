@@ -22,9 +22,9 @@ from IPython.core.error import UsageError
 from allocator_probe import build_against_torch, torch_holds, torch_package
 from colab_gpu.allocator import (AllocConfError, alloc_conf, installed_torch_version, parse, roundup_table,
                                  to_torch, validate)
-from colab_gpu.allocator.parse import version_of
-from colab_gpu.allocator.schema import KEYS
 from colab_gpu.runtime import TorchState
+from colab_gpu.torch_allocator.parse import version_of
+from colab_gpu.torch_allocator.schema import KEYS
 from conftest import ROOT
 
 INSTALLED = version_of(installed_torch_version())
@@ -600,3 +600,25 @@ def test_a_save_once_cuda_started_keeps_what_an_earlier_save_left_for_the_restar
     shell.run_line_magic("alloc_conf", "per_process_memory_fraction=0.5 --save --json")
     shell.run_line_magic("alloc_conf", "--reset --save --json")
     assert not saved.exists()
+
+
+def test_the_reset_card_says_what_happened_not_which_private_call_did_it(shell, torch_env, monkeypatch, capsys):
+    """The --reset card named torch._C._accelerator_setAllocatorSettings, a private function of
+    torch's no user can act on: it says which variables it cleared and that torch went back to
+    its defaults now (where the call ran), or when CUDA starts. Scripts still read the call in
+    the JSON's applied_via."""
+    shell.run_line_magic("alloc_conf", "max_split_size_mb=128 --json")
+    capsys.readouterr()
+    as_text(shell, "--reset")
+    card = " ".join(capsys.readouterr().out.split())
+    assert "_accelerator_setAllocatorSettings" not in card and "torch._C" not in card
+    variables = "PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF unset"
+    assert (f"applied: {variables}, and torch told: it uses its defaults from now on" if has_getter(torch_env)
+            else f"applied: {variables}: torch uses its defaults when CUDA starts") in card
+    html = alloc_conf(["max_split_size_mb=64"])._repr_html_() + alloc_conf(reset=True)._repr_html_()
+    assert "_accelerator_setAllocatorSettings" not in html
+    started = cuda_started(torch_env, monkeypatch)  # once CUDA runs, the setter is called on every torch
+    alloc_conf(["max_split_size_mb=64"], state=started)
+    reset = alloc_conf(reset=True, state=started)
+    assert "and torch told: it uses its defaults from now on" in " ".join(str(reset).split())
+    assert reset.applied_via == ("environment", "torch._C._accelerator_setAllocatorSettings")

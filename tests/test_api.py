@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import random
 import re
@@ -78,6 +79,71 @@ def test_the_magics_keep_their_options_spelling(shell):
                 shell.run_line_magic(magic, line)
             else:
                 shell.run_cell_magic(magic, line, cell)
+
+
+def _user_errors():
+    """Every UserError subclass, once each package that defines one is imported."""
+    from colab_gpu.errors import UserError
+
+    for package in ("allocator", "batch", "devices.replay", "distributed", "live", "memory"):  # their errors
+        importlib.import_module(f"colab_gpu.{package}")
+
+    found, todo = [], [UserError]
+    while todo:
+        for kind in todo.pop().__subclasses__():
+            found.append(kind)
+            todo.append(kind)
+    return found
+
+
+def test_every_error_in_what_the_user_asked_for_is_a_user_error_and_still_a_value_error():
+    """One base the magics translate; the names and ValueError that callers catch are kept."""
+    names = {kind.__name__ for kind in _user_errors()}
+    assert {"AllocConfError", "RecordingError", "SourceError", "LiveOptionError", "AlreadyRunning",
+            "SearchError", "RestoreError", "ClearCacheError", "LaunchOptionError", "LaunchRefused"} <= names
+    assert all(issubclass(kind, ValueError) for kind in _user_errors())
+    assert colab_gpu.AllocConfError in _user_errors()
+
+
+# Each magic, and the API function it hands its work to (looked up at the call, so patched here).
+MAGIC_CALLS = [("gpu_status", "", None, "colab_gpu.gpu_status.status"),
+               ("alloc_conf", "", None, "colab_gpu.allocator.alloc_conf"),
+               ("clear_cache", "", None, "colab_gpu.memory.clear_cache"),
+               ("find_batch", "", "x = batch_size", "colab_gpu.batch.search_batch"),
+               ("distributed", "-n 2", "x = 1", "colab_gpu.distributed.launch")]
+
+
+@pytest.mark.parametrize("kind", _user_errors(), ids=lambda kind: kind.__name__)
+@pytest.mark.parametrize("magic, line, cell, target", MAGIC_CALLS, ids=[call[0] for call in MAGIC_CALLS])
+def test_every_user_error_from_an_api_is_one_usage_error_line_in_every_magic(shell, monkeypatch, capsys, kind,
+                                                                             magic, line, cell, target):
+    """Seven sites translated seven classes by hand, and an error of another class (RecordingError
+    of an empty --from in status()) would have been a traceback: one place now turns any
+    UserError into a UsageError of one line, its message as the API wrote it."""
+    from IPython.core.error import UsageError
+
+    def refuse(*args, **kwargs):
+        raise kind("what was wrong,\nand what is accepted")
+
+    monkeypatch.setattr(target, refuse)
+    with pytest.raises(UsageError) as refused:
+        if cell is None:
+            shell.run_line_magic(magic, line)
+        else:
+            shell.run_cell_magic(magic, line, cell)
+    assert str(refused.value) == "what was wrong, and what is accepted"
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_user_error_the_cell_raises_itself_stays_its_own(shell):
+    """%%find_batch runs the user's cell: a SearchError of its own (its own find_batch() call) is
+    the user's error with its traceback, not a line as if %%find_batch's options were wrong."""
+    from colab_gpu.batch import SearchError
+
+    with pytest.raises(SearchError, match="^the cell's own$"):
+        shell.run_cell_magic("find_batch", "--max 4", "from colab_gpu.batch import SearchError\n"
+                                                       "raise SearchError(\"the cell's own\")  # batch_size")
 
 
 @pytest.mark.parametrize("fn", [42, None, "train_step"])
@@ -280,7 +346,7 @@ def _layer_replaced():
 def test_hints_name_the_command_as_the_caller_runs_it(call, python, magic, ipython, monkeypatch, tmp_path):
     """A script author calling the plain API was sent to magics they never used ("%alloc_conf
     --keys lists every key"); the magics' own messages keep naming the magic."""
-    from colab_gpu.options import as_magic
+    from colab_gpu.spelling import as_magic
 
     config = {"COLAB_GPU_CONFIG_DIR": str(tmp_path / "python")}
     said = _message(lambda: call(config=config, ipython=ipython, monkeypatch=monkeypatch))
@@ -296,7 +362,7 @@ def test_a_script_can_make_the_live_call_the_status_card_advises():
     GPU trace"; in a script that had only run `import colab_gpu`, that call raised
     "AttributeError: module 'colab_gpu' has no attribute 'live'" (so did colab_gpu.allocator.KEYS)."""
     script = ("import colab_gpu\n"
-              "sampler, started = colab_gpu.live.start(demo=True, interval=0.01)\n"
+              "sampler, started = colab_gpu.live.start(demo=True, interval=0.1)\n"
               "sampler.wait(2, timeout=10)\n"
               "print(repr(colab_gpu.live.stop()).startswith('<RunRecord replay of'), started)\n"
               "print(len(colab_gpu.allocator.KEYS) > 0)\n")

@@ -81,7 +81,8 @@ def jupyterlab(tmp_path_factory):
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         "--LabApp.news_url=", "--LabApp.extension_manager=readonly", "--allow-root"],
+         "--LabApp.news_url=", "--LabApp.extension_manager=readonly", "--LabApp.expose_app_in_browser=True",
+         "--allow-root"],
         env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -96,6 +97,59 @@ def jupyterlab(tmp_path_factory):
     server.terminate()
     server.wait(timeout=30)
     log.close()
+
+
+def theme(page, name: str) -> None:
+    """Switch the page's JupyterLab to the theme ``name`` ("JupyterLab Light", "JupyterLab Dark")."""
+    page.evaluate("name => window.jupyterapp.commands.execute('apputils:change-theme', {theme: name})", name)
+    light = "true" if name == "JupyterLab Light" else "false"
+    page.wait_for_function(f"document.body.dataset.jpThemeLight === '{light}'", timeout=30_000)
+    page.wait_for_timeout(500)  # the theme's colours applied
+
+
+def open_notebook(page, base: str, token: str, path: str) -> None:
+    """Open ``path`` alone in ``page`` (reset: no tab of an earlier page restored) and wait
+    for its kernel (JupyterLab starts one)."""
+    page.goto(f"{base}/lab/tree/{path}?token={token}&reset")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=60_000)
+
+
+def api(base: str, token: str, path: str, method: str = "GET", body=None):
+    """A JupyterLab REST call; its JSON answer (None when empty)."""
+    request = urllib.request.Request(f"{base}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        text = answer.read()
+    return json.loads(text) if text else None
+
+
+# How readable the live chart's labels are where they are drawn: (text, size in px, contrast of
+# their colour with what lies under them: WCAG's ratio, 4.5 is enough for small text). One
+# call, so that the widget's redraw cannot swap the labels out in between.
+LEGIBILITY = r"""panel => {
+  const luminance = colour => {
+    const [r, g, b] = colour.match(/[\d.]+/g).slice(0, 3).map(value => {
+      value /= 255; return value <= 0.03928 ? value / 12.92 : ((value + 0.055) / 1.055) ** 2.4; });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const under = element => {
+    for (let node = element; node; node = node.parentElement) {
+      const colour = getComputedStyle(node).backgroundColor;
+      if (colour !== 'transparent' && !/rgba\(.*, 0\)$/.test(colour)) return colour;
+    }
+    return 'rgb(255, 255, 255)';
+  };
+  return [...panel.querySelectorAll('svg.cgpu-chart text')].map(label => {
+    const style = getComputedStyle(label), [a, b] = [luminance(style.fill), luminance(under(label))];
+    return [label.textContent, parseFloat(style.fontSize),
+            Math.round(100 * (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05)) / 100];
+  });
+}"""
+
+# The right edge of each GPU row's busy number: a column that keeps its place has one.
+NUMBER_EDGES = """panel => [...panel.querySelectorAll('tr')].slice(1).map(row => {
+  const box = row.querySelector('.cgpu-num'); return box ? Math.round(box.getBoundingClientRect().right) : null; })"""
 
 
 def panel_state(frame):
@@ -115,14 +169,23 @@ def test_jupyterlab_shows_the_live_widget_and_it_keeps_moving(browser, jupyterla
     page.keyboard.press("Shift+Enter")
     panel = page.locator(".cgpu-live")
     panel.wait_for(timeout=60_000)
-    assert "REPLAY of a recorded trace (v100s-pcie-32gb_miris.csv)" in panel.inner_text()
-    assert "Tesla V100S-PCIE-32GB" in panel.inner_text()
+    assert "REPLAY of a recorded trace (nanogpt-8gpu-training_gpus0-3.csv)" in panel.inner_text()
+    assert panel.locator("svg.cgpu-chart").count() == 3  # busy, power, temperature: the log has no memory
     first = panel_state(page)
     time.sleep(3)
     later = panel_state(page)
-    page.screenshot(path=str(ARTIFACTS / "jupyterlab-live-widget.png"), full_page=True)
     assert later[0] != first[0]  # "sampling every 0.25 s, N samples over T s" moved on
     assert later[1] != first[1]  # the chart's line grew
+    for name, shot in (("JupyterLab Light", "jupyterlab-live-light.png"), ("JupyterLab Dark", "jupyterlab-live-dark.png")):
+        theme(page, name)
+        panel.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
+        # From the back of a classroom: labels of 13 px or more, in the theme's own text colour.
+        labels = panel.evaluate(LEGIBILITY)
+        assert len(labels) > 20 and all(size >= 13 and contrast >= 4.5 for _, size, contrast in labels), (name, labels)
+        edges = panel.evaluate(NUMBER_EDGES)
+        assert len(edges) == 4 and len(set(edges)) == 1, edges  # "5%" ends where "100%" does
+    theme(page, "JupyterLab Light")
     page.close()
 
 
@@ -209,8 +272,8 @@ def test_the_live_page_fits_a_400_px_frame(browser):
         page.screenshot(path=str(ARTIFACTS / "live-page-400px.png"), full_page=True)
         assert page.evaluate(STICKS_OUT) == [0, "", 0]
         row = page.locator(".cgpu-live tr").nth(1).inner_text()
-        # the demo trace records no power: that column is left out, as on the card
-        assert re.search(r"\d+%\s+[\d.]+\s[MG]iB / 32.00\sGiB\s+\d+\s°C", row), row
+        # the demo trace records no memory: that column is left out, as on the card
+        assert re.search(r"\d+%\s+[\d.]+\sW\s+\d+\s°C", row), row
         page.set_viewport_size({"width": 1200, "height": 700})  # wide: the bars are back
         assert page.locator(".cgpu-live .cgpu-bar").first.is_visible()
         page.close()
@@ -276,3 +339,94 @@ def test_the_live_page_in_a_tab_of_its_own_logs_no_error(browser):
         page.close()
     finally:
         live.stop()
+
+
+# A lesson as a teacher hands it out: the monitor started, a cell of "training", --stop.
+LESSON = ["%load_ext colab_gpu", "%gpu_status --live --demo --interval 0.1", "import time\ntime.sleep(2)",
+          "%gpu_status --stop"]
+CHART_ALT = "replay of nanogpt-8gpu-training_gpus0-3.csv: chart of the samples kept"
+
+# Each chart image in the notebook's outputs: (its cell, its alt text, its width once loaded; 0 if it did not).
+CHART_IMAGES = """() => [...document.querySelectorAll('.jp-Notebook .jp-Cell')].flatMap((cell, index) =>
+  [...cell.querySelectorAll('.jp-OutputArea-output img')].map(image => [index, image.alt, image.naturalWidth]))"""
+
+
+def lesson_notebook(outputs=None) -> dict:
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in LESSON])
+    notebook.metadata["kernelspec"] = NOTEBOOK["metadata"]["kernelspec"]
+    return json.loads(nbformat.writes(notebook))
+
+
+def reopened(browser, base: str, token: str, path: str, shot: str):
+    """``path`` opened in a fresh page with a fresh kernel, as a student opens a notebook they
+    were given: (the page, what its notebook says). Screenshots in the light and dark themes."""
+    for session in api(base, token, "/api/sessions"):  # the kernel that ran it, and its widgets, are gone
+        if session["path"].endswith(path):
+            api(base, token, f"/api/sessions/{session['id']}", "DELETE")
+    page = browser.new_page()
+    open_notebook(page, base, token, path)
+    # --stop's chart, in the last cell: every output above it has been drawn by then.
+    page.wait_for_function(f"({CHART_IMAGES})().some(([cell, , width]) => cell === 3 && width > 0)", timeout=30_000)
+    page.wait_for_timeout(1000)  # a widget view would have tried to draw itself by now
+    for name, suffix in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
+        theme(page, name)
+        page.screenshot(path=str(ARTIFACTS / f"{shot}-{suffix}.png"), full_page=True)
+    theme(page, "JupyterLab Light")
+    return page, page.locator(".jp-Notebook").inner_text()
+
+
+def assert_shows_the_stopped_monitor(page, text: str) -> None:
+    assert "Error displaying widget" not in text and "model not found" not in text
+    # The live cell's last state and the run's chart, then --stop's summary and the same chart.
+    assert [(cell, alt) for cell, alt, width in page.evaluate(CHART_IMAGES) if width > 0] == \
+        [(1, CHART_ALT), (3, CHART_ALT)]
+    live = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea-output")
+    assert re.search(r"REPLAY of a recorded trace \(nanogpt-8gpu-training_gpus0-3\.csv\).*stopped at "
+                     r"\d\d:\d\d:\d\d by %gpu_status --stop", live.inner_text(), re.S), live.inner_text()
+
+
+def test_a_notebook_run_saved_and_reopened_shows_the_stopped_monitor_not_a_widget_error(browser, jupyterlab):
+    """A notebook where the live monitor ran, saved and reopened (also after --stop), showed
+    "Error displaying widget: model not found" in its place: a widget's view needs its kernel.
+    The stop turns it into static HTML with the run's chart, in the running page already."""
+    base, token = jupyterlab
+    api(base, token, "/api/contents/lesson.ipynb", "PUT", {"type": "notebook", "content": lesson_notebook()})
+    page = browser.new_page()
+    open_notebook(page, base, token, "lesson.ipynb")
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.locator(".jp-Cell").nth(3).locator(".cgpu-card img").wait_for(timeout=90_000)
+    live = page.locator(".jp-Cell").nth(1).locator(".jp-OutputArea-output")
+    live.locator("img").wait_for(timeout=30_000)  # the widget became the static view, in this page too
+    assert live.locator(".jupyter-widgets").count() == 0
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=30_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    deadline = time.monotonic() + 30
+    while True:  # saved: the file holds the static view, not the widget
+        saved = api(base, token, "/api/contents/lesson.ipynb")["content"]["cells"][1]["outputs"]
+        if saved and "image/png" in saved[0]["data"]:
+            break
+        assert time.monotonic() < deadline, saved
+        time.sleep(0.5)
+    assert not any("widget" in mime for output in saved for mime in output.get("data", {}))
+    page.close()
+    page, text = reopened(browser, base, token, "lesson.ipynb", "jupyterlab-reopened")
+    assert_shows_the_stopped_monitor(page, text)
+    page.close()
+
+
+def test_a_notebook_executed_elsewhere_opens_in_jupyterlab_with_the_stopped_monitor(browser, jupyterlab):
+    """The same lesson executed without a browser (nbclient, as CI and nbconvert --execute
+    do) and opened in JupyterLab: untrusted, its HTML is sanitized; the chart still shows."""
+    import nbformat
+
+    from kernel import execute
+
+    notebook = nbformat.reads(json.dumps(lesson_notebook()), as_version=4)
+    execute(notebook, timeout=120)
+    base, token = jupyterlab
+    api(base, token, "/api/contents/handout.ipynb", "PUT", {"type": "notebook", "content": json.loads(nbformat.writes(notebook))})
+    page, text = reopened(browser, base, token, "handout.ipynb", "jupyterlab-handout")
+    assert_shows_the_stopped_monitor(page, text)
+    page.close()

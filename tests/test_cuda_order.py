@@ -26,6 +26,8 @@ from colab_gpu.devices import GiB
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource
 from colab_gpu.render import FASTEST_FIRST_NOTE
+from colab_gpu.state import session
+from colab_gpu.torch_view import torch_view
 from conftest import DATA, ROOT
 from nvml_recording import RecordedNvml
 from test_live import card_labels, line_labels, live_config, run_live  # noqa: F401 (a fixture)
@@ -77,7 +79,7 @@ def driver(fake_driver_library, clean_env, tmp_path, monkeypatch):
     clean_env.setenv("LD_LIBRARY_PATH", str(fake_driver_library))
     clean_env.setenv("FAKE_CUDA_DEVICES", driver_devices(RTX_3090, GTX_1660_TI))
     clean_env.setenv("FAKE_CUDA_LOG", str(tmp_path / "cuinit.log"))
-    monkeypatch.setattr(cuda_order, "_answers", {})
+    monkeypatch.setattr(session, "driver_answers", {})
     return Driver(tmp_path / "cuinit.log")
 
 
@@ -132,7 +134,7 @@ def test_the_driver_is_matched_by_bus_id_alone_and_by_uuid_alone(driver, mixed_b
     """CUDA writes bus ids "0000:43:00.0", NVML "00000000:43:00.0"; a driver that gives no
     UUID (or no bus id) still names its GPUs."""
     for only in (dict(uuids=False), dict(bus_ids=False)):
-        monkeypatch.setattr(cuda_order, "_answers", {})
+        monkeypatch.setattr(session, "driver_answers", {})
         monkeypatch.setenv("FAKE_CUDA_DEVICES", driver_devices(RTX_3090, GTX_1660_TI, **only))
         status = colab_gpu.status()
         assert status.torch_index_of == {0: 1, 1: 0} and status.cuda_numbering_asked, only
@@ -157,7 +159,7 @@ def test_cuda_visible_devices_ordinals_are_the_drivers_fastest_first_ones(shell,
 
 
 def test_the_live_monitor_labels_its_gpus_as_the_card_does(live_config, capsys, driver, mixed_box):
-    run_live(live_config, "--live", live_lines=2, live_interval=0.02)
+    run_live(live_config, "--live", live_lines=2, live_interval=0.1)
     out = capsys.readouterr().out
     assert line_labels(out) == {0: "cuda:1", 1: "cuda:0"} and "cuda:?" not in out
     assert "GPU 1 NVIDIA GeForce RTX 3090 (cuda:0)" in out
@@ -256,7 +258,7 @@ def test_the_driver_is_asked_once_per_setting(shell, capsys, live_config, driver
     card(shell, capsys, "--json")
     assert colab_gpu.status().torch_index_of == {0: 1, 1: 0}
     shell.run_line_magic("clear_cache", "")
-    run_live(live_config, "--live", live_lines=2, live_interval=0.02)
+    run_live(live_config, "--live", live_lines=2, live_interval=0.1)
     capsys.readouterr()
     assert len(driver.children()) == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
@@ -279,7 +281,7 @@ def test_no_child_where_the_numbering_is_known(shell, capsys, driver, mixed_box,
     use_source(monkeypatch, box("tesla-t4.xml", "tesla-t4.xml"))
     assert card_labels(card(shell, capsys)) == {0: "cuda:0", 1: "cuda:1"}
     recording = dataclasses.replace(mixed_box.snapshot(), recorded=True, source="replay of a mixed box")
-    status = colab_gpu.gpu_status.torch_view(recording, colab_gpu.detect_runtime())
+    status = torch_view(recording, colab_gpu.detect_runtime())
     assert status.torch_index_of == {0: 0, 1: 1} and not status.cuda_numbering_asked
     from colab_gpu.memory import read_memory
 
@@ -319,7 +321,7 @@ colab_gpu.devices.default_source = colab_gpu.gpu_status.default_source = lambda:
 shell.run_line_magic("gpu_status", "")
 shell.run_line_magic("clear_cache", "")
 shell.run_line_magic("config", "GPUMagics.live_lines = 1")
-shell.run_line_magic("gpu_status", "--live --interval 0.02")
+shell.run_line_magic("gpu_status", "--live --interval 0.1")
 with open("/proc/self/maps") as maps:
     mapped = [line.split()[-1] for line in maps if "libcuda" in line]
 print("REPORT" + json.dumps(dict(pid=os.getpid(), mapped=mapped, opened=opened)))

@@ -23,10 +23,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from colab_gpu.batch import find_batch, is_out_of_memory
-from colab_gpu.batch.oom import ErrorKind, classify
 from colab_gpu.batch.result import FITS, OUT_OF_MEMORY, Trial
 from colab_gpu.batch.search import Headroom, Search, SearchError
 from colab_gpu.batch.state import assigned_names
+from colab_gpu.oom import ErrorKind, classify
+from colab_gpu.state import session
 from conftest import DATA, ROOT
 from milabench_replay import (CAPACITIES_GIB, HELD_OUT_GIB, Curve, ReplayDevice, claim_backed, distribution,
                               fit_problems, problems)
@@ -389,13 +390,35 @@ def test_throughput_mode_that_reaches_max_says_so():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(maximum=4, multiple_of=8), "max=4 is below the first size, 8 (a multiple of 8)"),
     (dict(maximum=4, start=6), "max=4 is below start=6"),
-    (dict(maximum=6, start=4, multiple_of=8), "max=6 is below start=4 as a multiple of 8, 8"),
+    (dict(maximum=90, start=100, multiple_of=8), "max=90 is below start=100 (96 as a multiple of 8)"),
 ])
 def test_a_max_below_the_first_size_names_what_set_that_size(options, message):
     with pytest.raises(SearchError, match=f"^{re.escape(message)}$"):
         Search(lambda size: Trial(size, FITS), **options)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(multiple_of=99999999999),
+     "multiple_of=99999999999 leaves no batch size to try up to 65536, the largest size tried without max: "
+     "give multiple_of=65536 or less, or max=99999999999 or more"),
+    (dict(start=3, max=4, multiple_of=8),
+     "multiple_of=8 leaves no batch size to try from start=3 to max=4: give multiple_of=4 or less, or max=8 or more"),
+    (dict(max=4, multiple_of=8),
+     "multiple_of=8 leaves no batch size to try up to max=4: give multiple_of=4 or less, or max=8 or more"),
+])
+def test_a_multiple_of_above_the_largest_size_is_refused_before_anything_runs(options, message):
+    """multiple_of=99999999999 ran the step at 99999999999, above the largest size tried (65536
+    without max); start=3, max=4, multiple_of=8 said "max=4 is below start=3 as a multiple of 8, 8"."""
+    sizes = []
+    with pytest.raises(SearchError) as refused:
+        find_batch(sizes.append, progress=False, **options)
+    assert str(refused.value) == message and sizes == []
+
+
+def test_a_multiple_of_up_to_the_largest_size_is_taken():
+    assert find_batch(lambda size: None, progress=False, max=8, multiple_of=8).answer == 8
+    assert find_batch(lambda size: None, progress=False, multiple_of=65536).answer == 65536
 
 
 def test_a_start_or_max_between_multiples_is_rounded_and_the_report_says_so(shell, capsys):
@@ -439,7 +462,10 @@ def test_throughput_times_a_fast_step_for_a_tenth_of_a_second_and_max_mode_runs_
     for trial in result.trials:
         timed = durations[trial.size][1:]
         assert trial.runs == len(durations[trial.size])
-        assert sum(timed[:-1]) < 0.1 and sum(timed) > 0.09, (trial.size, timed)
+        # Where the machine made the timed runs disagree, they ran once more, as many of them.
+        first = timed[:len(timed) // 2] if sum(timed[:-1]) >= 0.1 else timed
+        assert sum(first[:-1]) < 0.1 and sum(first) > 0.09, (trial.size, timed)
+        assert len(timed) in (len(first), 2 * len(first)), (trial.size, timed)
     runs = collections.Counter()
     result = find_batch(lambda size: runs.update([size]), max=8, progress=False)
     assert set(runs.values()) == {3} and [t.runs for t in result.trials] == [3, 3]
@@ -684,18 +710,18 @@ def test_restoring_an_optimizer_gives_it_a_fresh_copy_of_what_it_would_keep():
     real GPU by gpu_checks/find_batch.py."""
     import torch
 
-    from colab_gpu.batch.state import Snapshot
+    from colab_gpu.batch.state import RestorePoint
 
     model = torch.nn.Linear(8, 8)
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.randn(4, 8)).sum().backward()
     optimizer.step()
-    snapshot = Snapshot(objects={"optimizer": optimizer})
-    saved = snapshot.objects[0].saved["state"][0]
+    restore_point = RestorePoint(objects={"optimizer": optimizer})
+    saved = restore_point.objects[0].saved["state"][0]
     given = []
     load = optimizer.load_state_dict
     optimizer.load_state_dict = lambda state: given.append(state["state"][0]) or load(state)
-    snapshot.restore()
+    restore_point.restore()
     assert given[0]["step"] is not saved["step"] and torch.equal(given[0]["step"], saved["step"])
     assert given[0]["exp_avg"] is not saved["exp_avg"] and torch.equal(given[0]["exp_avg"], saved["exp_avg"])
     assert torch.equal(optimizer.state_dict()["state"][0]["exp_avg"], saved["exp_avg"])
@@ -840,9 +866,9 @@ def test_a_gpu_machine_without_pynvml_is_not_told_it_has_no_cuda_device(shell, c
     from colab_gpu.devices.nvml import NO_PYNVML, NvmlSource
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails: not installed
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: True)  # /proc/driver/nvidia is there
+    monkeypatch.setattr(nvml_module, "driver_loaded", lambda: True)  # /proc/driver/nvidia is there
     nvml_module.nvidia_driver_present.cache_clear()
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     try:
         assert colab_gpu.devices.default_source().snapshot().problem == NO_PYNVML
         shell.user_ns.update(batch_size=2, ran=[])
@@ -861,15 +887,14 @@ def test_kaggles_two_t4s_with_a_cpu_only_torch_refuse_a_cuda_device(shell, clean
     import torch
     from IPython.core.error import UsageError
 
-    import colab_gpu.devices
     from colab_gpu.devices.nvml import NvmlSource
     from nvml_recording import RecordedNvml
-    from test_harm import two_t4s
+    from test_never_harms import two_t4s
 
     monkeypatch.setattr(torch.version, "cuda", None)  # a CPU-only build, whichever build tests run with
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
     clean_env.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=RecordedNvml(two_t4s())))
+    monkeypatch.setattr(session, "default_source", NvmlSource(nvml=RecordedNvml(two_t4s())))
     shell.user_ns.update(batch_size=2, ran=[])
     for device in ("cuda:1", "cuda"):
         with pytest.raises(UsageError) as refused:
@@ -1069,7 +1094,7 @@ def test_a_fitting_trials_progress_line_is_one_line_of_80_columns_however_fast(r
 def test_the_report_of_a_search_ended_by_the_users_error_does_not_claim_an_answer(shell):
     """A notebook keeps the report above the traceback. After sizes had fitted it read
     "batch_size = 2 (largest fitting ...)", while the error left batch_size as it was."""
-    from colab_gpu.batch import Snapshot, search_batch
+    from colab_gpu.batch import RestorePoint, search_batch
     from colab_gpu.batch.render import render_text
 
     progress = FinishedResults()
@@ -1079,7 +1104,7 @@ def test_the_report_of_a_search_ended_by_the_users_error_does_not_claim_an_answe
             raise ValueError("a bug in the cell")
 
     with pytest.raises(ValueError, match="a bug"):
-        search_batch(step, Snapshot(), maximum=64, progress=progress)
+        search_batch(step, RestorePoint(), maximum=64, progress=progress)
     (result,) = progress.finished
     assert result.answer is None and result.largest_fitting == 2
     report = render_text(result)
@@ -1398,7 +1423,7 @@ def test_a_restore_object_that_cannot_be_put_back_ends_the_progress_saying_why()
     """The notebook's progress table said "still running" above the one-line error."""
     import torch
 
-    from colab_gpu.batch import RestoreError, Snapshot, search_batch
+    from colab_gpu.batch import RestoreError, RestorePoint, search_batch
 
     head = torch.nn.Sequential(torch.nn.Linear(4, 2))
     progress = FinishedResults()
@@ -1407,7 +1432,7 @@ def test_a_restore_object_that_cannot_be_put_back_ends_the_progress_saying_why()
         head[0] = torch.nn.Linear(4, 3)
 
     with pytest.raises(RestoreError, match=r"^restore\['head'\]: its state could not be put back"):
-        search_batch(step, Snapshot(objects={"head": head}), maximum=8, progress=progress)
+        search_batch(step, RestorePoint(objects={"head": head}), maximum=8, progress=progress)
     assert [result.stopped.split(" (")[0] for result in progress.finished] == [
         "restore['head']: its state could not be put back after a trial"]
 
@@ -1658,6 +1683,11 @@ def test_help_shows_a_cell_magic(shell):
     ("--var 1abc", "--var '1abc': give a Python variable name"), ("--var class", "--var 'class'"),
     ("--headroom 0.1", "a number without a unit is bytes; for a share"), ("--max 0", "--max 0"),
     ("--start 8 --max 4", "--max 4 is below --start 8"),
+    ("--multiple-of 99999999999", "^--multiple-of 99999999999 leaves no batch size to try up to 65536, the "
+                                  "largest size tried without --max: give --multiple-of 65536 or less, or "
+                                  "--max 99999999999 or more$"),
+    ("--start 3 --max 4 --multiple-of 8", "^--multiple-of 8 leaves no batch size to try from --start 3 to --max "
+                                          "4: give --multiple-of 4 or less, or --max 8 or more$"),
     ("--restore n_layers", "^--restore n_layers: an int has no state_dict.*; --restore takes the names of "
                            "variables holding models"),
 ])
@@ -1714,7 +1744,7 @@ def test_chart_is_a_png_with_memory_and_throughput():
 def test_chart_draws_throughput_from_the_smallest_size_to_the_largest():
     """--start above what fits: 512 fits, then 128 is measured below it, then 673. The line
     joined them in that order, from 512 back to 128 and across to 673: it crossed itself."""
-    from colab_gpu.batch.render import _chart_figure
+    from colab_gpu.batch.render import chart_figure
     from colab_gpu.render.chart import neutral_style
 
     curve = Curve([(1, 2 * GiB), (64, 9 * GiB), (512, 60 * GiB)])
@@ -1723,20 +1753,20 @@ def test_chart_draws_throughput_from_the_smallest_size_to_the_largest():
     fits = [t for t in result.trials if t.fits]
     assert [t.size for t in fits][:2] == [512, 128]
     with neutral_style():
-        speed = _chart_figure(result, fits).axes[1]
+        speed = chart_figure(result, fits).axes[1]
     assert list(speed.lines[0].get_xdata()) == sorted(t.size for t in fits)
 
 
 def test_chart_without_memory_measured_has_no_empty_memory_panel():
     """measure_memory=False (or a CPU other than Linux's): the memory panel was drawn empty, with
     made-up ticks from -0.04 to 0.04 GiB and a legend for "peak (ran)" points that are not there."""
-    from colab_gpu.batch.render import _chart_figure, render_html
+    from colab_gpu.batch.render import chart_figure, render_html
     from colab_gpu.render.chart import neutral_style
 
     result = find_batch(lambda size: None, mode="throughput", max=8, steps=1, measure_memory=False,
                         progress=False)
     with neutral_style():
-        figure = _chart_figure(result, [t for t in result.trials if t.fits])
+        figure = chart_figure(result, [t for t in result.trials if t.fits])
     assert [axes.get_title() for axes in figure.axes] == ["throughput"]
     assert "<img alt='throughput against batch_size'" in render_html(result)
 
@@ -1745,7 +1775,7 @@ def test_chart_marks_at_the_capacity_only_the_sizes_that_ran_out_of_memory():
     """A red cross on the capacity line says "ran out of memory here". A trial over the
     headroom (its real peak is drawn), one cut short by Ctrl-C and one that raised the user's
     error never reached the capacity; they were drawn there too, with no legend entry."""
-    from colab_gpu.batch.render import _chart_figure
+    from colab_gpu.batch.render import chart_figure
     from colab_gpu.batch.result import ERROR, INTERRUPTED, OVER_HEADROOM, BatchResult
     from colab_gpu.render.chart import neutral_style
 
@@ -1757,7 +1787,7 @@ def test_chart_marks_at_the_capacity_only_the_sizes_that_ran_out_of_memory():
     result = BatchResult("bs", "max", "cuda:0 (Tesla T4)", trials, answer=2, largest_fitting=2,
                          fastest=2, capacity=16 * gib, usable=15 * gib, fit=None, stopped="interrupted")
     with neutral_style():
-        memory = _chart_figure(result, [trials[0]]).axes[0]
+        memory = chart_figure(result, [trials[0]]).axes[0]
     crosses = [line for line in memory.lines if line.get_marker() == "x"]
     assert [list(line.get_xdata()) for line in crosses] == [[64]]
     assert list(crosses[0].get_ydata()) == [16]

@@ -175,11 +175,12 @@ def test_where_going_past_memory_kills_no_size_the_fit_puts_over_the_usable_memo
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and glibc are Linux's")
 def test_a_cpu_trial_records_the_memory_in_use_before_it():
-    from colab_gpu.batch.trial import proc_status, run_trial
+    from colab_gpu.batch.trial import run_trial
+    from colab_gpu.host import process_status
 
     trial, _ = run_trial(lambda size: None, 2, steps=1, device="cpu")
     failed, _ = run_trial(lambda size: (_ for _ in ()).throw(MemoryError()), 2, steps=1, device="cpu")
-    status = proc_status()
+    status = process_status()
     for measured in (trial, failed):
         assert 0.5 * status["VmRSS"] < measured.baseline <= status["VmSize"]
 
@@ -188,14 +189,15 @@ def test_a_cpu_trial_records_the_memory_in_use_before_it():
 def test_memory_freed_in_the_middle_of_the_heap_is_handed_back_after_a_trial():
     """Freed heap chunks below a live one stay resident until malloc_trim: they made the trials
     after a large one (and a failed one most) look larger than they were."""
-    from colab_gpu.batch.trial import proc_status, trim_heap
+    from colab_gpu.batch.trial import trim_heap
+    from colab_gpu.host import process_status
 
     chunks = [bytearray(100_000) for _ in range(2000)]  # 200 MB on the heap, each page touched
     pinned = chunks.pop()  # a live chunk above the rest keeps the heap from shrinking
     del chunks
-    before = proc_status()["VmRSS"]
+    before = process_status()["VmRSS"]
     trim_heap()
-    assert before - proc_status()["VmRSS"] > 100 * MiB
+    assert before - process_status()["VmRSS"] > 100 * MiB
     del pinned
 
 

@@ -217,14 +217,17 @@ def test_ctrl_c_while_the_final_report_is_drawn_keeps_the_answer_and_the_report(
 
 
 def test_a_cell_that_plots_shows_the_figure_of_its_first_run_only():
-    notebook = run_cells([SETUP + "%matplotlib inline\nimport matplotlib.pyplot as plt",
+    notebook = run_cells([SETUP + "%matplotlib inline\nimport matplotlib.pyplot as plt\nruns = []",
                           "%%find_batch --max 16\nx = torch.randn(batch_size, 64)\n"
-                          "plt.figure(); plt.plot(x[:, 0])"], timeout=60)
+                          "plt.figure(); plt.plot(x[:, 0]); runs.append(batch_size)", "print(len(runs))"],
+                         timeout=60)
     searched = notebook.cells[1]
     figures = [bundle for bundle in bundles(searched) if "image/png" in bundle and "text/html" not in bundle]
-    # Six runs each opened a figure: one is the cell's output, as a print's would be, not six.
+    # Each run opened a figure (six; more where a busy machine made a trial time its runs again):
+    # one is the cell's output, as a print's would be, not six.
     assert len(figures) == 1, [bundle.get("text/plain") for bundle in bundles(searched)]
-    assert "5 later runs had output too, hidden" in stream(searched, "stderr")
+    runs = int(stream(notebook.cells[2]))
+    assert runs >= 6 and f"{runs - 1} later runs had output too, hidden" in stream(searched, "stderr")
 
 
 def test_ctrl_c_while_the_cells_out_draws_its_chart_is_held_until_it_is_drawn():

@@ -33,8 +33,8 @@ def test_a_refused_setting_does_not_stop_the_extension_loading_again(shell, caps
         assert (magics.live_interval, magics.live_lines) == (1.0, 3)  # the valid setting is kept
         assert "gpu_status" in shell.magics_manager.magics["line"]
         assert capsys.readouterr().err == (
-            "colab_gpu: ignored a setting: GPUMagics.live_interval must be a positive number of "
-            "seconds up to 3600 (an hour), e.g. 1 or 0.5; not -5\n")
+            "colab_gpu: ignored a setting: GPUMagics.live_interval must be a number of seconds from "
+            "0.1 (NVML's counters change every 1/6 s to 1 s) to 3600 (an hour), e.g. 1 or 0.5; not -5\n")
     finally:
         shell.run_line_magic("config", "GPUMagics.live_interval = 1.0")
         shell.run_line_magic("config", "GPUMagics.live_lines = 0")

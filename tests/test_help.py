@@ -56,3 +56,33 @@ def test_tab_completion_offers_the_subpackages_the_hints_name(ipython, monkeypat
                    for prefix in ("li", "allo", "__ver")}  # IPython 8+ leaves out "colab_gpu"
     assert completions == {"li": ["live", "live_url"], "allo": ["alloc_conf", "allocator"],
                            "__ver": ["__version__"]}
+
+
+def documented(doc: str, section: str) -> list:
+    """The names a numpydoc ``section`` of ``doc`` lists ("save, forget : bool" names two)."""
+    import re
+
+    lines = doc.split(f"\n{section}\n{'-' * len(section)}\n", 1)[1].split("\n\n")[0].splitlines() \
+        if f"\n{section}\n" in doc else []
+    return [name.strip().lstrip("*") for line in lines if re.match(r"[\w*]", line) and " : " in line
+            for name in line.split(" : ")[0].split(",")]
+
+
+def test_help_of_each_function_and_result_lists_its_parameters_and_attributes():
+    """help(colab_gpu.find_batch) names every parameter, what it returns and raises, in the
+    numpydoc sections IPython's own docstrings use; a result's help names every field."""
+    import dataclasses
+    import inspect
+
+    from colab_gpu import live
+
+    api = [getattr(colab_gpu, name) for name in colab_gpu.__all__] + [live.start, live.stop, live.running]
+    for function in (each for each in api if inspect.isfunction(each)):
+        doc = inspect.getdoc(function)
+        parameters = list(inspect.signature(function).parameters)
+        assert documented(doc, "Parameters") == parameters, function.__name__
+        returns = inspect.signature(function).return_annotation not in ("None", None)
+        assert ("\nReturns\n-------\n" in doc) == returns, function.__name__
+    for result in (each for each in api if dataclasses.is_dataclass(each)):
+        fields = [field.name for field in dataclasses.fields(result) if field.repr]
+        assert documented(inspect.getdoc(result), "Attributes") == fields, result.__name__

@@ -67,6 +67,7 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for data in ("colab_gpu/data/tesla-t4.xml", "colab_gpu/data/v100s-pcie-32gb_miris.csv",
                  "colab_gpu/data/LICENSE.telegraf", "colab_gpu/data/LICENSE.miris",
+                 "colab_gpu/data/nanogpt-8gpu-training_gpus0-3.csv", "colab_gpu/data/LICENSE.nanogpt",
                  "colab_gpu/live/page.html"):
         assert data in names
     for module in ("__init__", "arguments", "cell", "later_runs"):  # a subpackage, found by include
@@ -75,7 +76,10 @@ def test_the_wheel_holds_the_data_and_builds_without_deprecations(tmp_path):
         assert f"colab_gpu/devices/replay/{module}.py" in names
     for module in ("__init__", "walk", "namespace", "readings", "rounding", "holders", "clear"):
         assert f"colab_gpu/memory/{module}.py" in names
-    assert "colab_gpu/cuda.py" in names
+    for module in ("__init__", "schema", "parse", "installed"):
+        assert f"colab_gpu/torch_allocator/{module}.py" in names
+    for module in ("cuda", "torch_view", "oom"):
+        assert f"colab_gpu/{module}.py" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), "no MIT licence text"
 
 

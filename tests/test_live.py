@@ -5,6 +5,7 @@ recording-fed stand-in of the pynvml module (tests/live_nvml.py).
 """
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import json
@@ -28,15 +29,20 @@ from colab_gpu import live
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource, load_frames
 from colab_gpu.live.panel import render_panel
+from colab_gpu.live.render import chart_figure, chart_png
 from colab_gpu.live.sampler import THREAD_NAME, Sampler, SourceError
 from colab_gpu.live.server import LiveServer
 from colab_gpu.live.terminal import watch
+from colab_gpu.state import session
 
 from conftest import DATA, ROOT
 from live_nvml import RecordedNvml
 
 V100 = DATA / "nvidia-smi-csv" / "v100s-pcie-32gb_miris.csv"
+# Replays run at up to a thousand samples a second here; the tests of the floor users get take live_floor.
+pytestmark = pytest.mark.usefixtures("fast_live_sampling")
 NANOGPT = DATA / "nvidia-smi-csv" / "8gpu-training_nanogpt-pr643.csv"
+DEMO = "nanogpt-8gpu-training_gpus0-3.csv"  # what --demo replays: a slice of NANOGPT, 4 of its GPUs
 
 
 def live_threads():
@@ -199,9 +205,10 @@ def test_eight_gpus_fit_the_terminal_one_gpu_under_another():
 
 
 def test_a_source_that_cannot_be_read_at_all_does_not_start_a_thread(tmp_path):
-    missing = tmp_path / "missing.csv"
-    with pytest.raises(SourceError, match="no such file"):
-        Sampler(ReplaySource(missing, follow=True)).start()
+    empty = tmp_path / "empty.csv"  # a missing file is refused before: ReplaySource raises
+    empty.write_text("")
+    with pytest.raises(SourceError, match="it is empty"):
+        Sampler(ReplaySource(empty, follow=True)).start()
     assert live_threads() == []
 
 
@@ -234,28 +241,30 @@ def test_start_reuses_the_running_sampler_and_history_returns_its_samples():
     again, started_again = live.start()
     assert started and not started_again and again is sampler
     # A notebook cell ending in live.start() showed "(<colab_gpu.live.sampler.Sampler object at 0x7f...>, True)".
-    assert re.fullmatch(r"<Sampler replay of v100s-pcie-32gb_miris\.csv: sampling every 0\.005 s, \d+ samples?>",
+    assert re.fullmatch(rf"<Sampler replay of {re.escape(DEMO)}: sampling every 0\.005 s, \d+ samples?>",
                         repr(sampler))
-    assert sampler.label == "replay of v100s-pcie-32gb_miris.csv"
+    assert sampler.label == f"replay of {DEMO}"
     sampler.wait(5, timeout=10)
     record = live.stop()
     samples = live.history(frame=False)
     assert samples == sampler.samples() and len(samples) == record.count >= 6
-    assert repr(sampler) == f"<Sampler replay of v100s-pcie-32gb_miris.csv: stopped, {record.count} samples>"
+    assert repr(sampler) == f"<Sampler replay of {DEMO}: stopped, {record.count} samples>"
     assert live.stop() is None  # nothing left to stop
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(interval="1"), TypeError, "interval is a number of seconds, e.g. 1 or 0.5; not '1'"),
     (dict(interval=[1]), TypeError, "interval is a number of seconds, e.g. 1 or 0.5; not [1]"),
-    (dict(interval=0), ValueError, "interval must be a positive number of seconds up to 3600"),
+    (dict(interval=0), ValueError, "interval must be a number of seconds from 0.1 (NVML's counters"),
+    (dict(interval=1e-7), ValueError, "interval must be a number of seconds from 0.1 (NVML's counters change "
+                                      "every 1/6 s to 1 s) to 3600 (an hour), e.g. 1 or 0.5; not 1e-07"),
     (dict(history=2.5), TypeError, "history is a whole number of samples, e.g. 3600; not 2.5"),
     (dict(history="10"), TypeError, "history is a whole number of samples, e.g. 3600; not '10'"),
     (dict(history=0), ValueError, "history must be at least 1 sample, not 0"),
     (dict(path=3), TypeError, "path is a recording's file name (str, bytes or os.PathLike), not 3"),
     (dict(path=""), ValueError, "path='': give the recording's file name; accepted: an `nvidia-smi -q -x`"),
 ])
-def test_start_with_a_wrong_option_names_the_keyword(kwargs, error, message):
+def test_start_with_a_wrong_option_names_the_keyword(live_floor, kwargs, error, message):
     """live.start(interval="1") raised "'<' not supported between instances of 'int' and 'str'",
     history=2.5 "an integer is required": neither said which argument was wrong; then
     history=0 said "the history length", a name the caller never wrote; path=3 "expected str,
@@ -282,17 +291,36 @@ def test_history_as_a_dataframe():
     sampler.wait(3, timeout=10)
     live.stop()
     frame = live.history()
-    assert list(frame.columns) == list(live.ROW_FIELDS)
+    # Units in the names, as the charts say them; nanoGPT's log has no memory: no column of NaN.
+    assert list(frame.columns) == ["time", "gpu", "name", "busy (%)", "power (W)", "temperature (°C)"]
     assert len(frame) == 8 * sampler.count and sorted(set(frame["gpu"])) == list(range(8))
-    assert frame["utilization"].eq(100).all() and frame["memory_used"].isna().all()
+    assert frame["busy (%)"].eq(100).all() and frame["power (W)"].between(238, 425).all()
     assert pandas.api.types.is_datetime64_any_dtype(frame["time"])
-    # The moment each sample was read, unambiguous in any time zone. To the microsecond: a
-    # float of seconds since 1970 is exact to about 0.5 µs, and pandas 1.x's to_datetime rounds the
-    # nanoseconds differently from its Timestamp (2026-11-30 20:32:47.411839488 vs ...485).
+    # The moment each sample was read, unambiguous in any time zone, to the interval's
+    # resolution (a millisecond at 0.005 s), not to the nanosecond.
     first = live.history(frame=False)[0].time
     expected = pandas.Timestamp(first, unit="s", tz="UTC")
-    assert abs(frame["time"].iloc[0] - expected) < pandas.Timedelta(microseconds=1)
+    assert abs(frame["time"].iloc[0] - expected) <= pandas.Timedelta(milliseconds=0.5)
+    assert (frame["time"].astype("int64") % 1_000_000 == 0).all()
     assert str(frame["time"].dt.tz) == "UTC"
+
+
+def test_history_gives_memory_in_mib_and_leaves_out_what_nothing_recorded():
+    """history() showed the raw bytes (1147142144) under "memory_used", an all-NaN "power"
+    column for a log without power, and times to the nanosecond that wrapped in a notebook."""
+    pytest.importorskip("pandas", reason="pandas is not installed (the test extra has it)")
+    sampler, _ = live.start(path=str(V100), interval=0.005)
+    sampler.wait(20, timeout=10)
+    live.stop()
+    frame = live.history()
+    assert list(frame.columns) == ["time", "gpu", "name", "busy (%)", "memory used (MiB)", "memory total (MiB)",
+                                   "temperature (°C)"]  # the V100S log has no power
+    readings = [sample.gpus[0] for sample in live.history(frame=False)]
+    assert list(frame["memory used (MiB)"]) == [reading.memory_used / 2 ** 20 for reading in readings]
+    assert frame["memory total (MiB)"].eq(32768).all() and frame["memory used (MiB)"].max() == 1094
+    assert [live.time_resolution(interval) for interval in (0.1, 0.25, 0.5, 1, 2.5, 60, 3600)] == \
+        [0.1, 0.1, 0.1, 1, 1, 1, 1]
+    assert "0000" not in frame.to_string()  # no 1147142144 bytes, no .493000000 seconds
 
 
 def test_the_run_record_summarises_and_draws_the_whole_run():
@@ -303,7 +331,7 @@ def test_the_run_record_summarises_and_draws_the_whole_run():
     assert record.summaries()[0].line().startswith("GPU 0 name not recorded (cuda:0): busy 100% on average")
     # what print() shows, folded for an 80-column terminal
     assert str(record).splitlines()[2:4] == record.summaries()[0].line().replace("%; ", "%;\n  ").splitlines()
-    png = record.chart_png()
+    png = chart_png(record)
     assert png.startswith(b"\x89PNG")
     html = record._repr_html_()
     assert "data:image/png;base64," in html and "Live monitor stopped" in html
@@ -335,7 +363,7 @@ def test_the_summary_and_chart_of_a_recording_leave_out_what_it_never_recorded(l
     for part, words in parts.items():
         assert all((words in line) == (part not in left_out) for line in gpu_lines), (part, summary)
     record = live.record_of(sampler)  # what --stop showed
-    titles = [axes.get_title().split(" (")[0] for axes in record.chart_figure().axes]
+    titles = [axes.get_title(loc="left").split(" (")[0] for axes in chart_figure(record).axes]
     assert titles == [part for part in ("busy", "memory used", "power", "temperature")
                       if part.split()[0] not in left_out]
     if left_out:  # from the live driver, n/a says a read failed: it stays
@@ -345,23 +373,23 @@ def test_the_summary_and_chart_of_a_recording_leave_out_what_it_never_recorded(l
 def test_the_final_chart_draws_a_gpu_busy_100_percent_inside_its_panel_not_on_the_frame():
     sampler, _ = live.start(path=str(NANOGPT), interval=0.005)  # 8 GPUs at 100 % busy
     sampler.wait(4, timeout=10)
-    figure = live.stop().chart_figure()
+    figure = chart_figure(live.stop())
     for axes in figure.axes:
         bottom, top = axes.get_ylim()
         for line in axes.get_lines():
             assert all(bottom < y < top for y in line.get_ydata()), axes.get_title()
-    busy = next(axes for axes in figure.axes if axes.get_title() == "busy (%)")
+    busy = next(axes for axes in figure.axes if axes.get_title(loc="left") == "busy (%)")
     assert max(max(line.get_ydata()) for line in busy.get_lines()) == 100
 
 
 def test_the_rolling_chart_stays_small_at_a_fast_interval_and_keeps_a_short_peak():
-    from colab_gpu.live.panel import chart_svg
+    from colab_gpu.live.panel import CHART_PANELS, chart_svg
     from colab_gpu.live.sampler import GPUReading, Sample
 
     # 300 s at --interval 0.1, 8 GPUs idle but for GPU 3 busy 100 % during one sample.
     samples = [Sample(t * 0.1, tuple(GPUReading(i, 100.0 if (i, t) == (3, 1234) else 0.0, None, None, None, None)
                                      for i in range(8))) for t in range(3000)]
-    svg = chart_svg(samples, "busy %", lambda r: r.utilization, width=320, height=110)
+    svg = chart_svg(samples, CHART_PANELS[0], width=320, height=110)
     lines = re.findall(r"points='([^']*)'", svg)
     assert len(lines) == 8
     assert all(len(points.split()) <= 2 * 320 for points in lines)  # at most two per pixel column
@@ -377,7 +405,7 @@ def test_the_final_chart_of_an_overflowed_buffer_counts_seconds_from_the_runs_st
     record = live.stop()
     assert record.count > 30 and len(record.samples) == 5
     first_kept = record.samples[0].time - record.started_at
-    busy = record.chart_figure().axes[0]
+    busy = chart_figure(record).axes[0]
     assert busy.get_lines()[0].get_xdata()[0] == pytest.approx(first_kept)
     assert first_kept > 0.25  # about 26 samples at 0.01 s were dropped before it
 
@@ -396,7 +424,7 @@ def test_the_summary_of_an_overflowed_buffer_gives_the_whole_runs_peaks_and_mean
     from colab_gpu.render import size
 
     frames = load_frames(V100)  # peaks at step 17 (about 1.07 GiB, 19 % busy), then 1 MiB idle
-    sampler, _ = live.start(demo=True, interval=0.005, history=10)
+    sampler, _ = live.start(path=str(V100), interval=0.005, history=10)
     sampler.wait(40, timeout=10)
     record = live.stop()
     taken = [frames[step % len(frames)].gpus[0] for step in range(record.count)]
@@ -420,7 +448,7 @@ def test_the_final_chart_of_a_long_run_counts_minutes_or_hours_not_thousands_of_
     for seconds, every, label, last in ((120, 1, "seconds since start", 120),
                                         (3600, 10, "minutes since start", 60),
                                         (10 * 3600, 10, "hours since start", 10)):
-        busy, _, power, _ = record(seconds, every).chart_figure().axes
+        busy, _, power, _ = chart_figure(record(seconds, every)).axes
         assert power.get_xlabel() == label  # the bottom row carries the x axis' label
         assert busy.get_lines()[0].get_xdata()[-1] == pytest.approx(last)
 
@@ -437,7 +465,7 @@ def test_the_final_chart_of_an_hour_on_eight_gpus_draws_no_more_points_than_pixe
     samples = tuple(Sample(1000.0 + t, tuple(GPUReading(i, busy(i, t), None, None, 70.0, 40.0) for i in range(8)))
                     for t in range(3600))
     record = RunRecord("NVML", 1.0, samples, {i: "Tesla T4" for i in range(8)}, 1000.0, 4600.0, None, 3600)
-    figure = record.chart_figure()
+    figure = chart_figure(record)
     figure.canvas.draw()
     for axes in figure.axes:
         pixels = axes.get_window_extent().width
@@ -467,13 +495,39 @@ def test_a_stopped_panel_and_the_summary_say_the_same_number_of_samples_over_the
     assert f"{samples} over {seconds}&nbsp;s" in render_panel(sampler)  # it said "over 0 s" or "1 s"
 
 
+def test_the_live_and_the_stopped_charts_read_alike_and_from_afar():
+    """The live chart had 10 px grey labels (dimmer still in a dark theme), no time axis and
+    memory in %, where the --stop chart said GiB; its columns shifted as values changed width."""
+    sampler, _ = live.start(path=str(V100), interval=0.005)
+    sampler.wait(20, timeout=10)
+    panel = render_panel(sampler)
+    record = live.stop()
+    live_titles = re.findall(r"aria-label='([^']*)'", panel)
+    stopped = chart_figure(record)
+    assert live_titles == [axes.get_title(loc="left") for axes in stopped.axes] == [
+        "busy (%)", "memory used (GiB)", "temperature (°C)"]  # the V100S log has no power
+    assert panel.count("seconds since start") == 3 and stopped.axes[-1].get_xlabel() == "seconds since start"
+    # The same scale: memory up to the GPU's 32 GiB, ticked in GiB.
+    memory = re.search(r"aria-label='memory used \(GiB\)'.*?</svg>", panel).group(0)
+    assert re.findall(r"text-anchor='end'>(\d+)</text>", memory) == ["0", "10", "20", "30"]
+    assert stopped.axes[1].get_ylim()[1] == pytest.approx(1.05 * 32)
+    # Text in the theme's own colour, large enough, digits of one width.
+    assert ".cgpu-live svg text{fill:currentColor;font-size:13px" in panel and "tabular-nums" in panel
+    # Each number in a right-aligned box: "5%" ends where "100%" does.
+    row = re.search(r"<tr><td><b style='color:[^']*'>&#9632;</b> GPU&nbsp;0.*?</tr>", panel).group(0)
+    boxes = re.findall(r"<span class='cgpu-num' style='min-width:(\d)ch'>([^<]*)</span>", row)
+    assert [width for width, _ in boxes] == ["4", "5", "6"], row
+    assert re.fullmatch(r"\d+%", boxes[0][1]) and re.fullmatch(r"\d+\.\d\d", boxes[1][1])
+    assert "</span> / 32.00&nbsp;GiB</td>" in row  # memory in GiB, as the chart draws it
+
+
 def test_the_rolling_chart_draws_100_and_0_percent_inside_its_frame():
-    from colab_gpu.live.panel import chart_svg
+    from colab_gpu.live.panel import CHART_PANELS, chart_svg
     from colab_gpu.live.sampler import GPUReading, Sample
 
     samples = [Sample(float(t), (GPUReading(0, 100.0, None, None, None, None),
                                  GPUReading(1, 0.0, None, None, None, None))) for t in range(10)]
-    svg = chart_svg(samples, "busy %", lambda r: r.utilization, width=320, height=110)
+    svg = chart_svg(samples, CHART_PANELS[0], width=320, height=110)
     busy, idle = ({float(point.split(",")[1]) for point in points.split()}
                   for points in re.findall(r"points='([^']*)'", svg))
     assert len(busy) == len(idle) == 1
@@ -495,37 +549,39 @@ def test_the_rolling_chart_at_a_slow_interval_still_draws_a_line():
 
     panel = render_panel(SlowSampler(), now=3000.0)
     lines = re.findall(r"points='([^']*)'", panel)
-    assert len(lines) == 2 and all(len(points.split()) >= 2 for points in lines)  # busy and memory
-    assert "busy %, last 50 min" in panel
+    assert len(lines) == 4 and all(len(points.split()) >= 2 for points in lines)  # busy, memory, power, temperature
+    # 50 minutes shown, on the time axis the final chart has
+    assert panel.count("minutes since start") == 4 and ">10</text>" in panel and ">50</text>" in panel
 
 
 def test_the_rolling_chart_of_a_value_the_source_lacks_says_not_reported():
-    from colab_gpu.live.panel import _memory_percent, _utilization, chart_svg
+    from colab_gpu.live.panel import CHART_PANELS, chart_svg
 
+    busy, memory = CHART_PANELS[:2]
     sampler, _ = live.start(path=str(NANOGPT), interval=60)  # nanoGPT's log has no memory
     samples = sampler.samples()
-    assert ">not reported</text>" in chart_svg(samples, "memory used %", _memory_percent)
-    assert "not reported" not in chart_svg(samples, "busy %", _utilization)
-    assert "not reported" not in chart_svg((), "busy %", _utilization)  # nothing sampled yet
+    assert ">not reported</text>" in chart_svg(samples, memory)
+    assert "text-anchor='end'" not in chart_svg(samples, memory)  # no made-up 0-1 scale, as the PNG
+    assert "not reported" not in chart_svg(samples, busy)
+    assert "not reported" not in chart_svg((), busy)  # nothing sampled yet
 
 
 @pytest.mark.parametrize("name", sorted(UNRECORDED))
 def test_the_live_panel_of_a_recording_leaves_out_the_columns_and_charts_it_never_recorded(live_config, name):
     """nanoGPT's log has no memory: each GPU's row in the live widget said "n/a / n/a" beside
     an empty bar, under an empty "memory used %" chart; the card leaves the row out."""
-    from colab_gpu.live import widget
-
     run_live(live_config, f"--live --from {DATA / 'nvidia-smi-csv' / name} --interval 0.005",
              live_display="widgets")
     live.running().wait(5, timeout=10)
     run_live(live_config, "--stop")  # the widget keeps its last state
-    panel = widget._shown[1].value
+    panel = session.live_shown[1].value  # the widget shown for the run
     left_out = UNRECORDED[name]
     header = re.search(r"<tr class='cgpu-muted'>(.*?)</tr>", panel).group(1)
     assert re.findall(r"<td>([a-z ]+)</td>", header) == [
         column for column in ("busy", "memory used", "power", "temperature") if column.split()[0] not in left_out]
     assert re.findall(r"aria-label='([^']*)'", panel) == [
-        title for title in ("busy %", "memory used %") if title.split()[0] not in left_out]
+        title for title in ("busy (%)", "memory used (GiB)", "power (W)", "temperature (°C)")
+        if title.split()[0] not in left_out]
     assert "n/a" not in panel and "not reported" not in panel
 
 
@@ -546,7 +602,7 @@ def test_the_chart_names_each_gpu_when_utilization_is_not_reported(monkeypatch):
     assert record.summaries()[0].utilization_peak is None  # this log has no busy %
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        record.chart_png()
+        chart_png(record)
     (legend,) = [axes.get_legend() for axes in drawn[0].axes if axes.get_legend() is not None]
     assert [text.get_text() for text in legend.get_texts()] == [f"GPU {index}" for index in range(8)]
 
@@ -578,7 +634,7 @@ EXIT_SCRIPT = textwrap.dedent("""
     nvml.on_shutdown = lambda: print("alive at NVML shutdown:",
         [t.name for t in threading.enumerate() if t.name.startswith("colab_gpu")])
     atexit.register(lambda: print("late NVML calls:", nvml.late_calls))
-    sampler, _ = live.start(interval=0.001)
+    sampler, _ = live.start(interval=0.1)
     live.page_server()
     sampler.wait(5, timeout=10)
     print("running:", sampler.running, [t.name for t in threading.enumerate() if t.name.startswith("colab_gpu")])
@@ -676,9 +732,9 @@ def test_a_start_from_another_source_while_one_runs_is_refused_not_answered_with
     with pytest.raises(live.AlreadyRunning) as raised:
         live.start(path=str(NANOGPT))
     assert str(raised.value) == (
-        "the live monitor is already running (replay of v100s-pcie-32gb_miris.csv, every 0.02 s), one per "
+        "the live monitor is already running (replay of nanogpt-8gpu-training_gpus0-3.csv, every 0.02 s), one per "
         f"kernel: colab_gpu.live.stop() ends it before path={str(NANOGPT)!r} can start")
-    with pytest.raises(UsageError, match=r"^the live monitor is already running \(replay of v100s-pcie-32gb_miris.csv, "
+    with pytest.raises(UsageError, match=r"^the live monitor is already running \(replay of nanogpt-8gpu-training_gpus0-3.csv, "
                        r"every 0.02 s\), one per kernel: %gpu_status --stop ends it before --from '.*nanogpt-pr643.csv' "
                        r"can start$"):
         run_live(live_config, f"--live --from {NANOGPT} --cells")
@@ -702,7 +758,7 @@ def test_a_start_at_another_interval_while_one_runs_is_refused_not_ignored(live_
     No interval (or GPUMagics.live_interval, which is for a new monitor) reuses it as before."""
     run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
     demo = live.running()
-    with pytest.raises(UsageError, match=r"^the live monitor is already running \(replay of v100s-pcie-32gb_miris.csv, "
+    with pytest.raises(UsageError, match=r"^the live monitor is already running \(replay of nanogpt-8gpu-training_gpus0-3.csv, "
                        r"every 0.02 s\), one per kernel: %gpu_status --stop ends it before --interval 0.5 can start$"):
         run_live(live_config, "--live --interval 0.5 --cells")
     assert cell_hooks(live_config) == []
@@ -714,7 +770,7 @@ def test_a_start_at_another_interval_while_one_runs_is_refused_not_ignored(live_
     capsys.readouterr()
     run_live(live_config, "--live --interval 0.02")
     run_live(live_config, "--live", live_interval=0.5)
-    assert capsys.readouterr().out.count("already running (replay of v100s-pcie-32gb_miris.csv, every 0.02 s)") == 2
+    assert capsys.readouterr().out.count("already running (replay of nanogpt-8gpu-training_gpus0-3.csv, every 0.02 s)") == 2
     assert live.running() is demo
     live.stop()
     assert live.start(demo=True)[0].interval == 1.0  # a new monitor's default
@@ -742,7 +798,7 @@ def test_a_start_with_another_history_while_one_runs_is_refused_not_ignored(live
         live.start(history=100)
     assert live.start(history=3600) == (demo, False)
     run_live(live_config, "--live", live_history=100, live_display="widgets")
-    assert "already running (replay of v100s-pcie-32gb_miris.csv, every 0.02 s)" in capsys.readouterr().out
+    assert "already running (replay of nanogpt-8gpu-training_gpus0-3.csv, every 0.02 s)" in capsys.readouterr().out
     assert live.running() is demo
     live.stop()
     assert live.start(demo=True, history=100)[0].history == 100
@@ -751,12 +807,13 @@ def test_a_start_with_another_history_while_one_runs_is_refused_not_ignored(live
 def test_terminal_live_demo_prints_a_replay_line_per_sample(live_config, capsys):
     run_live(live_config, "--live --demo --interval 0.02", live_lines=3)
     lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "colab_gpu: a line every 0.02 s; it stops after 3 lines or at Ctrl-C"  # said first
     samples = [line for line in lines if "REPLAY" in line]
     assert len(samples) == 3
-    assert "GPU0" in samples[0] and "32.00 GiB" in samples[0]
-    assert all(" power n/a " in line for line in samples)  # the trace records no power
-    assert lines[3].startswith("Live monitor stopped: ") and "replay of v100s" in " ".join(lines[3:5])
-    assert lines[5].startswith("GPU 0 Tesla V100S-PCIE-32GB (cuda:0): busy")
+    assert all(re.search(r"GPU0 cuda:0 +\d+% memory n/a [\d.]+ W \d+ °C", line) for line in samples)
+    end = next(number for number, line in enumerate(lines) if line.startswith("Live monitor stopped: "))
+    assert f"replay of {DEMO}" in " ".join(lines[end:end + 2])
+    assert lines[end + 2].startswith("GPU 0 name not recorded (cuda:0): busy")
     assert live.running() is None and live_threads() == []
 
 
@@ -766,7 +823,8 @@ def test_live_from_a_file_replays_it_and_config_sets_the_defaults(live_config, c
     lines = capsys.readouterr().out.splitlines()
     end = next(number for number, line in enumerate(lines) if line.startswith("Live monitor stopped: "))
     samples = []  # each sample: its first line (the clock) and the lines indented under it
-    for line in lines[:end]:
+    assert lines[0] == "colab_gpu: a line every 0.03 s; it stops after 4 lines or at Ctrl-C"
+    for line in lines[1:end]:
         if re.match(r"\d\d:\d\d:\d\d  ", line):
             samples.append([line])
         else:
@@ -813,7 +871,8 @@ def test_a_replay_labels_its_gpus_as_the_card_does_whatever_this_machines_cuda_v
     run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")  # the panel
     try:
         live_config.run_line_magic("gpu_status", f"--from {live.DEMO_TRACE}")
-        assert panel_labels(render_panel(live.running())) == card_labels(capsys.readouterr().out) == {0: "cuda:0"}
+        assert panel_labels(render_panel(live.running())) == card_labels(capsys.readouterr().out) == {
+            index: f"cuda:{index}" for index in range(4)}
     finally:
         live.stop()
 
@@ -873,7 +932,8 @@ def test_a_mixed_box_numbered_fastest_first_says_cuda_unknown_and_why_as_the_car
     assert card_labels(out) == {0: "cuda:?", 1: "cuda:?"} and out.count(why) == 1  # the why once
     run_live(live_config, "--live", live_lines=1, live_interval=0.02)
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == why and line_labels("\n".join(out[1:])) == {0: "cuda:?", 1: "cuda:?"}  # the why once
+    assert out[0] == "colab_gpu: a line every 0.02 s; it stops after 1 line or at Ctrl-C"
+    assert out[1] == why and line_labels("\n".join(out[2:])) == {0: "cuda:?", 1: "cuda:?"}  # the why once
     assert sum(why in line for line in out) == 2  # ... and once under the summary
     run_live(live_config, "--live", live_display="widgets", live_interval=0.02)
     panel = render_panel(live.running())
@@ -917,8 +977,9 @@ def test_ctrl_c_on_a_monitor_shown_again_in_a_terminal_ends_the_display_not_the_
     run_live(live_config, "--live", live_lines=2)
     out = capsys.readouterr().out
     assert out.count("REPLAY") == 2 and "Live monitor stopped" not in out
+    assert "\ncolab_gpu: a line every 0.02 s; 2 lines or Ctrl-C end them, not the monitor\n" in out
     assert unfolded(out).endswith("colab_gpu: the live monitor goes on sampling in the background (replay of "
-                                  "v100s-pcie-32gb_miris.csv, every 0.02 s); %gpu_status --stop ends it\n")
+                                  "nanogpt-8gpu-training_gpus0-3.csv, every 0.02 s); %gpu_status --stop ends it\n")
     assert live.running() is sampler
 
     def press_ctrl_c_once_lines_show(after=sampler.count + 4):
@@ -932,20 +993,108 @@ def test_ctrl_c_on_a_monitor_shown_again_in_a_terminal_ends_the_display_not_the_
     run_live(live_config, "--live", live_lines=0)
     presser.join()
     out = capsys.readouterr().out
+    assert "\ncolab_gpu: a line every 0.02 s; Ctrl-C ends the lines, not the monitor\n" in out
     assert "goes on sampling in the background" in out and "Live monitor stopped" not in out
     assert live.running() is sampler
     run_live(live_config, "--stop")
     assert capsys.readouterr().out.startswith("Live monitor stopped: ")
 
 
+def test_the_terminal_says_ctrl_c_stops_the_monitor_when_it_starts(live_config, capsys):
+    """A student in a terminal saw lines scroll with no word of how to end them."""
+    run_live(live_config, "--live --demo --interval 0.02", live_lines=1)
+    assert capsys.readouterr().out.startswith("colab_gpu: a line every 0.02 s; it stops after 1 line or at Ctrl-C\n")
+    session = live_config.magics_manager.registry["GPUMagics"].live_session()
+    with pytest.MonkeyPatch.context() as patch:  # no limit: Ctrl-C is the only way out
+        patch.setattr("colab_gpu.live.terminal.watch", lambda *args: 0)
+        session.show(live.start(demo=True, interval=0.02)[0], "terminal", 0, started=True)
+    assert capsys.readouterr().out.startswith("colab_gpu: a line every 0.02 s; Ctrl-C stops it\n")
+
+
+@pytest.fixture
+def notebook_shell(live_config, monkeypatch):
+    """The shell as a notebook's kernel runs it: (the shell, what it displayed, what it
+    updated), each a list of (object, keyword arguments)."""
+    shown, updated = [], []
+    monkeypatch.setattr(live_config, "kernel", object(), raising=False)  # a notebook, not a terminal
+    monkeypatch.setattr("IPython.display.display", lambda *objects, **kwargs: shown.extend(
+        (shown_object, kwargs) for shown_object in objects))
+    monkeypatch.setattr("IPython.display.update_display", lambda data, **kwargs: updated.append((data, kwargs)))
+    return live_config, shown, updated
+
+
+def stopped_bundle(updated, display_id):
+    """The one update of the display ``display_id``: what a saved notebook keeps of it."""
+    (bundle, kwargs), = [(data, kwargs) for data, kwargs in updated if kwargs["display_id"] == display_id]
+    assert kwargs == {"raw": True, "display_id": display_id}
+    return bundle
+
+
+@pytest.mark.parametrize("kind", ["widgets", "page"])
+def test_in_a_notebook_the_stop_turns_the_live_display_into_html_and_a_png(notebook_shell, kind):
+    """A notebook saved with the live widget showed "Error displaying widget: model not found"
+    where the monitor had run, once reopened (JupyterLab, Notebook 7, even after --stop): a
+    widget's view needs its kernel. The stop replaces every display of the run (each --live
+    shows it again) by its last state, static HTML with the run's chart, and the PNG alone."""
+    shell, shown, updated = notebook_shell
+    run_live(shell, "--live --demo --interval 0.02", live_display=kind)
+    run_live(shell, "--live")  # shown again: replaced alike
+    displays = [kwargs.get("display_id") for _, kwargs in shown]
+    assert len(displays) == 2 and displays[0] == displays[1] and displays[0].startswith("colab-gpu-live-")
+    sampler = live.running()
+    sampler.wait(5, timeout=10)
+    assert updated == []  # while it runs, the display moves on its own
+    run_live(shell, "--stop")
+    bundle = stopped_bundle(updated, displays[0])
+    assert sorted(bundle) == ["image/png", "text/html", "text/plain"]  # no widget view, no IFrame
+    assert re.fullmatch(rf"Live GPU monitor \(replay of {re.escape(DEMO)}\): stopped at \d\d:\d\d:\d\d by "
+                        rf"%gpu_status --stop, {sampler.count} samples over [\d.]+ s", bundle["text/plain"])
+    html = bundle["text/html"]
+    assert "REPLAY of a recorded trace" in html and "GPU&nbsp;3" in html  # the panel's last state
+    assert "<svg" not in html and f"src='data:image/png;base64,{bundle['image/png']}'" in html
+    assert base64.b64decode(bundle["image/png"]).startswith(b"\x89PNG")
+    (stop_card,) = [shown_object for shown_object, _ in shown[2:]]
+    assert isinstance(stop_card, live.RunRecord)  # --stop's summary, as before
+    run_live(shell, "--live --demo --interval 0.02", live_display=kind)
+    assert shown[-1][1]["display_id"] != displays[0]  # a new run: a display of its own
+    live.stop()
+    assert len(updated) == 2
+
+
+def test_a_run_that_stops_by_itself_turns_its_display_static_at_once(notebook_shell, monkeypatch):
+    """A lost GPU ends the run without a stop(): a notebook saved then kept the widget."""
+    import colab_gpu.devices
+
+    shell, shown, updated = notebook_shell
+    source = NvmlSource(nvml=RecordedNvml(V100, lose_gpu_after=3))
+    monkeypatch.setattr(colab_gpu.devices, "default_source", lambda: source)
+    try:
+        run_live(shell, "--live --interval 0.01", live_display="widgets")
+        wait_until(lambda: updated)  # the GPU fell off the bus, and no stop() came
+        assert live.running() is None
+        bundle = stopped_bundle(updated, shown[0][1]["display_id"])
+        assert "stopped by itself" in bundle["text/plain"] and "fell off the bus" in bundle["text/html"]
+    finally:
+        live.stop()
+        source.close()
+
+
+def test_in_a_terminal_the_live_display_is_printed_and_nothing_is_replaced(live_config, monkeypatch, capsys):
+    updated = []
+    monkeypatch.setattr("IPython.display.update_display", lambda data, **kwargs: updated.append(data))
+    run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
+    run_live(live_config, "--stop")
+    assert updated == [] and capsys.readouterr().out.count("Live GPU monitor") == 1
+
+
 def test_widgets_follow_the_sampler_and_stop_leaves_a_chart(live_config, capsys):
     run_live(live_config, "--live --demo --interval 0.02", live_display="widgets")
     sampler = live.running()
     assert sampler is not None and sampler.interval == 0.02
-    assert "Live GPU monitor (replay of v100s-pcie-32gb_miris.csv)" in capsys.readouterr().out  # its text form in a terminal
+    assert "Live GPU monitor (replay of nanogpt-8gpu-training_gpus0-3.csv)" in capsys.readouterr().out  # its text form in a terminal
     run_live(live_config, "--live")
     assert live.running() is sampler
-    assert "already running (replay of v100s-pcie-32gb_miris.csv, every 0.02 s)" in capsys.readouterr().out
+    assert "already running (replay of nanogpt-8gpu-training_gpus0-3.csv, every 0.02 s)" in capsys.readouterr().out
     sampler.wait(5, timeout=10)
     run_live(live_config, "--stop")
     out = capsys.readouterr().out
@@ -970,7 +1119,7 @@ def test_running_the_live_cell_again_draws_the_panel_once_per_update_not_once_pe
     sampler.wait(sampler.count + 3, timeout=10)
     live.stop()
     assert len(drawn) == len(set(drawn))  # no sample's state drawn twice
-    assert "Live GPU monitor (replay of v100s" in capsys.readouterr().out  # each run still shows it
+    assert f"Live GPU monitor (replay of {DEMO})" in capsys.readouterr().out  # each run still shows it
 
 
 def test_the_widget_value_changes_as_samples_arrive():
@@ -979,7 +1128,7 @@ def test_the_widget_value_changes_as_samples_arrive():
     sampler, _ = live.start(path=str(NANOGPT), interval=0.01)
     widget = live_widget(sampler)
     first = widget.value
-    assert "REPLAY of a recorded trace" in first and first.count("<svg") == 1  # busy: the log has no memory
+    assert "REPLAY of a recorded trace" in first and first.count("<svg") == 3  # the log has no memory
     sampler.wait(sampler.count + 3, timeout=10)
     wait_until(lambda: widget.value != first)
     live.stop()
@@ -1034,8 +1183,8 @@ def test_unload_ext_stops_the_monitor_and_shows_its_summary(live_config, capsys)
         assert live.running() is None and live_threads() == []
         out = capsys.readouterr().out.splitlines()
         assert out[0].startswith(f"Live monitor stopped: {sampler.count} samples every 0.02 s")
-        assert out[1] == "  replay of v100s-pcie-32gb_miris.csv"  # the headline, folded at 80 columns
-        assert out[2].startswith("GPU 0 Tesla V100S-PCIE-32GB (cuda:0): busy")
+        assert out[1] == "  replay of nanogpt-8gpu-training_gpus0-3.csv"  # the headline, folded at 80 columns
+        assert out[2].startswith("GPU 0 name not recorded (cuda:0): busy")
         assert len(live.history(frame=False)) == sampler.count  # the samples stay
     finally:
         live_config.run_line_magic("load_ext", "colab_gpu")
@@ -1081,7 +1230,7 @@ def test_colab_shows_the_live_page_through_the_kernel_port(live_config, monkeypa
     run_live(live_config, "--live --demo --interval 0.02")
     assert len(served) == 1
     status, _, body = fetch(f"http://127.0.0.1:{served[0]}/data.json")
-    assert json.loads(body)["label"] == "replay of v100s-pcie-32gb_miris.csv"
+    assert json.loads(body)["label"] == "replay of nanogpt-8gpu-training_gpus0-3.csv"
     run_live(live_config, "--stop")
     assert live.running() is None
     wait_until(lambda: refused(served[0]), timeout=live.FINAL_STATE_SECONDS + 5)  # a few seconds later
@@ -1126,7 +1275,7 @@ def test_the_live_page_says_its_address_where_the_iframe_cannot_be_drawn(live_co
     (frame,) = shown
     text = live_config.display_formatter.format(frame)[0]["text/plain"]
     assert " ".join(text.split()) == (
-        f"Live GPU monitor (replay of v100s-pcie-32gb_miris.csv) at {live.live_url()}, for a browser "
+        f"Live GPU monitor (replay of nanogpt-8gpu-training_gpus0-3.csv) at {live.live_url()}, for a browser "
         f"on this machine; %gpu_status --stop leaves its summary and chart")
     assert all(len(line) <= 80 for line in text.splitlines()), text
     assert isinstance(frame, IFrame) and frame.src == live.live_url()  # the notebook's view
@@ -1153,7 +1302,7 @@ def test_a_script_that_started_the_monitor_is_told_the_python_call_that_stops_it
 
     sampler, _ = live.start(demo=True, interval=0.02)
     text = " ".join(in_a_thread(lambda: repr(live_widget(sampler))).split())
-    assert text == ("Live GPU monitor (replay of v100s-pcie-32gb_miris.csv); colab_gpu.live.stop() "
+    assert text == ("Live GPU monitor (replay of nanogpt-8gpu-training_gpus0-3.csv); colab_gpu.live.stop() "
                     "leaves its summary and chart")
     peaks = CellPeaks(live.running)
     live.stop()
@@ -1227,12 +1376,12 @@ def cell_hooks(shell):
 
 
 def test_cells_prints_one_line_per_cell_and_stop_removes_the_hooks(live_config, capsys):
-    run_live(live_config, "--live --demo --cells --interval 0.02", live_display="widgets")
+    run_live(live_config, f"--live --from {V100} --cells --interval 0.02", live_display="widgets")
     assert len(cell_hooks(live_config)) == 2
     capsys.readouterr()
     live_config.run_cell("import time; time.sleep(0.3)")
     line = unfolded(capsys.readouterr().out).strip().splitlines()[-1]
-    # The demo's numbers are a recording's: the line never passes them off as this cell's GPU.
+    # A replay's numbers are a recording's: the line never passes them off as this cell's GPU.
     assert line.startswith("cell GPU memory (REPLAY of a recorded trace (v100s-pcie-32gb_miris.csv), "
                            "not this machine's GPU, ")
     assert "GPU 0 (cuda:0) peak " in line and "NVML" not in line
@@ -1364,8 +1513,8 @@ def test_a_cells_line_read_while_the_sampler_thread_tallies_a_sample_is_whole(re
     tally(sampler)
     if not lines:  # the tally read the memory fewer times: the line comes after it
         lines.append(peaks.after())
-    assert lines in ([None], [f"cell GPU memory (REPLAY of a recorded trace (a trace), not this "
-                              f"machine's GPU, 1 sample): GPU 0 peak 3.00 GiB used (+0 B)"]), lines
+    assert lines in ([None], ["cell GPU memory (REPLAY of a recorded trace (a trace), not this "
+                              "machine's GPU, 1 sample): GPU 0 peak 3.00 GiB used (+0 B)"]), lines
 
 
 def test_cells_in_a_terminal_samples_in_the_background_so_later_cells_get_their_line(live_config, capsys):
@@ -1412,7 +1561,7 @@ def test_a_new_live_start_first_shows_the_summary_of_the_run_that_stopped_by_its
     try:
         run_live(live_config, "--live --interval 0.01", live_display="widgets")
         wait_until(lambda: live.running() is None)  # the GPU fell off the bus
-        lost = live._sampler
+        lost = session.live_sampler  # stopped, still kept for history()
         capsys.readouterr()
         run_live(live_config, "--live --demo --interval 0.01")
         out = unfolded(capsys.readouterr().out)
@@ -1422,7 +1571,7 @@ def test_a_new_live_start_first_shows_the_summary_of_the_run_that_stopped_by_its
         assert lost.closed and live.running() is not None
         run_live(live_config, "--stop")
         out = unfolded(capsys.readouterr().out)
-        assert "replay of v100s" in out and "fell off the bus" not in out
+        assert f"replay of {DEMO}" in out and "fell off the bus" not in out
     finally:
         live.stop()
         source.close()
@@ -1566,16 +1715,18 @@ def test_cells_on_eight_gpus_names_only_those_that_held_memory(monkeypatch):
 
 @pytest.mark.parametrize("line, message", [
     ("--demo", "--interval, --demo and --cells go with --live"),
-    ("--live --interval 0", "--interval must be a positive number of seconds"),
-    ("--live --interval -1", "--interval must be a positive number of seconds"),
+    ("--live --interval 0", "--interval must be a number of seconds from 0.1"),
+    ("--live --interval -1", "--interval must be a number of seconds from 0.1"),
+    ("--live --demo --interval 0.05", "--interval must be a number of seconds from 0.1 (NVML's counters change "
+                                      "every 1/6 s to 1 s) to 3600 (an hour), e.g. 1 or 0.5; not 0.05"),
     ("--live --demo --from x.csv", "give one"),
     ("--stop --live", "--stop takes no other option"),
     ("--live --json", "--json does not go with --live"),
-    ("--live --from /nonexistent/trace.csv", "cannot start the live monitor: replay of trace.csv: "
+    ("--live --from /nonexistent/trace.csv", "cannot start the live monitor: "
                                              "cannot replay /nonexistent/trace.csv: no such file"),
 ])
-def test_bad_live_options_are_one_line_usage_errors(shell, line, message):
-    with pytest.raises(UsageError, match=message.replace("(", r"\(")) as error:
+def test_bad_live_options_are_one_line_usage_errors(shell, live_floor, line, message):
+    with pytest.raises(UsageError, match=re.escape(message)) as error:
         shell.run_line_magic("gpu_status", line)
     assert "\n" not in str(error.value)
     assert live.running() is None and live_threads() == []
@@ -1598,11 +1749,12 @@ def test_live_on_a_colab_runtime_without_a_gpu_says_how_to_get_one(shell, clean_
                                      "%gpu_status --live --demo replays a recorded trace")
 
 
-INTERVAL_RULE = "must be a positive number of seconds up to 3600 (an hour), e.g. 1 or 0.5; not "
+INTERVAL_RULE = ("must be a number of seconds from 0.1 (NVML's counters change every 1/6 s to 1 s) to 3600 "
+                 "(an hour), e.g. 1 or 0.5; not ")
 
 
 @pytest.mark.parametrize("value", ["1e10", "inf", "nan"])
-def test_an_interval_beyond_an_hour_is_refused_and_leaves_no_monitor_behind(live_config, capsys, value):
+def test_an_interval_beyond_an_hour_is_refused_and_leaves_no_monitor_behind(live_config, live_floor, capsys, value):
     """A huge interval used to kill the sampler thread (OverflowError) and leave a monitor that
     --live called running and --stop called stopped."""
     live_config.run_line_magic("config", "GPUMagics.live_lines = 2")
@@ -1610,16 +1762,17 @@ def test_an_interval_beyond_an_hour_is_refused_and_leaves_no_monitor_behind(live
         live_config.run_line_magic("gpu_status", f"--live --demo --interval {value}")
     assert str(error.value) == f"--interval {INTERVAL_RULE}{float(value):g}"
     assert live.running() is None and live_threads() == []
-    run_live(live_config, "--live --demo --interval 0.01")
+    run_live(live_config, "--live --demo --interval 0.1")
     out = capsys.readouterr().out
     assert "already running" not in out and out.count("REPLAY") == 2
 
 
-def test_config_refuses_the_live_settings_the_monitor_would_refuse(live_config, caplog):
+def test_config_refuses_the_live_settings_the_monitor_would_refuse(live_config, live_floor, caplog):
     magics = live_config.magics_manager.registry["GPUMagics"]
     for setting, message in [
         ("live_interval = -5", f"GPUMagics.live_interval {INTERVAL_RULE}-5"),
         ("live_interval = 1e10", f"GPUMagics.live_interval {INTERVAL_RULE}1e+10"),
+        ("live_interval = 1e-7", f"GPUMagics.live_interval {INTERVAL_RULE}1e-07"),  # the floor, at %config
         ("live_history = 0", "'live_history' trait of a GPUMagics instance should not be less than 1"),
         ("live_lines = -1", "'live_lines' trait of a GPUMagics instance should not be less than 0"),
     ]:
@@ -1699,11 +1852,11 @@ def _interrupted_at(event_number, run, counted_from):
     worker.start()
     worker.join(20)
     if worker.is_alive():  # deadlocked: leave nothing whose stop would hang this process
-        sampler, live._sampler = live._sampler, None
+        sampler, session.live_sampler = session.live_sampler, None
         if sampler is not None:
             atexit.unregister(sampler.stop)
-        if live._lock.locked():  # held by the stuck thread (a Lock: any thread may release it)
-            live._lock.release()
+        if session.live_lock.locked():  # held by the stuck thread (a Lock: any thread may release it)
+            session.live_lock.release()
         return "hung", None
     return outcome
 

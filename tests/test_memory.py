@@ -17,7 +17,8 @@ from IPython.core.error import UsageError
 from conftest import DATA
 
 from colab_gpu.devices import GPU, GiB, GPUProcess, MiB, Snapshot
-from colab_gpu.memory import ClearReport, drop_exception, empty_cuda_cache
+from colab_gpu.cuda import empty_cuda_cache
+from colab_gpu.memory import ClearReport, drop_exception
 
 SIZE = 16_000_000  # float32 elements: 61 MiB, far above anything else the shell holds
 
@@ -33,9 +34,9 @@ def alive(shell, name: str = "ref") -> bool:
 
 def user_bindings(shell) -> dict:
     """Every name in the user namespace -> id of its object, IPython's output names aside."""
-    from colab_gpu.memory import _OUTPUT_NAME
+    from colab_gpu.memory.namespace import OUTPUT_NAME
 
-    return {name: id(value) for name, value in shell.user_ns.items() if not _OUTPUT_NAME.match(name)}
+    return {name: id(value) for name, value in shell.user_ns.items() if not OUTPUT_NAME.match(name)}
 
 
 FAILING_CELL = f"""
@@ -634,14 +635,14 @@ def test_memory_outside_torch_in_a_container_is_not_put_on_this_process(shell, c
 def test_the_status_cards_breakdown_says_what_it_cannot_split(others, text, legend):
     """The card's "where" row had "other processes unknown, CUDA context and non-torch 3 GiB"
     in a container: the 3 GiB were every process's, not this one's context."""
-    from colab_gpu.gpu_status import MemoryBreakdown
+    from colab_gpu.torch_view import MemoryBreakdown
     from colab_gpu.render import breakdown_summary
-    from colab_gpu.render.html import _breakdown_bar
+    from colab_gpu.render.html import breakdown_bar
 
     part = MemoryBreakdown(nvml_index=0, total=15 * GiB, driver_reserved=None, other_processes=others,
                            context_and_non_torch=GiB, torch_cache=GiB, torch_tensors=4 * GiB, free=7 * GiB)
     assert text in breakdown_summary(part) and "unknown" not in breakdown_summary(part)
-    assert legend in _breakdown_bar(part)
+    assert legend in breakdown_bar(part)
 
 
 def test_clear_cache_reads_the_gpus_once_per_reading(shell, clean_env):

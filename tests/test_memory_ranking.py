@@ -325,25 +325,27 @@ def test_holders_beyond_the_top_ten_are_not_summed_over_shared_storage():
 def test_the_rest_on_a_gpu_is_not_the_allocators_rounding():
     """torch.cuda.memory_allocated() counts each storage in 512 B blocks: a model of 4,000
     small tensors on cuda:0 would have shown ~2 MiB "that no variable reaches"."""
-    from colab_gpu.memory import Reading, _unreached
+    from colab_gpu.memory import Reading
+    from colab_gpu.memory.rounding import unreached_bytes
 
     union = {("cuda:0", address): 4 * 10 for address in range(1, 4_001)}  # 10 floats each
-    assert _unreached([Reading("cuda:0", 4_000 * 512)], union) == ()
+    assert unreached_bytes([Reading("cuda:0", 4_000 * 512)], union) == ()
     workspace = 32 * 1024 ** 2  # cuBLAS's, on a Hopper GPU: a library's cache
-    assert _unreached([Reading("cuda:0", 4_000 * 512 + workspace)], union) == (("cuda:0", workspace),)
-    assert _unreached([Reading("cpu", 4 * 1024 ** 2)], {("cpu", 1): 40}) == (("cpu", 4 * 1024 ** 2 - 40),)
+    assert unreached_bytes([Reading("cuda:0", 4_000 * 512 + workspace)], union) == (("cuda:0", workspace),)
+    assert unreached_bytes([Reading("cpu", 4 * 1024 ** 2)], {("cpu", 1): 40}) == (("cpu", 4 * 1024 ** 2 - 40),)
 
 
 def test_the_rest_on_a_gpu_is_not_the_large_blocks_left_unsplit():
     """A block over 1 MiB is not split for a remainder of 1 MiB or less, which
     memory_allocated() counts too: 200 weights of 1.5 MiB, each given a 2.4 MiB cached block
     in training, would have shown 180 MiB "that no variable reaches"."""
-    from colab_gpu.memory import Reading, _unreached
+    from colab_gpu.memory import Reading
+    from colab_gpu.memory.rounding import unreached_bytes
 
     weights = {("cuda:0", address): 3 * 512 * 1024 for address in range(1, 201)}
-    assert _unreached([Reading("cuda:0", 200 * int(2.4 * 1024 ** 2))], weights) == ()
+    assert unreached_bytes([Reading("cuda:0", 200 * int(2.4 * 1024 ** 2))], weights) == ()
     held = 600 * 1024 ** 2  # more than any rounding explains: still said
-    rest = _unreached([Reading("cuda:0", 200 * int(2.4 * 1024 ** 2) + held)], weights)
+    rest = unreached_bytes([Reading("cuda:0", 200 * int(2.4 * 1024 ** 2) + held)], weights)
     assert rest and 0.95 * held < rest[0][1] <= held  # a lower bound of what is held
 
 
@@ -353,22 +355,23 @@ def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_left_unsplit(monkeypatch):
     cached 148 MiB block, showed "at least 340 MiB that no variable reaches", none of it held."""
     import torch
 
-    from colab_gpu.memory import Reading, _unreached
+    from colab_gpu.memory import Reading
+    from colab_gpu.memory.rounding import unreached_bytes
 
     mib = 1024 ** 2
     stats = {"max_split_size": 128 * mib}  # the faked boundary: the allocator's statistics
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: stats)
     activations = {("cuda:0", address): 130 * mib for address in range(1, 21)}
-    assert _unreached([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == ()
     held = 600 * mib  # more than any rounding explains: still said
-    rest = _unreached([Reading("cuda:0", 20 * 148 * mib + held)], activations, torch)
+    rest = unreached_bytes([Reading("cuda:0", 20 * 148 * mib + held)], activations, torch)
     assert rest and held - 20 * 20 * mib <= rest[0][1] <= held  # a lower bound, within 20 MiB a block
     # the limit set after CUDA started (torch's statistics keep the first): oversize blocks tell
     stats.clear()
     stats.update({"max_split_size": -1, "oversize_allocations.current": 20})
-    assert _unreached([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == ()
     stats["oversize_allocations.current"] = 0  # no limit: every large block is split
-    assert _unreached([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == (("cuda:0", 20 * 17 * mib),)
+    assert unreached_bytes([Reading("cuda:0", 20 * 148 * mib)], activations, torch) == (("cuda:0", 20 * 17 * mib),)
 
 
 def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_of_a_limit_of_20_mib_or_less(monkeypatch):
@@ -378,13 +381,14 @@ def test_the_rest_on_a_gpu_is_not_the_oversize_blocks_of_a_limit_of_20_mib_or_le
     reaches": a block of 20 MiB was taken for one no limit can cover."""
     import torch
 
-    from colab_gpu.memory import Reading, _unreached
+    from colab_gpu.memory import Reading
+    from colab_gpu.memory.rounding import unreached_bytes
 
     mib = 1024 ** 2
     stats = {"max_split_size": -1, "oversize_allocations.current": 20}  # the faked boundary
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: stats)
     activations = {("cuda:0", address): 20 * mib for address in range(1, 21)}
-    assert _unreached([Reading("cuda:0", 20 * 39 * mib)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 20 * 39 * mib)], activations, torch) == ()
 
 
 def test_the_rest_on_a_gpu_is_not_the_power_of_two_rounding(monkeypatch):
@@ -393,24 +397,25 @@ def test_the_rest_on_a_gpu_is_not_the_power_of_two_rounding(monkeypatch):
     it held. torch's report of its settings (2.10+) says which; before 2.10 the environment."""
     import torch
 
-    from colab_gpu.memory import Reading, _unreached
+    from colab_gpu.memory import Reading
+    from colab_gpu.memory.rounding import unreached_bytes
 
     mib, gib = 1024 ** 2, 1024 ** 3
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # the faked boundary
     setting = ["roundup_power2_divisions:4"]
     monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: setting[0], raising=False)
     activations = {("cuda:0", address): int(1.1 * gib) for address in range(1, 9)}
-    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
     held = 600 * mib  # more than any rounding explains: still said
-    rest = _unreached([Reading("cuda:0", 8 * 5 * gib // 4 + held)], activations, torch)
+    rest = unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4 + held)], activations, torch)
     assert rest and held - 8 * mib <= rest[0][1] <= held
     # per size range: 1.1 GiB is in 1024's interval, which '>' sets to 4 ('512:1' is overwritten)
     setting[0] = "roundup_power2_divisions:[256:1,512:1,>:4]"
-    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
     setting[0] = "roundup_power2_divisions:[256:1,>:1]"  # 1: no rounding, the rest is said
-    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
+    assert unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
     setting[0] = "max_split_size_mb:200"  # a later string put the rounding back to none
-    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
+    assert unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
     # torch 2.11 (Colab's) has no getter: its CUDA memory snapshot reports the same string
     monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
@@ -418,15 +423,15 @@ def test_the_rest_on_a_gpu_is_not_the_power_of_two_rounding(monkeypatch):
     reported = {"PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:4"}
     monkeypatch.setattr(torch._C, "_cuda_memorySnapshot", lambda *options: {
         "segments": [], "device_traces": [], "allocator_settings": reported}, raising=False)
-    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
     # a torch with no report of its settings: the environment, which %alloc_conf keeps in step
     without_settings_report(monkeypatch, torch)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         monkeypatch.delenv(name, raising=False)
-    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
+    assert unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions:[64:8,>:4]")
-    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
 
 
 def test_the_rest_on_a_gpu_follows_the_installed_torchs_rule_for_greater_than(monkeypatch):
@@ -436,22 +441,23 @@ def test_the_rest_on_a_gpu_follows_the_installed_torchs_rule_for_greater_than(mo
     512's interval too, and the block was 640 MiB."""
     import torch
 
-    from colab_gpu.memory import Reading, _unreached
+    from colab_gpu.memory import Reading
+    from colab_gpu.memory.rounding import unreached_bytes
 
     mib = 1024 ** 2
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # the faked boundary
     setting = "roundup_power2_divisions:[256:1,512:2,>:8]"
     monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: setting, raising=False)
     activations = {("cuda:0", address): 600 * mib for address in range(1, 7)}
-    assert _unreached([Reading("cuda:0", 6 * 768 * mib)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 6 * 768 * mib)], activations, torch) == ()
     # torch 2.9 (no report of its settings: the environment) made 640 MiB blocks of them
     without_settings_report(monkeypatch, torch)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
     monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", setting)
-    assert _unreached([Reading("cuda:0", 6 * 640 * mib)], activations, torch) == ()
-    assert _unreached([Reading("cuda:0", 6 * 768 * mib)], activations, torch)
+    assert unreached_bytes([Reading("cuda:0", 6 * 640 * mib)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 6 * 768 * mib)], activations, torch)
 
 
 def test_the_rest_on_a_rocm_gpu_reads_the_variable_rocm_torch_reads(monkeypatch):
@@ -461,7 +467,8 @@ def test_the_rest_on_a_rocm_gpu_reads_the_variable_rocm_torch_reads(monkeypatch)
     reaches", none of it held. A CUDA build never reads that variable."""
     import torch
 
-    from colab_gpu.memory import Reading, _unreached
+    from colab_gpu.memory import Reading
+    from colab_gpu.memory.rounding import unreached_bytes
 
     gib = 1024 ** 3
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})  # the faked boundary
@@ -473,11 +480,11 @@ def test_the_rest_on_a_rocm_gpu_reads_the_variable_rocm_torch_reads(monkeypatch)
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PYTORCH_HIP_ALLOC_CONF", "roundup_power2_divisions:4")
     activations = {("cuda:0", address): int(1.1 * gib) for address in range(1, 9)}
-    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
+    assert unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch) == ()
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
-    assert _unreached([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
+    assert unreached_bytes([Reading("cuda:0", 8 * 5 * gib // 4)], activations, torch)
 
 
 def test_the_rest_on_the_cpu_and_a_gpu_bounds_only_the_gpus_figure():
@@ -499,7 +506,8 @@ def _oversize_blocks(monkeypatch, setting: str, block_mib: int, allowance_mib: i
     is said, as a lower bound within ``allowance_mib`` a block. The (setting, check) to go on."""
     import torch
 
-    from colab_gpu.memory import Reading, _unreached
+    from colab_gpu.memory import Reading
+    from colab_gpu.memory.rounding import unreached_bytes
 
     mib = 1024 ** 2
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"max_split_size": 128 * mib})
@@ -510,7 +518,7 @@ def _oversize_blocks(monkeypatch, setting: str, block_mib: int, allowance_mib: i
     activations = {("cuda:0", address): 130 * mib for address in range(1, 21)}
 
     def unreached(block_mib: int, held: int = 0):
-        return _unreached([Reading("cuda:0", 20 * block_mib * mib + held)], activations, torch)
+        return unreached_bytes([Reading("cuda:0", 20 * block_mib * mib + held)], activations, torch)
 
     assert unreached(block_mib) == ()
     held = 600 * mib  # more than any rounding explains: still said

@@ -14,6 +14,7 @@ import colab_gpu
 from colab_gpu.devices import GPUProcess, GiB, MiB
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource
+from colab_gpu.state import session
 from conftest import DATA
 from nvml_recording import RecordedNvml
 
@@ -70,7 +71,7 @@ def test_identical_gpus_and_uuids_keep_a_known_numbering(clean_env, cuda_on_cuda
     status = colab_gpu.status(box("tesla-t4.xml", "tesla-t4.xml"))
     assert "GPU 1  Tesla T4  (cuda:1," in str(status) and status.torch_memory_of(0).allocated == 10 * GiB
     clean_env.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001,GPU-00000000")
-    colab_gpu.gpu_status._visible_seen.clear()  # another kernel, whose CUDA started under these UUIDs
+    session.reset("visible_seen")  # another kernel, whose CUDA started under these UUIDs
     status = colab_gpu.status(box("rtx-3060-v12.xml", "rtx-3090-v12.xml"))
     assert "GPU 1  NVIDIA GeForce RTX 3090  (cuda:0," in str(status)
     assert status.torch_memory_of(1).allocated == 10 * GiB
@@ -170,7 +171,6 @@ def test_a_gpu_named_twice_hides_every_gpu_as_torch_counts_them(clean_env, monke
     """Kaggle's two T4s under CUDA_VISIBLE_DEVICES="0,0": torch sees no GPU (torch.cuda's own
     _parse_visible_devices: "Repeated ordinal results in empty set"), but the card called GPU 0
     cuda:0, warned of nothing, and %%find_batch --device cuda:0 went on to a device torch lacks."""
-    import colab_gpu.devices
     from colab_gpu.batch import SearchError, checked_device
 
     clean_env.setenv("CUDA_VISIBLE_DEVICES", visible)
@@ -178,7 +178,7 @@ def test_a_gpu_named_twice_hides_every_gpu_as_torch_counts_them(clean_env, monke
     text = str(colab_gpu.status(source))
     assert "GPU 0  Tesla T4  (hidden from torch," in text and "GPU 1  Tesla T4  (hidden from torch," in text
     assert "hides every GPU from torch: it names the same device twice" in " ".join(text.split())
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", source)
+    monkeypatch.setattr(session, "default_source", source)
     with pytest.raises(SearchError, match="this machine has no CUDA device"):
         checked_device("cuda:0")
 
@@ -201,7 +201,6 @@ def test_cuda_visible_devices_is_read_in_the_first_entrys_form_as_torch_reads_it
     to its first UUID ("Ordinals are not included in GPUid set"), and an ordinal like strtoul
     ("1gpu2,2ampere" is 1,2). The card said "GPU 0 (cuda:1)" for the first two, a cuda:1 torch
     does not have, and "hides every GPU" for "1gpu"; --device cuda:1 went on to a missing device."""
-    import colab_gpu.devices
     from colab_gpu.batch import SearchError, checked_device
 
     clean_env.setenv("CUDA_VISIBLE_DEVICES", visible)
@@ -209,7 +208,7 @@ def test_cuda_visible_devices_is_read_in_the_first_entrys_form_as_torch_reads_it
     text = str(colab_gpu.status(source))
     assert {index: text.split(f"GPU {index}  Tesla T4  (")[1].split(",")[0] for index in (0, 1)} == labels
     assert "hides every GPU" not in text
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", source)
+    monkeypatch.setattr(session, "default_source", source)
     monkeypatch.delitem(sys.modules, "torch", raising=False)  # not imported yet (or not at all here)
     assert checked_device("cuda:0") == "cuda:0"
     with pytest.raises(SearchError, match=r"this machine has 1 CUDA device \(cuda:0 to cuda:0\)"):

@@ -16,6 +16,7 @@ import colab_gpu.devices
 import colab_gpu.devices.nvml as nvml_module
 from colab_gpu.devices.nvml import NO_PYNVML, NvmlSource, decode_clock_event_reasons, describe_nvml_error
 from colab_gpu.devices.replay import ReplaySource
+from colab_gpu.state import session
 
 from conftest import DATA
 from nvml_recording import COMPUTE_CAPABILITY, RecordedNvml
@@ -77,7 +78,7 @@ def test_all_eight_gpus_of_a_server_are_listed():
 
 @pytest.mark.parametrize("name", INIT_FAILURES)
 def test_init_failures_become_the_snapshot_problem(name, monkeypatch):
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: False)
+    monkeypatch.setattr(nvml_module, "driver_loaded", lambda: False)
     code = INIT_FAILURES[name]
     assert type(pynvml.NVMLError(code)).__name__ == name  # the real class, made as pynvml makes it
     nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", code)
@@ -91,7 +92,7 @@ def test_a_loaded_driver_without_its_nvml_library_is_not_called_missing(monkeypa
     """A container started without the driver's utility libraries, or WSL with /usr/lib/wsl/lib
     off the loader's path: the GPU is there, so "no NVIDIA driver is installed" was false."""
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: True)
+    monkeypatch.setattr(nvml_module, "driver_loaded", lambda: True)
     nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     problem = NvmlSource(nvml=nvml).snapshot().problem
     assert "no NVIDIA driver is installed" not in problem
@@ -158,7 +159,7 @@ def test_no_driver_names_the_library_missing_on_this_platform(monkeypatch, platf
     """pynvml installed, no NVIDIA driver: a Windows laptop was told that libnvidia-ml.so, a
     Linux file, was not found; pynvml looks for nvml.dll there, and a Mac has no NVML at all."""
     monkeypatch.setattr(sys, "platform", platform)
-    monkeypatch.setattr(nvml_module, "_driver_loaded", lambda: False)
+    monkeypatch.setattr(nvml_module, "driver_loaded", lambda: False)
     nvml = RecordedNvml.from_recording(T4).fail("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     status = colab_gpu.status(NvmlSource(nvml=nvml))
     assert status.snapshot.problem.startswith("no NVIDIA driver is installed here: ")
@@ -367,7 +368,7 @@ def test_close_waits_for_a_call_in_flight():
 def live(monkeypatch):
     """Point %gpu_status's live source at NvmlSource over a stand-in; returns a setter."""
     def use(nvml):
-        monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=nvml))
+        monkeypatch.setattr(session, "default_source", NvmlSource(nvml=nvml))
         return nvml
 
     return use
@@ -392,7 +393,7 @@ def test_gpu_status_shows_an_init_failure_as_one_line(shell, capsys, live, name)
 def test_gpu_status_without_pynvml(shell, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: True)
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     text = run_status(shell, capsys)
     assert f"No GPU read: {NO_PYNVML}" in text.splitlines()
 
@@ -407,7 +408,7 @@ def test_a_driver_the_card_says_is_here_is_not_called_no_gpu(shell, capsys, live
     no_gpu = ("No NVIDIA GPU found", "This Kaggle notebook has no GPU")
     monkeypatch.setattr(nvml_module, "nvidia_driver_present", lambda: True)
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     text = run_status(shell, capsys)
     assert f"No GPU read: {NO_PYNVML}" in text.splitlines() and not any(words in text for words in no_gpu)
     for code in (pynvml.NVML_ERROR_NO_PERMISSION, pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH):
@@ -454,13 +455,12 @@ def test_gpu_status_from_a_recording(shell, capsys, path, expected):
 
 
 @pytest.mark.parametrize("content, expected", [
-    (None, "no such file"),
+    # no file at all is a UsageError, no card: test_replay_hostile.py
     (b"<nvidia_smi_log><gpu>", "it is not well-formed XML"),
 ])
 def test_gpu_status_from_a_bad_file_is_one_line(shell, capsys, tmp_path, content, expected):
     path = tmp_path / "pasted.xml"
-    if content is not None:
-        path.write_bytes(content)
+    path.write_bytes(content)
     text = run_status(shell, capsys, f"--from {path}")
     said = " ".join(text.split())  # folded at 80 columns: the path alone is 70 characters here
     assert said.count("No GPU read: ") == 1 and f"No GPU read: cannot replay {path}: " in said and expected in said

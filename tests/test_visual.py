@@ -14,6 +14,7 @@ import pytest
 
 import colab_gpu
 from colab_gpu import live
+from colab_gpu.live.render import chart_figure, chart_png
 from colab_gpu.render import WIDTH
 from conftest import DATA, ROOT
 from test_multigpu import box
@@ -51,19 +52,19 @@ def test_the_find_batch_chart_reads_on_a_dark_theme():
     assert_reads_on_light_and_dark(chart_png(small_search()))
 
 
-def test_the_live_run_chart_reads_on_a_dark_theme():
+def test_the_live_run_chart_reads_on_a_dark_theme(fast_live_sampling):
     sampler, _ = live.start(demo=True, interval=0.01)
     try:
         sampler.wait(5, timeout=10)
     finally:
         record = live.stop()
-    assert_reads_on_light_and_dark(record.chart_png())
-    # The V100S trace has no power: its chart leaves the panel out; from NVML (a failed read)
+    assert_reads_on_light_and_dark(chart_png(record))
+    # The demo trace has no memory: its chart leaves the panel out; from NVML (a failed read)
     # the panel stays, without a made-up 0-1 scale.
-    assert "power (W)" not in [axes.get_title() for axes in record.chart_figure().axes]
+    assert "memory used (GiB)" not in [axes.get_title(loc="left") for axes in chart_figure(record).axes]
     live_run = dataclasses.replace(record, recorded=False)
-    power = next(axes for axes in live_run.chart_figure().axes if axes.get_title() == "power (W)")
-    assert not power.get_yticks().size
+    memory = next(axes for axes in chart_figure(live_run).axes if axes.get_title(loc="left") == "memory used (GiB)")
+    assert not memory.get_yticks().size
 
 
 def statuses():
@@ -135,7 +136,7 @@ def test_the_status_card_names_temperature_and_state_as_the_text_report_does():
 def card_rows(status):
     """Each GPU's rows, {label: value}, as the text report and as the HTML card show them (a
     folded text row unfolded, the HTML's tags and no-break spaces dropped)."""
-    from test_polish_views import Text
+    from test_narrow_views import Text
 
     text_rows, rows = [], None
     for line in str(status).splitlines():
@@ -143,7 +144,7 @@ def card_rows(status):
             rows = {}
             text_rows.append(rows)
         elif rows is not None and line.startswith(" " * 14):
-            rows[label] += " " + line.strip()
+            rows[list(rows)[-1]] += " " + line.strip()  # a folded row goes on: the last one read
         elif rows is not None and line.startswith("  ") and line[2] != " ":
             label = line[2:13].strip()
             rows[label] = line[14:]

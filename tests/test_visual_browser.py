@@ -110,7 +110,7 @@ def test_cards_read_in_the_dark_theme_at_600_px(browser, jupyterlab):  # noqa: F
     width = page.locator(".jp-OutputArea-output").first.evaluate("output => output.clientWidth")
     assert 560 <= width <= 640, f"the outputs are {width} px wide, not about 600"
     cards = page.evaluate(OVERFLOW)
-    assert len(cards) == 5  # status, alloc_conf, find_batch, the live widget, the run's record
+    assert len(cards) == 5  # status, alloc_conf, find_batch, the stopped live view, the run's record
     status, batch = page.locator(".jp-Cell").nth(1), page.locator(".jp-Cell").nth(3)
     rows = batch.locator(".cgpu-card tr")
     assert rows.count() > 2
@@ -126,7 +126,7 @@ def test_cards_read_in_the_dark_theme_at_600_px(browser, jupyterlab):  # noqa: F
         # Its facts are plain lines, not drawn as advice (a coloured bar before each).
         "find_batch fact bars": set(batch.locator(".cgpu-facts li, ul.cgpu-muted li").evaluate_all(
             "items => items.map(item => getComputedStyle(item).borderLeftWidth)")),
-        # Charts (find_batch's, the live run's): no white box in the dark theme.
+        # Charts (find_batch's, the stopped live view's, the run's record's): no white box in the dark theme.
         "chart corner alpha": [alpha for _, alpha in page.evaluate(CHART_CORNERS)],
         # "388" at the end of a line, "MiB" on the next (the status card's memory row).
         "numbers split from their unit": split,
@@ -136,7 +136,7 @@ def test_cards_read_in_the_dark_theme_at_600_px(browser, jupyterlab):  # noqa: F
         "status values": {"left"},
         "find_batch columns": [["right", "left", "right", "right", "right"]] * rows.count(),
         "find_batch fact bars": {"0px"},
-        "chart corner alpha": [0, 0],
+        "chart corner alpha": [0, 0, 0],
         "numbers split from their unit": [],
     }
     page.close()

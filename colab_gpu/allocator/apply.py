@@ -14,15 +14,18 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Dict, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple, Union
 
-from ..options import command, option
-from ..runtime import TorchState, torch_state
-from ..words import count
-from .installed import env_names, installed_torch, read_names, reported_settings, runtime_setter
-from .parse import (AllocConfError, Settings, canonical_value, check_key_name, format_number,
-                    format_version, merge, parse, parse_many, to_torch, validate)
-from .schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
+from ..spelling import command, option
+from ..runtime import TorchState
+from ..render.shown import Shown
+from ..state import session
+from ..torch_allocator.installed import TargetTorch, current_settings, read_names, reported_settings, runtime_setter
+from ..torch_allocator.parse import (AllocConfError, Settings, check_key_name, format_number, format_version,
+                                     merge, parse, parse_many, to_torch)
+from ..torch_allocator.schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, NEWEST, OLDEST, PRESETS, Version
+
+__all__ = ["AllocConfResult", "alloc_conf", "ignored_variables", "setting_warnings"]
 
 # torch's parseArgs (CUDAAllocatorConfig up to 2.9, AcceleratorAllocatorConfig and its CUDA hook
 # from 2.10) puts only these keys back to their defaults for each new settings string, and from
@@ -42,9 +45,40 @@ def _reset_by_every_string(name: str, version: Version) -> bool:
     return name in _RESET_BY_EVERY_STRING or (follows is not None and BY_NAME[follows].available(version))
 
 
-@dataclasses.dataclass(frozen=True)
-class AllocConfResult:
-    """What one ``alloc_conf()`` call found and did."""
+@dataclasses.dataclass(frozen=True, repr=False)
+class AllocConfResult(Shown):
+    """What one ``alloc_conf()`` call found and did.
+
+    ``print(result)`` is the report ``%alloc_conf`` prints, ``result.to_json()`` what
+    ``%alloc_conf --json`` prints; ``result.changed`` whether the environment changed.
+
+    Attributes
+    ----------
+    action : str
+        ``"show"``, ``"check"`` or ``"set"``.
+    torch : TorchState
+        The torch the call acted on: imported, CUDA started.
+    torch_version : str or None
+        The installed torch's version, read without importing it.
+    settings : tuple of (str, str)
+        The configuration now set in this process (or checked), key by key.
+    env_before, env_after : dict of str to str or None
+        The allocator variables before and after the call (None: unset).
+    applied_via : tuple of str
+        Where the settings went: ``"environment"``, then torch's run-time setter if called.
+    deferred : tuple of (str, str)
+        (key, why) of keys that cannot change in this process any more.
+    warnings : tuple of str
+        What the settings do not do as one would think, and variables torch ignores.
+    in_effect : str or None
+        What torch reports it runs with, where asking it changes nothing.
+    preset : (str, str) or None
+        (name, explanation) of the preset applied.
+    saved, saved_path : str or None
+        The setting kept for ``%load_ext`` after a restart, and its file.
+    forgotten : str or None
+        With ``forget``: the saved setting deleted, ``""`` where none was.
+    """
 
     action: str  # "show", "check" or "set"
     torch: TorchState
@@ -81,24 +115,9 @@ class AllocConfResult:
     def to_json(self, indent: Optional[int] = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def __repr__(self) -> str:
-        text = to_torch(self.settings) or "nothing set"
-        extra = f"; {len(self.deferred)} deferred" if self.deferred else ""
-        return f"<AllocConfResult {self.action}: {text}; {count(len(self.warnings), 'warning')}{extra}>"
-
-    def __str__(self) -> str:
-        """The report ``%alloc_conf`` prints, so ``print(alloc_conf())`` shows it in a script."""
-        from .render import render_text
-
-        return render_text(self)
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        from .render import render_html
-
-        return render_html(self)
+    line_view = "colab_gpu.allocator.render:render_line"
+    text_view = "colab_gpu.allocator.render:render_text"  # the report %alloc_conf prints
+    html_view = "colab_gpu.allocator.render:render_html"
 
 
 def _env_snapshot(environ: MutableMapping[str, str], names: Sequence[str] = ENV_NAMES
@@ -115,22 +134,10 @@ def _restore(environ: MutableMapping[str, str], snapshot: Dict[str, Optional[str
             environ[name] = value
 
 
-def current_settings(environ: MutableMapping[str, str], names: Sequence[str] = ENV_NAMES
-                     ) -> Tuple[str, Settings]:
-    """The configuration torch will read: the first of ``names`` that is set."""
-    for name in names:
-        text = environ.get(name)
-        if text is not None:
-            try:
-                return name, parse(text)
-            except AllocConfError as error:
-                raise AllocConfError(f"{name} already holds something unreadable ({error}); "
-                                     f"use {option('reset', True)} to start over") from None
-    return "", ()
-
-
-def _warnings(settings: Settings, version: Optional[Tuple[int, int]],
-              platform: str = sys.platform) -> Tuple[str, ...]:
+def setting_warnings(settings: Settings, version: Optional[Tuple[int, int]],
+                     platform: str = sys.platform) -> Tuple[str, ...]:
+    """What ``settings`` do not do as one would think under torch ``version`` (None: not
+    installed) on ``platform``: a key another makes useless, a torch this check does not know."""
     values = dict(settings)
     found = []
     if version is None:
@@ -165,8 +172,8 @@ def _warnings(settings: Settings, version: Optional[Tuple[int, int]],
     return tuple(found)
 
 
-def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Optional[str]],
-                       written: bool, cleared: bool = False) -> Tuple[str, ...]:
+def ignored_variables(version: Optional[Version], env_before: Mapping[str, Optional[str]],
+                      written: bool, cleared: bool = False) -> Tuple[str, ...]:
     """The variables set in ``env_before`` that torch does not read, said as such: torch reads
     the first one set (``env_before`` is in its order; PYTORCH_ALLOC_CONF only from 2.10), so
     another that holds something else changes nothing. ``written``: this call wrote the same
@@ -205,41 +212,42 @@ def _ignored_variables(version: Optional[Version], env_before: Mapping[str, Opti
     return tuple(found)
 
 
-def _refused_setting(source: str, held: Settings, version, rocm: bool, verb: str,
+def _refused_setting(source: str, held: Settings, target: TargetTorch, verb: str,
                      given: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """What the installed torch would refuse in a setting made before this call (by the user,
     before the kernel started), said as such; None when torch accepts it. ``given``: the whole
     setting ``held`` is judged in (``held`` itself where None)."""
     try:
-        validate(held, version, rocm, given)
+        target.validate(held, given)
     except AllocConfError as error:
-        torch = f"the installed torch {format_version(version)}" if version else "torch"
+        torch = f"the installed torch {format_version(target.version)}" if target.version else "torch"
         return (f"{source} {verb} what {torch} refuses ({error}): change it with KEY=VALUE, "
                 f"remove it with {option('unset', 'KEY', plain=True)} or {option('reset', True)}")
     return None
 
 
-def _left_refused(base: Settings, kept: Settings, merged: Settings, version: Version, rocm: bool,
-                  state: TorchState) -> Optional[str]:
+def _left_refused(base: Settings, kept: Settings, merged: Settings, target: TargetTorch) -> Optional[str]:
     """Where this call changes or unsets a key that a kept key's lowest value follows (the split
     sizes follow large_segment_size_mb from 2.11), what torch would refuse in the result, when,
     and how to fix it; None otherwise. The held setting is accepted: the change leaves it
     refused, so "already holds" would send the user looking in the wrong place."""
     before, after, found = dict(base), dict(merged), []
     for name, value in kept:
-        followed = BY_NAME[name].followed(version) if name in BY_NAME else None
+        followed = BY_NAME[name].followed(target.known) if name in BY_NAME else None
         if followed is None or before.get(followed) == after.get(followed):
             continue
         try:
-            canonical_value(BY_NAME[name], value, version, rocm, after)
+            target.canonical(name, value, after)
             continue
         except AllocConfError as error:
             why = str(error)
-        low = format_number(BY_NAME[name].lowest(version, after)[0])
+        lowest = BY_NAME[name].lowest(target.known, after)
+        assert lowest is not None  # a key whose bound follows another always has one
+        low = format_number(lowest[0])
         done = f"{followed}={after[followed]}" if followed in after else \
             f"unsetting {followed} (default {BY_NAME[followed].default})"
         when = ""
-        if state.cuda_initialized and not BY_NAME[followed].runtime:
+        if target.state.cuda_initialized and not BY_NAME[followed].runtime:
             when = (f"torch keeps {followed}={before.get(followed, BY_NAME[followed].default)} until "
                     f"a restart, so this process takes {name}={value} now, but the next start "
                     f"would refuse it; ")
@@ -274,6 +282,34 @@ def _strings(argument: str, given: Any, example: str) -> Tuple[str, ...]:
     return items
 
 
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What one ``alloc_conf()`` call asks to change, its arguments checked."""
+
+    changes: Settings  # the settings given, after the preset's
+    unset: Tuple[str, ...]  # key names as given (torch's "a,b" split)
+    reset: bool
+    save: bool
+    forget: bool
+    preset: Optional[Tuple[str, str]]  # (name, explanation)
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.changes or self.unset or self.reset or self.save or self.forget)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """What the process holds before the call: the variables torch reads, the setting they give
+    (from ``source``, the first one set), and where torch no longer reads them, what it took."""
+
+    env_before: Dict[str, Optional[str]]
+    source: str  # the variable the setting comes from; "" when none is set
+    current: Settings  # the setting this call starts from (what torch took, after a hand edit)
+    taken: Optional[Tuple[str, str]]  # (setting, when) once torch took its settings
+    edited: Optional[str]  # what the variables hold instead of what torch took, set by hand
+
+
 def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Sequence[str]] = (),
                reset: bool = False, preset: Optional[str] = None, check: Optional[str] = None,
                save: bool = False, forget: bool = False, state: Optional[TorchState] = None,
@@ -281,24 +317,74 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
                modules: Optional[Mapping[str, Any]] = None) -> AllocConfResult:
     """Show, check or change the allocator configuration, as ``%alloc_conf`` does.
 
-    ``settings`` are strings in either form (``"max_split_size_mb=128"`` or
-    ``"max_split_size_mb:128,expandable_segments:True"``), ``unset`` key names; either may
-    be one string (anything else, a dict or bytes, is a TypeError). ``reset`` starts from
-    nothing, ``preset`` names one of ``colab_gpu.allocator.PRESETS``, ``check`` validates its
-    string and applies nothing, ``save`` / ``forget`` keep the result for ``%load_ext
-    colab_gpu`` after a restart or delete it. Before CUDA starts the settings go into the
-    environment variables; after, through torch's run-time setter (keys that cannot change
-    any more are listed; under a torch without a setter, every changed key).
-    Everything is validated against the installed torch before anything changes; on any
-    failure the environment is restored byte for byte and AllocConfError says what was
-    wrong. ``state`` overrides the detected torch state (for callers that already know it).
-    ``environ`` and ``modules`` (``os.environ`` and ``sys.modules`` when None) are the
-    environment written and the module table inspected.
-    """
-    from .saved import save_or_forget, saved_setting  # not at the top: .saved imports alloc_conf
+    Before CUDA starts the settings go into the environment variables; after, through
+    torch's run-time setter (keys that cannot change any more are listed; under a torch
+    without a setter, every changed key). Everything is validated against the installed
+    torch before anything changes; on any failure the environment is restored byte for byte.
+    Without arguments it shows the configuration and changes nothing.
 
+    Parameters
+    ----------
+    settings : str or sequence of str
+        Settings in either form, ``"max_split_size_mb=128"`` or
+        ``"max_split_size_mb:128,expandable_segments:True"``, merged into the current ones.
+    unset : str or sequence of str
+        Key names to drop from the configuration.
+    reset : bool, default False
+        Start from nothing instead of the current configuration.
+    preset : str, optional
+        One of ``colab_gpu.allocator.PRESETS``, applied before ``settings``.
+    check : str, optional
+        A setting string to validate against the installed torch; nothing is applied.
+    save, forget : bool, default False
+        Keep the result for ``%load_ext colab_gpu`` after a restart, or delete what was kept.
+    state : TorchState, optional
+        The torch state to act on, for callers that already know it; detected when None.
+    environ : MutableMapping[str, str], optional
+        The environment written; ``os.environ`` when None.
+    modules : Mapping[str, module], optional
+        The module table torch is looked up in (never imported); ``sys.modules`` when None.
+
+    Returns
+    -------
+    AllocConfResult
+        What the call found and did: the settings now held, how they were applied, what
+        waits for a restart, warnings.
+
+    Raises
+    ------
+    TypeError
+        ``settings`` or ``unset`` is neither a string nor a list of strings (a dict, bytes),
+        or ``check`` is not a string.
+    AllocConfError
+        (a ValueError) A setting that is malformed, unknown, out of range or not in the
+        installed torch, an unknown preset, options that contradict each other, a variable
+        already set that cannot be read (``reset=True`` replaces it), a value torch refused,
+        or a saved file that could not be written or deleted; nothing was changed.
+    """
     environ = os.environ if environ is None else environ
     modules = sys.modules if modules is None else modules
+    request = _request(settings, unset, reset, preset, check, save, forget)
+    target = TargetTorch.installed(modules, state)
+    env_before = _env_snapshot(environ, target.env_names)
+    if check is not None:
+        return _check(check, target, env_before)
+    held = _held(target, environ, env_before, reset, modules)
+    # ROCm's spellings name the same key; a key torch does not know can go if it was set
+    request = dataclasses.replace(request, unset=tuple(
+        name if name in dict(held.current) else check_key_name(name).name for name in request.unset))
+    for name in request.unset:
+        if name in dict(request.changes):
+            raise AllocConfError(f"{name} is both set and unset in one call; pick one")
+    if not request.changes_anything:
+        return _show(target, held, environ, modules)
+    return _set(target, held, request, environ, modules)
+
+
+def _request(settings, unset, reset: bool, preset: Optional[str], check: Optional[str], save: bool,
+             forget: bool) -> _Request:
+    """alloc_conf()'s arguments as a _Request, or the TypeError or AllocConfError that says
+    which argument is wrong or which contradict each other."""
     settings = _strings("settings", settings, "'max_split_size_mb=128' or ['max_split_size_mb=128', "
                         "'expandable_segments=True']")
     unset = _strings("unset", unset, "'max_split_size_mb' or ['max_split_size_mb', 'expandable_segments']")
@@ -315,18 +401,6 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         raise AllocConfError(f"{option('check')} only validates its string and changes nothing: give "
                              f"it without settings, {option('unset')}, {option('reset')}, "
                              f"{option('preset')}, {option('save')} or {option('forget')}")
-    state = state or torch_state(modules)
-    version_text, version, rocm = installed_torch(modules)
-    names = env_names(version, rocm)
-    env_before = _env_snapshot(environ, names)
-    common = dict(torch=state, torch_version=version_text, env_before=env_before)
-
-    if check is not None:
-        checked = validate(parse(check), version, rocm)
-        return AllocConfResult(action="check", settings=checked, env_after=env_before,
-                               warnings=_warnings(checked, version)
-                               + _ignored_variables(version, env_before, written=False), **common)
-
     changes = parse_many(settings)
     explanation = None
     if preset is not None:
@@ -335,81 +409,112 @@ def alloc_conf(settings: Union[str, Sequence[str]] = (), *, unset: Union[str, Se
         text, why = PRESETS[preset]
         changes = parse(text) + changes
         explanation = (preset, why)
-    taken = _taken_setting(state, modules)
+    return _Request(changes, unset, reset, save, forget, explanation)
+
+
+def _held(target: TargetTorch, environ, env_before: Dict[str, Optional[str]], reset: bool, modules) -> _Held:
+    """What the process holds now; an unreadable variable is an AllocConfError unless ``reset``
+    (the way out of it) or torch no longer reads the variables."""
+    taken = _taken_setting(target.state, modules)
     try:
-        source, current = current_settings(environ, names)
+        source, current = current_settings(environ, target.env_names)
     except AllocConfError:
         if not reset and taken is None:
             raise
         source, current = "", ()  # --reset is the way out of an unreadable setting
     edited = _hand_edit(taken, source, env_before, current)
-    if edited is not None:  # torch no longer reads the variables: start from what it holds
+    if edited is not None and taken is not None:  # torch no longer reads the variables: start from what it holds
         current = parse(taken[0])
-    # ROCm's spellings name the same key; a key torch does not know can go if it was set
-    unset = [name if name in dict(current) else check_key_name(name).name for name in unset]
-    for name in unset:
-        if name in dict(changes):
-            raise AllocConfError(f"{name} is both set and unset in one call; pick one")
-    base = () if reset else current
-    if not (changes or unset or reset or save or forget):
-        saved, path = saved_setting(environ)
-        refused = () if edited else tuple(problem for problem in (
-            _key_value_form(source, env_before.get(source), base),
-            _refused_setting(source, base, version, rocm, "holds")) if problem)
-        warnings = (refused + _warnings((), version) if refused else _warnings(base, version)) + (
-            (_hand_edit_warning(edited, taken, written=False),) if edited else
-            _ignored_variables(version, env_before, False))
-        return AllocConfResult(action="show", settings=base, env_after=env_before,
-                               warnings=warnings, in_effect=_in_effect(state, modules),
-                               saved=saved, saved_path=str(path), **common)
+    return _Held(env_before, source, current, taken, edited)
 
-    kept = tuple((name, value) for name, value in base if name not in dict(changes)
-                 and name not in unset)
-    merged = merge(base, changes, unset)
-    # a kept key judged with the keys this call leaves: one the change fixes is no refusal, and
-    # one the change breaks is the change's fault, not the held setting's
-    if _refused_setting(source, kept, version, rocm, "already holds", dict(merged)):
-        refused = _refused_setting(source, kept, version, rocm, "already holds", dict(base))
-        raise AllocConfError(refused or _left_refused(base, kept, merged, version or NEWEST, rocm, state))
-    new_settings = validate(merged, version, rocm)
-    deferred = _deferred(current, new_settings, state, allow=save,
-                         setter=runtime_setter(modules) is not None, version=version or NEWEST, rocm=rocm)
+
+def _check(text: str, target: TargetTorch, env_before: Dict[str, Optional[str]]) -> AllocConfResult:
+    """``alloc_conf(check=text)``: ``text`` validated against ``target``, nothing changed."""
+    checked = target.validate(parse(text))
+    return AllocConfResult(action="check", torch=target.state, torch_version=target.version_text,
+                           settings=checked, env_before=env_before, env_after=env_before,
+                           warnings=setting_warnings(checked, target.version)
+                           + ignored_variables(target.version, env_before, written=False))
+
+
+def _show(target: TargetTorch, held: _Held, environ, modules) -> AllocConfResult:
+    """``alloc_conf()`` with nothing to change: the setting held, what torch would refuse in it,
+    and the setting saved for after a restart."""
+    from .saved import saved_setting  # not at the top: .saved imports alloc_conf
+
+    saved, path = saved_setting(environ)
+    refused = () if held.edited else tuple(problem for problem in (
+        _key_value_form(held.source, held.env_before.get(held.source), held.current),
+        _refused_setting(held.source, held.current, target, "holds")) if problem)
+    warnings = (refused + setting_warnings((), target.version) if refused
+                else setting_warnings(held.current, target.version)) + (
+        (_hand_edit_warning(held.edited, held.taken, written=False),) if held.edited else
+        ignored_variables(target.version, held.env_before, False))
+    return AllocConfResult(action="show", torch=target.state, torch_version=target.version_text,
+                           settings=held.current, env_before=held.env_before, env_after=held.env_before,
+                           warnings=warnings, in_effect=_in_effect(target.state, modules),
+                           saved=saved, saved_path=str(path))
+
+
+def _set(target: TargetTorch, held: _Held, request: _Request, environ, modules) -> AllocConfResult:
+    """``alloc_conf()`` with something to change: all of it (the environment, torch's run-time
+    setting, the saved file) or, on any refusal, none of it."""
+    from .saved import save_or_forget, saved_setting  # not at the top: .saved imports alloc_conf
+
+    base = () if request.reset else held.current
+    new_settings = _merged(base, request, held.source, target)
+    deferred = _deferred(held.current, new_settings, target, allow=request.save)
     # The file first: one that cannot be written or deleted then changes nothing, and a setting
     # torch refuses puts the file back, so that either all of it happens or none.
     previous, _ = saved_setting(environ)
-    waiting, to_save = (), new_settings
-    if save and not reset:
-        waiting, to_save = _still_waiting(previous, new_settings, set(dict(changes)) | set(unset), state,
-                                          runtime_setter(modules) is not None, version, rocm)
-    saved, forgotten, path = save_or_forget(to_torch(to_save), save, forget, environ)
-    dropped = _dropped_defaults(current, new_settings, version or NEWEST, rocm)
+    waiting: Settings = ()
+    to_save = new_settings
+    if request.save and not request.reset:
+        waiting, to_save = _still_waiting(previous, new_settings, set(dict(request.changes)) | set(request.unset),
+                                          target)
+    saved, forgotten, path = save_or_forget(to_torch(to_save), request.save, request.forget, environ)
+    dropped = _dropped_defaults(held.current, new_settings, target)
     try:
-        result = _apply(_live(current, new_settings, deferred), deferred, state, environ, modules,
-                        env_before, dropped)
+        result = _apply(_live(held.current, new_settings, deferred), deferred, target.state, environ, modules,
+                        held.env_before, dropped)
     except AllocConfError:
-        if save or forget:
-            save_or_forget(previous, previous is not None, previous is None, environ)
+        if request.save or request.forget:
+            save_or_forget(previous or "", previous is not None, previous is None, environ)
         raise
     return dataclasses.replace(
-        result, action="set", preset=explanation, saved=saved, saved_path=str(path),
-        forgotten=forgotten, deferred=result.deferred + waiting,
-        warnings=_warnings(new_settings, version) + result.warnings + (
-            (_hand_edit_warning(edited, taken, written=True),) if edited else
-            _ignored_variables(version, env_before, written=True,
-                               cleared=all(value is None for value in result.env_after.values()))),
-        **common)
+        result, action="set", preset=request.preset, saved=saved, saved_path=str(path),
+        forgotten=forgotten, deferred=result.deferred + waiting, torch=target.state,
+        torch_version=target.version_text, env_before=held.env_before,
+        warnings=setting_warnings(new_settings, target.version) + result.warnings + (
+            (_hand_edit_warning(held.edited, held.taken, written=True),) if held.edited else
+            ignored_variables(target.version, held.env_before, written=True,
+                               cleared=all(value is None for value in result.env_after.values()))))
+
+
+def _merged(base: Settings, request: _Request, source: str, target: TargetTorch) -> Settings:
+    """``base`` with the request's changes and unset keys, validated; a kept key torch would
+    refuse is said as the held setting's fault, or the change's where the change breaks it."""
+    kept = tuple((name, value) for name, value in base if name not in dict(request.changes)
+                 and name not in request.unset)
+    merged = merge(base, request.changes, request.unset)
+    # a kept key judged with the keys this call leaves: one the change fixes is no refusal, and
+    # one the change breaks is the change's fault, not the held setting's
+    if _refused_setting(source, kept, target, "already holds", dict(merged)):
+        refused = _refused_setting(source, kept, target, "already holds", dict(base))
+        raise AllocConfError(refused or _left_refused(base, kept, merged, target))
+    return target.validate(merged)
 
 
 _NO_SETTER = ("the installed torch has no run-time settings call: it read its allocator "
               "settings once, when CUDA started")
 
 
-def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, setter: bool = True,
-              version: Version = NEWEST, rocm: bool = False) -> Tuple[Tuple[str, str], ...]:
-    """Changed keys that cannot take effect now, with why; a refused change raises. ``setter``:
-    the installed torch has a run-time settings call (without one, once CUDA runs, none can).
-    A key whose lowest value follows a deferred key waits too where torch, which keeps that
-    key's old value until a restart, would refuse it now."""
+def _deferred(current: Settings, new: Settings, target: TargetTorch, allow: bool) -> Tuple[Tuple[str, str], ...]:
+    """Changed keys that cannot take effect now, with why; a refused change raises. Without a
+    run-time settings call in ``target``, once CUDA runs, none can. A key whose lowest value
+    follows a deferred key waits too where torch, which keeps that key's old value until a
+    restart, would refuse it now."""
+    state = target.state
     if not state.imported:
         return ()
     before, after = dict(current), dict(new)
@@ -429,37 +534,36 @@ def _deferred(current: Settings, new: Settings, state: TorchState, allow: bool, 
             deferred.append((name, key.runtime_reason))
         elif state.cuda_initialized and not key.runtime:
             deferred.append((name, key.runtime_reason))
-        elif state.cuda_initialized and not setter:
+        elif state.cuda_initialized and not target.setter:
             deferred.append((name, _NO_SETTER))
     waiting = {name for name, _ in deferred}
     for name in sorted(set(changed) - waiting):
-        followed = BY_NAME[name].followed(version)
+        followed = BY_NAME[name].followed(target.known)
         if followed in waiting and name in after:
             kept = before.get(followed, BY_NAME[followed].default)
             try:
-                canonical_value(BY_NAME[name], after[name], version, rocm, {followed: kept})
+                target.canonical(name, after[name], {followed: kept})
             except AllocConfError:
                 deferred.append((name, f"torch checks it against the {followed} this process "
                                        f"keeps until a restart ({kept}), and refuses it"))
     return tuple(deferred)
 
 
-def _still_waiting(previous: Optional[str], settings: Settings, named, state: TorchState, setter: bool,
-                   version: Optional[Version], rocm: bool) -> Tuple[Tuple[Tuple[str, str], ...], Settings]:
+def _still_waiting(previous: Optional[str], settings: Settings, named, target: TargetTorch
+                   ) -> Tuple[Tuple[Tuple[str, str], ...], Settings]:
     """(deferred, setting to save): the keys of the saved setting that this process cannot take
     now (as :func:`_deferred` says, with why) and that this call neither sets nor unsets are
     kept in what ``--save`` writes: they wait for the restart, and saving only what this
     process holds lost them without a word."""
     try:
-        saved = validate(parse(previous or ""), version, rocm)
+        saved = target.validate(parse(previous or ""))
     except AllocConfError:  # a file edited by hand into something torch refuses: replaced
         return (), settings
     rest = tuple((name, value) for name, value in saved if name not in named)
-    deferred = _deferred(settings, merge(settings, rest), state, allow=True, setter=setter,
-                         version=version or NEWEST, rocm=rocm)
+    deferred = _deferred(settings, merge(settings, rest), target, allow=True)
     kept = tuple((name, value) for name, value in rest if name in dict(deferred))
     try:
-        to_save = validate(merge(settings, kept), version, rocm)
+        to_save = target.validate(merge(settings, kept))
     except AllocConfError as error:
         raise AllocConfError(
             f"{option('save', True)} keeps {to_torch(kept)} from the setting saved before, which "
@@ -469,18 +573,20 @@ def _still_waiting(previous: Optional[str], settings: Settings, named, state: To
     return tuple((name, f"kept from the setting saved before; {why}") for name, why in deferred), to_save
 
 
-def _dropped_defaults(current: Settings, new: Settings, version: Version, rocm: bool
+def _dropped_defaults(current: Settings, new: Settings, target: TargetTorch
                       ) -> Tuple[Tuple[str, Optional[str]], ...]:
     """The keys ``current`` held and ``new`` drops, each with the value that puts it back to
     torch's default through the run-time setter, or None where torch takes no value meaning
     its default ("0 (off)", "unlimited")."""
-    after, dropped = dict(new), []
+    after = dict(new)
+    dropped: List[Tuple[str, Optional[str]]] = []
     for name in dict(current):
         key = BY_NAME.get(name)
-        if name in after or _reset_by_every_string(name, version) or key is None or not key.available(version):
+        if name in after or _reset_by_every_string(name, target.known) or key is None \
+                or not key.available(target.known):
             continue
         try:
-            dropped.append((name, canonical_value(key, key.default, version, rocm)))
+            dropped.append((name, target.canonical(name, key.default)))
         except ValueError:  # AllocConfError, or a list parser given "[] (none)"
             dropped.append((name, None))
     return tuple(dropped)
@@ -502,7 +608,6 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
 
     ``dropped``: keys the setting held before and no longer does, with their defaults
     (:func:`_dropped_defaults`); torch keeps a key's value until the setter's string names it."""
-    global _given_to_torch
     text = to_torch(settings)
     setter = runtime_setter(modules) if state.imported else None
     skip = {name for name, _ in deferred} | {"backend"}
@@ -524,13 +629,13 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
             else:
                 environ.pop(name, None)
         via.append("environment")
-        if hands_to_torch:
+        if hands_to_torch and setter is not None:
             setter.set(runtime_text)
             via.append(setter.name)
-            _given_to_torch = text
+            session.given_to_torch = text
     except Exception as error:
         _restore(environ, env_before)
-        if previous is not None:
+        if previous is not None and setter is not None:  # previous: read from this setter
             setter.set(previous)
         if isinstance(error, AllocConfError):
             raise
@@ -546,11 +651,6 @@ def _apply(settings: Settings, deferred, state: TorchState, environ, modules, en
                            in_effect=reported_settings(modules) if hands_to_torch else None)
 
 
-# The setting (as written to the environment) last given to torch's run-time setter in this
-# process: from that call on, torch holds its settings and never reads the variables again.
-_given_to_torch: Optional[str] = None
-
-
 def _taken_setting(state: TorchState, modules) -> Optional[Tuple[str, str]]:
     """(setting, when) once torch has read its settings and ignores the variables: from
     %alloc_conf's call of its run-time setter (what torch reports then lacks the keys held
@@ -558,8 +658,8 @@ def _taken_setting(state: TorchState, modules) -> Optional[Tuple[str, str]]:
     parsed, is what it uses; None before either."""
     if not state.imported:
         return None
-    if _given_to_torch is not None:
-        return _given_to_torch, "when %alloc_conf applied them through its run-time setter"
+    if session.given_to_torch is not None:  # the setting last given to torch's setter
+        return session.given_to_torch, "when %alloc_conf applied them through its run-time setter"
     try:
         reported = _in_effect(state, modules)
     except Exception:  # a variable torch refuses, read for the first time: it holds nothing yet
@@ -586,7 +686,8 @@ def _hand_edit(taken: Optional[Tuple[str, str]], source: str, env_before: Mappin
     return "; ".join(held) if held else f"{' and '.join(env_before)} are unset"
 
 
-def _hand_edit_warning(edited: str, taken: Tuple[str, str], written: bool) -> str:
+def _hand_edit_warning(edited: str, taken: Optional[Tuple[str, str]], written: bool) -> str:
+    assert taken is not None  # an edit by hand is found only against a setting torch took
     setting, when = taken
     change = command("%alloc_conf KEY=VALUE", "colab_gpu.alloc_conf('KEY=VALUE')")
     held = repr(setting) if setting else "its defaults"

@@ -4,11 +4,11 @@ from __future__ import annotations
 from html import escape
 from typing import List, Tuple
 
-from ..options import command, option
-from ..render import fold, torch_summary
+from ..render import count, fold, torch_summary
 from ..render.html import STYLE, rows_table, unbroken_units
-from .parse import format_version, to_torch
-from .schema import KEYS
+from ..spelling import command, option
+from ..torch_allocator.parse import format_version, to_torch
+from ..torch_allocator.schema import KEYS
 
 _TITLES = {"show": "Allocator configuration", "check": "Allocator setting checked",
            "set": "Allocator configuration changed"}
@@ -36,8 +36,8 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
                      or ["nothing set: torch uses its defaults"]))
     if result.in_effect is not None:
         sections.append(("torch reports in effect", [repr(result.in_effect)]))
-    if result.applied_via and result.changed:  # "unchanged" applied through nothing
-        sections.append(("applied through", [", ".join(result.applied_via)]))
+    if result.applied_via and result.changed:  # "unchanged" applied nothing
+        sections.append(("applied", [_applied(result)]))
     if result.deferred:
         lines = [f"{name}: {why}" for name, why in result.deferred]
         lines.append("kept out of this process's environment" + (
@@ -57,6 +57,25 @@ def _sections(result) -> List[Tuple[str, List[str]]]:
             f"longer applies it" if result.forgotten else
             f"there was none to delete ({result.saved_path})"]))
     return sections
+
+
+def render_line(result) -> str:
+    """"set: expandable_segments:True; 0 warnings": the result's one line (its repr)."""
+    deferred = f"; {len(result.deferred)} deferred" if result.deferred else ""
+    return (f"{result.action}: {to_torch(result.settings) or 'nothing set'}; "
+            f"{count(len(result.warnings), 'warning')}{deferred}")
+def _applied(result) -> str:
+    """What the change did, in the user's terms: the variables written or unset, and whether
+    torch took it at once (through its run-time call, which ``applied_via`` names for scripts;
+    a private function of torch's said nothing a user could act on)."""
+    names = list(result.env_after)
+    variables = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    cleared = all(value is None for value in result.env_after.values())
+    if len(result.applied_via) > 1:  # torch's run-time settings call too
+        return (f"{variables} unset, and torch told: it uses its defaults from now on" if cleared else
+                f"written to {variables}, and given to torch, which uses it from now on")
+    return (f"{variables} unset: torch uses its defaults when CUDA starts" if cleared else
+            f"written to {variables}, which torch reads when CUDA starts")
 
 
 def render_text(result) -> str:

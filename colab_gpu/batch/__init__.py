@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 import re
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..options import option
-from ..runtime import cpu_only_build, cuda_torch, torch_state
+from ..cuda import visible_cuda_devices
+from ..oom import is_out_of_memory
+from ..spelling import option
+from ..runtime import cpu_only_build, torch_state
 from ..words import count
-from .oom import is_out_of_memory
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
-from .state import RestoreError, Snapshot
+from .state import RestoreError, RestorePoint, stateful_objects
 from .trial import CtrlC, device_label, release_memory, run_trial
 
 __all__ = ["find_batch", "is_out_of_memory", "BatchResult", "Trial", "SearchError", "RestoreError"]
@@ -27,27 +27,6 @@ _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")  # torch refuses "cuda:١", whi
 # Throughput mode compares sizes 5 % apart: a trial's timed runs must add up to this many
 # seconds, or one scheduler hiccup in a 100 µs step decides the answer.
 THROUGHPUT_TIMED = 0.1
-
-
-def _cuda_devices() -> Optional[int]:
-    """CUDA devices torch can use, counted through NVML so that the check never starts CUDA
-    (torch.cuda.device_count() would, before ``%alloc_conf`` has had its say). None when
-    NVML cannot tell: MIG instances in CUDA_VISIBLE_DEVICES are not among NVML's GPUs, and a
-    driver is here but NVML cannot be read (pynvml not installed, no permission)."""
-    torch = cuda_torch()
-    if torch is not None:
-        return torch.cuda.device_count()
-    from ..devices import default_source
-    from ..devices.nvml import DRIVER_PRESENT_PROBLEMS
-    from ..runtime import names_mig_instances, torch_indices
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if names_mig_instances(visible):
-        return None
-    snapshot = default_source().snapshot()
-    if snapshot.problem in DRIVER_PRESENT_PROBLEMS:
-        return None
-    return len(torch_indices(visible, snapshot.gpus))
 
 
 def other_devices() -> str:
@@ -64,7 +43,7 @@ def checked_device(device: Union[str, int, Any, None]) -> str:
         raise SearchError(f"{option('device', device)}: use auto, cpu, cuda or cuda:N")
     torch = torch_state()
     if spec.startswith("cuda") and torch.build != "rocm":
-        index, available = int(spec.partition(":")[2] or 0), _cuda_devices()
+        index, available = int(spec.partition(":")[2] or 0), visible_cuda_devices()
         if available and torch.build in ("cpu", "mps") and not torch.cuda_initialized:
             # NVML counted the machine's GPUs; the torch imported here can use none of them.
             raise SearchError(f"{option('device', device, plain=True)}: " + cpu_only_build(
@@ -84,16 +63,20 @@ def check_options(*, variable: str = "batch_size", mode: str = "max", start: Opt
     """SearchError for an option ``search_batch`` would refuse, before anything is saved or run."""
     whole_number("steps", steps)
     checked_device(device)
-    Search(lambda size: None, variable=variable, mode=mode, start=start, maximum=maximum,
+    Search(_never_run, variable=variable, mode=mode, start=start, maximum=maximum,
            multiple_of=multiple_of, headroom=headroom)  # its constructor checks the rest
 
 
-def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: str = "batch_size",
+def _never_run(size: int) -> Trial:
+    raise AssertionError("check_options() builds a Search only to check its options")
+
+
+def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
                  steps: int = 3, headroom=None, multiple_of: int = 1, device: str = "auto",
                  measure_memory: bool = True, progress=None,
                  around_run: Callable[[], Any] = contextlib.nullcontext) -> BatchResult:
-    """Search with ``step(size)``, restoring ``snapshot`` and freeing memory after every trial.
+    """Search with ``step(size)``, restoring ``restore_point`` and freeing memory after every trial.
 
     ``progress(search)`` is called after every trial and ``progress.finish(result)`` at the
     end. The user's own error (not an out-of-memory, not a broken device) is raised again
@@ -103,7 +86,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
     steps = whole_number("steps", steps)
     device = checked_device(device)
-    errors = []
+    errors: List[BaseException] = []
     try:
         with CtrlC() as ctrl_c:
             def run(size: int) -> Trial:
@@ -113,7 +96,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
                                          min_timed=THROUGHPUT_TIMED if mode == "throughput" else 0.0,
                                          around=around_run)
                 try:
-                    snapshot.restore()
+                    restore_point.restore()
                 finally:  # freed also when a --restore object cannot be put back
                     if trial.outcome != DEVICE_BROKEN:
                         release_memory(device)
@@ -125,6 +108,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
             search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
                             multiple_of=multiple_of, headroom=headroom,
                             device=device_label(device), on_trial=progress or (lambda search: None))
+            search.notes.extend(restore_point.notes())  # what is restored: shown from the first trial on
             try:
                 search.run()
             except RestoreError as error:  # it cannot go on: the progress ends saying why
@@ -154,7 +138,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
         # run() and the search refer to each other (search._run, run's `search`): kept, that
         # cycle held the step, what it closes over and the CPU copies of the restored objects
         # until Python's next garbage collection.
-        search = None
+        search = None  # type: ignore[assignment]  # not used again: only the cycle is broken
     if errors and result.trials[-1].outcome != DEVICE_BROKEN:
         raise errors[-1]
     return result
@@ -163,7 +147,7 @@ def search_batch(step: Callable[[int], Any], snapshot: Snapshot, *, variable: st
 def _lazy_kind(fn: Callable) -> Optional[Tuple[str, str]]:
     """What ``fn`` is and what calling it makes, when that runs none of its body (a coroutine
     or generator function, as a partial or an object's ``__call__`` too), else None."""
-    for function in (fn, getattr(fn, "__call__", None)):
+    for function in (fn, getattr(fn, "__call__", None)):  # noqa: B004 (the method, inspected: no callable test)
         if inspect.iscoroutinefunction(function):
             return "an async function", "a coroutine"
         if inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(function):
@@ -174,30 +158,71 @@ def _lazy_kind(fn: Callable) -> Optional[Tuple[str, str]]:
 def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: str = "max",
                start: Optional[int] = None, max: Optional[int] = None, steps: int = 3,
                headroom: Union[str, int, None] = None, multiple_of: int = 1,
-               restore: Union[Any, Sequence[Any], Dict[str, Any]] = (), device: str = "auto",
+               restore: Union[str, bool, Any, Sequence[Any], Dict[str, Any], None] = "auto", device: str = "auto",
                measure_memory: bool = True, progress: bool = True) -> BatchResult:
     """Find the largest batch size that fits (``mode="max"``) or the fastest (``"throughput"``).
 
-    ``fn(batch_size)`` runs one training (or inference) step. Each trial runs it ``steps``
-    times, the first untimed; in throughput mode a fast step runs until 0.1 s is timed.
-    ``start`` and ``max``: the first and the largest size tried (default 2, or
-    ``multiple_of`` if larger, or ``max`` if smaller; and 65536).
-    ``restore``: models, optimizers, schedulers, tensors or random generators of your own
-    (``np.random.default_rng``, ``torch.Generator``) whose state is put back after every
-    trial (saved on the CPU): one object, a list or a dict (None: nothing). ``headroom``:
-    memory to keep free, bytes (``"512MiB"``) or a share (``"10%"``); by default none, except
-    10% on the CPU without an address-space limit, where going past memory gets the process
-    killed (with ``measure_memory=False`` nothing is measured, so nothing is kept free, a
-    ``headroom`` given included).
-    ``multiple_of``: only its multiples are tried (``start`` and ``max`` rounded down to one,
-    in a note). ``device``: ``"auto"`` (CUDA once your code has started it, else the CPU),
-    ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (or N, or a ``torch.device``).
-    ``measure_memory=False`` measures no peak memory: the search doubles, then bisects on real
-    failures (on a CPU without an address-space limit there are none to bisect on: the first
-    size past memory gets the process killed). ``variable`` only names the size in the
-    report; ``progress=False`` shows no line per trial. The random generators are restored
-    too. Ctrl-C stops the search and returns the best size so far. The answer
-    (``result.answer``) is always a size that ran and fitted.
+    Each trial runs ``fn`` ``steps`` times at one size, the first run untimed; in throughput
+    mode a fast step runs until 0.1 s is timed. After every trial the ``restore`` objects and
+    the random generators are put back and memory is freed, so each trial starts alike.
+    Ctrl-C stops the search and returns the best size so far.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(batch_size)`` runs one training (or inference) step.
+    variable : str, default "batch_size"
+        The name of the size in the report.
+    mode : {"max", "throughput"}, default "max"
+        The largest size that fits, or the one with the most samples per second.
+    start, max : int, optional
+        The first and the largest size tried: by default 2 (or ``multiple_of`` if larger,
+        or ``max`` if smaller) and 65536.
+    steps : int, default 3
+        Runs per trial, at least 1.
+    headroom : str or int, optional
+        Memory to keep free: bytes (``"512MiB"``, an int) or a share (``"10%"``). None: none,
+        except 10% on the CPU without an address-space limit, where going past memory gets
+        the process killed. Not applied with ``measure_memory=False``.
+    multiple_of : int, default 1
+        Only its multiples are tried (``start`` and ``max`` rounded down to one, in a note).
+    restore : "auto", object, list or dict, or None, default "auto"
+        ``"auto"``: the models, optimizers, LR schedulers and GradScalers ``fn`` uses are put
+        back after every trial (saved on the CPU while the copies fit in 3/4 of the RAM
+        available): those ``fn`` reads as globals, from its closure or its defaults (a
+        partial's arguments, a bound method's object too), one level inside each
+        (``trainer.model``), and the same for the functions of yours it calls; the report
+        lists them. Objects given (one, a list or a dict: tensors, random generators of your
+        own such as ``np.random.default_rng``, ``torch.Generator``) are restored as well;
+        ``None`` or ``False`` restores none, and the trials train the model.
+    device : str, default "auto"
+        ``"auto"`` (CUDA once your code has started it, else the CPU), ``"cpu"``, ``"cuda"``,
+        ``"cuda:N"`` (or N, or a ``torch.device``).
+    measure_memory : bool, default True
+        False measures no peak memory: the search doubles, then bisects on real failures (on
+        a CPU without an address-space limit there are none: the first size past memory gets
+        the process killed).
+    progress : bool, default True
+        Show a line per trial.
+
+    Returns
+    -------
+    BatchResult
+        The trials and the answer, ``result.answer``: always a size that ran and fitted (None
+        when none did).
+
+    Raises
+    ------
+    TypeError
+        ``fn`` is not callable, or calling it runs nothing (an async or generator function).
+    colab_gpu.batch.SearchError
+        (a ValueError) An option the search cannot work with (the message says what is
+        accepted), a ``device`` this machine lacks, or a ``multiple_of`` that leaves no size.
+    colab_gpu.batch.RestoreError
+        (a ValueError) A ``restore`` object whose state cannot be saved or put back.
+    Exception
+        The error ``fn`` raised, when it is neither out of memory nor a broken device: raised
+        again, with its traceback, once everything is put back.
     """
     if not callable(fn):  # find_batch(train_step(64)): fail here, not as the first trial's error
         raise TypeError(f"find_batch() takes a function that runs one step at a batch size, "
@@ -209,8 +234,11 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
                         f"is {lazy[0]}: {name:.80}(batch_size) only creates {lazy[1]} and runs none of "
                         f"the step, so every size would fit; define it with a plain def")
     # Keyed as the caller passed them, which messages name: restore, restore[0], restore['model'].
-    if restore is None:
-        objects = {}  # nothing to restore, as the default says
+    found = {} if restore is None or restore is False else stateful_objects(
+        [(getattr(fn, "__name__", "fn"), fn)])
+    objects: Dict[Any, Any]
+    if restore is None or restore is False or (isinstance(restore, str) and restore == "auto"):
+        objects = {}  # nothing but what fn uses, or nothing at all
     elif isinstance(restore, dict):
         objects = restore
     elif isinstance(restore, (list, tuple)):
@@ -220,7 +248,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     from .progress import NotebookProgress, reporter
 
     shown = reporter() if progress else None
-    result = search_batch(fn, Snapshot(objects=objects), variable=variable, mode=mode, start=start,
+    result = search_batch(fn, RestorePoint(objects=objects, found=found), variable=variable, mode=mode, start=start,
                           maximum=max, steps=steps, headroom=headroom, multiple_of=multiple_of,
                           device=device, measure_memory=measure_memory, progress=shown)
     if isinstance(shown, NotebookProgress):

@@ -47,6 +47,8 @@ class NotebookProgress:
         again as the cell's Out: then this one is emptied once the cell has ended, so the
         report (and its chart) is shown, and saved, once. Assigned, it stays."""
         shell = current_shell()
+        if shell is None:  # never: a NotebookProgress runs in a shell's kernel
+            return
 
         def at_cell_end(*args) -> None:  # IPython passes the cell's ExecutionResult
             shell.events.unregister("post_run_cell", at_cell_end)

@@ -4,13 +4,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from ..words import NA, count, duration, significant, size as format_size
+from .. import words
+from ..oom import ErrorKind
+from ..render.shown import Shown
+from ..words import NA, count, duration, significant
 
 FITS = "fits"
-OUT_OF_MEMORY = "out of memory"
+OUT_OF_MEMORY = ErrorKind.OUT_OF_MEMORY.value
 OVER_HEADROOM = "over headroom"  # ran, but its peak left less free memory than asked
-DEVICE_BROKEN = "device broken"
-ERROR = "error"
+DEVICE_BROKEN = ErrorKind.DEVICE_BROKEN.value
+ERROR = ErrorKind.OTHER.value
 INTERRUPTED = "interrupted"
 RUNNING = "still running"  # ``stopped`` while the search goes on (the progress table)
 INTERRUPTED_NOTE = "interrupted (Ctrl-C); the best size so far is the answer"  # ``stopped`` by Ctrl-C
@@ -37,6 +40,9 @@ class Trial:
     # Out-of-memory errors the CUDA allocator counted while the trial ran and which never reached
     # the search: cuDNN's fallback to a smaller workspace, or a cell that skips its batch on OOM.
     caught_ooms: int = 0
+    # The fastest and slowest timed runs (the middle half of them from four on) where they
+    # disagreed even when the trial ran them again: a busy machine, so the time is uncertain.
+    timing_range: Optional[Tuple[float, float]] = None
 
     @property
     def fits(self) -> bool:
@@ -59,7 +65,7 @@ class Trial:
 def trial_row(trial: Trial) -> Tuple[str, str, str, str, str]:
     # samples/s with significant digits: a slow step's 0.4, not 0
     speed = trial.samples_per_second
-    return (str(trial.size), trial.outcome, format_size(trial.peak_memory),
+    return (str(trial.size), trial.outcome, words.size(trial.peak_memory),
             duration(trial.seconds_per_step), NA if speed is None else significant(speed))
 
 
@@ -78,9 +84,36 @@ class MemoryFit:
         return int((limit - self.intercept) // self.slope)
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchResult:
-    """The search's trials and its answer: ``answer`` is always a size that ran and fitted."""
+@dataclasses.dataclass(frozen=True, repr=False)
+class BatchResult(Shown):
+    """The search's trials and its answer: ``answer`` is always a size that ran and fitted.
+
+    ``print(result)`` is the table ``%%find_batch`` shows; ``result.rows()`` its rows.
+
+    Attributes
+    ----------
+    variable : str
+        The name of the size.
+    mode : str
+        ``"max"`` or ``"throughput"``.
+    device : str
+        The device searched on (``"cuda:0"``, ``"cpu"``).
+    trials : tuple of Trial
+        Each size tried, in order: its outcome, peak memory and time per step.
+    answer : int or None
+        The largest size that fits (max mode) or the fastest (throughput); None when no
+        size fitted.
+    largest_fitting, fastest : int or None
+        The largest size that fitted, and the one with the most samples per second.
+    capacity, usable : int or None
+        The device's memory on the scale of the peaks, and what headroom left of it (bytes).
+    fit : MemoryFit or None
+        Peak memory as a line in the batch size, from two measured successes.
+    stopped : str
+        Why the search ended, one sentence.
+    notes : tuple of str
+        What else the user should know (a rounded ``start``, headroom not applied ...).
+    """
 
     variable: str
     mode: str  # "max" or "throughput"
@@ -120,34 +153,6 @@ class BatchResult:
         """Like "2 trials, 1 out of memory": in the summary line and in the facts under the table."""
         return f"{count(len(self.trials), 'trial')}, {self.out_of_memory_count} out of memory"
 
-    def summary(self) -> str:
-        tally = self.tally()
-        if self.stopped == RUNNING:
-            best = (f"{self.largest_fitting} fits so far" if self.largest_fitting is not None
-                    else "nothing has fitted yet")
-            return f"searching {self.variable}: {best} ({tally})"
-        if self.answer is None:
-            return f"no {self.variable} found: {self.stopped}"
-        what = "fastest" if self.mode == "throughput" else "largest fitting"
-        where = f" on {self.device}" if self.device else ""
-        return f"{self.variable} = {self.answer} ({what}{where}, {tally})"
-
-    def __repr__(self) -> str:
-        return f"<BatchResult {self.summary()}>"
-
-    def __str__(self) -> str:
-        """The table ``%%find_batch`` shows, so ``print(find_batch(...))`` shows it in a script."""
-        from .render import render_text
-
-        return render_text(self)
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(repr(self) if cycle else str(self))
-
-    def _repr_html_(self) -> Optional[str]:
-        """None when text_only: IPython's HTML formatter then leaves text/html out."""
-        if self.text_only:
-            return None
-        from .render import render_html
-
-        return render_html(self)
+    line_view = "colab_gpu.batch.render:render_line"
+    text_view = "colab_gpu.batch.render:render_text"  # the table %%find_batch shows
+    html_view = "colab_gpu.batch.render:render_html"

@@ -40,10 +40,12 @@ import keyword
 import math
 import operator
 import re
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
-from ..options import option
-from ..words import count, size as format_size
+from .. import words
+from ..errors import UserError
+from ..spelling import option
+from ..words import count
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTERRUPTED_NOTE,
                      OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, BatchResult, MemoryFit, Trial)
 
@@ -68,7 +70,7 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
 
 
-class SearchError(ValueError):
+class SearchError(UserError, ValueError):
     """An option the search cannot work with; the message says what is accepted."""
 
 
@@ -104,7 +106,7 @@ class Headroom:
             return None
         if self.fraction is not None:
             return int(capacity * (1 - self.fraction))
-        return max(0, capacity - self.bytes)  # a headroom above the device leaves nothing, not less
+        return max(0, capacity - (self.bytes or 0))  # a headroom above the device leaves nothing, not less
 
     @property
     def is_zero(self) -> bool:
@@ -169,8 +171,14 @@ def aim_after_success(lo: int, predicted: int, fit_span: int, cautious: bool) ->
 
 def _line_through(small: Trial, large: Trial) -> MemoryFit:
     """Peak memory against size through two measured successes."""
-    slope = (large.peak_memory - small.peak_memory) / (large.size - small.size)
-    return MemoryFit(large.peak_memory - slope * large.size, slope, (small.size, large.size))
+    slope = (_peak(large) - _peak(small)) / (large.size - small.size)
+    return MemoryFit(_peak(large) - slope * large.size, slope, (small.size, large.size))
+
+
+def _peak(trial: Trial) -> int:
+    """The peak memory of a success that measured it (see Search._measured)."""
+    assert trial.peak_memory is not None, trial
+    return trial.peak_memory
 
 
 def _middle(lo: int, hi: int) -> float:
@@ -190,6 +198,19 @@ def check_variable(variable: str) -> str:
     return variable
 
 
+def _check_multiple(multiple_of: int, start: Optional[int], maximum: Optional[int]) -> None:
+    """SearchError for a ``multiple_of`` above the largest size tried: no size would be left to
+    try, and the search tried one above ``max`` (a start below the first multiple is raised to it)."""
+    largest = maximum if maximum is not None else max(DEFAULT_MAX, start or 0)
+    if multiple_of <= largest:
+        return
+    span = f"from {option('start', start)} to " if start is not None else "up to "
+    span += option("max", maximum) if maximum is not None else \
+        f"{largest}, the largest size tried without {option('max')}"
+    raise SearchError(f"{option('multiple_of', multiple_of)} leaves no batch size to try {span}: give "
+                      f"{option('multiple_of', largest)} or less, or {option('max', multiple_of)} or more")
+
+
 class Search:
     """One search; ``result()`` may be called at any time for the best so far."""
 
@@ -203,20 +224,16 @@ class Search:
         multiple_of = whole_number("multiple_of", multiple_of)
         start, maximum = (None if value is None else whole_number(name, value)
                           for name, value in (("start", start), ("max", maximum)))
+        _check_multiple(multiple_of, start, maximum)
         self.step = multiple_of
         first_size = max(DEFAULT_START, multiple_of)
         if start is None and maximum is not None:  # --max 1 alone asks for 1, not for 2
             first_size = min(first_size, maximum)
         self.start = self._align(start if start is not None else first_size)
         self.maximum = maximum if maximum is not None else max(DEFAULT_MAX, self.start)
-        if self.maximum < self.start:
-            if start is None:
-                first = f"the first size, {self.start}"
-                first += f" (a multiple of {multiple_of})" if multiple_of > 1 else ""
-            else:  # the size the user typed, and what --multiple-of made of it
-                first = option("start", start)
-                first += f" as a multiple of {multiple_of}, {self.start}" if self.start != start else ""
-            raise SearchError(f"{option('max', self.maximum)} is below {first}")
+        if self.maximum < self.start:  # a --start above --max: the size typed, and what --multiple-of made of it
+            rounded = f" ({self.start} as a multiple of {multiple_of})" if self.start != start else ""
+            raise SearchError(f"{option('max', self.maximum)} is below {option('start', start)}{rounded}")
         self._run, self.variable, self.mode, self.device = run, variable, mode, device
         self._headroom = (headroom if isinstance(headroom, Headroom) or headroom is None
                           else Headroom(headroom))
@@ -293,7 +310,7 @@ class Search:
         nothing_fits = usable is not None and usable <= 0
         if nothing_fits:
             self.stopped = (f"{option('headroom', self.headroom.spec, plain=True)} keeps all of "
-                            f"the device's {format_size(trial.capacity)} free: no size can fit")
+                            f"the device's {words.size(trial.capacity)} free: no size can fit")
         self.on_trial(self)
         if nothing_fits:
             raise _Stop
@@ -322,9 +339,9 @@ class Search:
             return None
         large, noise = measured[-1], noise_floor(self.capacity)
         for small in reversed(measured[:-1]):
-            if large.peak_memory - small.peak_memory >= FIT_NOISES * noise:
+            if _peak(large) - _peak(small) >= FIT_NOISES * noise:
                 return _line_through(small, large)
-        flat = large.peak_memory - measured[0].peak_memory < FLAT_BYTES
+        flat = _peak(large) - _peak(measured[0]) < FLAT_BYTES
         if flat and large.size >= FLAT_RANGE * measured[0].size:
             self.refused = True
             self.notes.append(
@@ -388,8 +405,8 @@ class Search:
         for index, trial in enumerate(self.trials):
             if trial.fits or trial.baseline is None:
                 continue
-            after = next((later for later in self.trials[index + 1:] if later.baseline is not None), None)
-            if after is not None and abs(after.baseline - trial.baseline) > noise:
+            after = next((later.baseline for later in self.trials[index + 1:] if later.baseline is not None), None)
+            if after is not None and abs(after - trial.baseline) > noise:
                 start = index + 1
         return start
 
@@ -405,15 +422,17 @@ class Search:
         one size measured, its growth over the memory in use before it bounds the slope too
         (the step's fixed cost makes it steeper, never flatter)."""
         measured = self._measured()
-        large = measured[-1] if measured else None
+        if not measured or self.capacity is None:
+            return math.inf
+        large = measured[-1]
         if len(measured) >= 2:
-            small_size, small_peak = measured[0].size, measured[0].peak_memory
-        elif large is not None and large.baseline is not None:
+            small_size, small_peak = measured[0].size, _peak(measured[0])
+        elif large.baseline is not None:
             small_size, small_peak = 0, large.baseline
         else:
             return math.inf
-        steepest = (large.peak_memory - small_peak + noise_floor(self.capacity)) / (large.size - small_size)
-        return large.size + ((self.usable or 0) - large.peak_memory) / steepest
+        steepest = (_peak(large) - small_peak + noise_floor(self.capacity)) / (large.size - small_size)
+        return large.size + ((self.usable or 0) - _peak(large)) / steepest
 
     def _probe_above(self, lo: int, hi: Optional[int]) -> float:
         """Just above ``lo``: a failure there proves ``lo`` within TOLERANCE. Each such probe in
@@ -427,6 +446,7 @@ class Search:
         """The next size to run in max mode, or None once the trials prove the answer (or
         reach --max, or the budget of trials is spent); ``stopped`` then says which."""
         lo, hi, top = self.lo, self.hi, self._align(self.maximum)
+        assert lo is not None  # called after the first success
         if hi is not None and self._proven(lo, hi):
             self.stopped = self._proof(lo, hi)
             return None
@@ -442,30 +462,29 @@ class Search:
             self.stopped = (f"the budget of {MAX_TRIALS} trials is spent before the answer was proven: "
                             f"{self.variable}={lo} ran, {known}")
             return None
-        fit = self.fit()
-        if self.trials[-1].capacity_kills and fit is not None and fit.memory_at(size) > self.usable:
+        fit, usable = self.fit(), self.usable
+        if self.trials[-1].capacity_kills and fit is not None and usable is not None \
+                and fit.memory_at(size) > usable:
             # no proof by failure where a failure ends the process: the fit's word, said as such
             self.stopped = (f"{self.variable}={size} was not tried: the memory fit puts its peak over "
-                            f"the {format_size(self.usable)} usable, and going past memory here gets "
+                            f"the {words.size(usable)} usable, and going past memory here gets "
                             f"the process killed")
             return None
         return size
 
     def _candidate(self, lo: int, hi: Optional[int]) -> float:
-        fit = self.fit()
-        predicted = fit.largest_under(self.usable) if fit is not None else None
+        fit, usable = self.fit(), self.usable
+        predicted = fit.largest_under(usable) if fit is not None and usable is not None else None
         if predicted is not None and hi is not None and predicted >= hi:
             predicted = None  # a failure proved the fit wrong up there: bisect, not retry under it
         self._predicted = predicted
-        # the smallest size whose success proves it within TOLERANCE of the failure at hi
-        under = None if hi is None else math.ceil(hi / (1 + TOLERANCE) / self.step) * self.step
         if hi is not None:
-            if under <= max(lo * (1 + TOLERANCE), lo + self.step):  # a success or a failure there proves
-                return under
+            if self._under(hi) <= max(lo * (1 + TOLERANCE), lo + self.step):  # a success or a failure there proves
+                return self._under(hi)
             if self._cautious() and hi <= 2 * lo:
                 # what fails now may have fitted before a failure: a retry of the answer's neighbourhood
                 return self._probe_above(lo, hi)
-        if predicted is not None:
+        if predicted is not None and fit is not None:
             if predicted <= lo * (1 + TOLERANCE):  # the fit puts the top at lo: a failure just above proves it
                 return self._probe_above(lo, hi)
             candidate = aim_after_success(lo, predicted, lo - fit.sizes[0], self._cautious())
@@ -478,8 +497,12 @@ class Search:
             measurable = self.capacity is not None and not self.refused
             return min(lo * SECOND, self._within_growth()) if measurable else 2 * lo
         if self._jumped and self.trials[-1].size == hi and not self._cautious():
-            return under  # a jump to the prediction overshot a little: a success there proves
+            return self._under(hi)  # a jump to the prediction overshot a little: a success there proves
         return (lo + hi) / 2
+
+    def _under(self, hi: int) -> int:
+        """The smallest size whose success proves it within TOLERANCE of the failure at ``hi``."""
+        return math.ceil(hi / (1 + TOLERANCE) / self.step) * self.step
 
     def _largest(self) -> None:
         self._measure_below()
@@ -497,18 +520,22 @@ class Search:
         """Started above what fits: the first success is the only measured size, and bisecting
         blind towards the failure above costs an out-of-memory error a step. A size BELOW
         times smaller is cheap and always fits; with it the memory fit places the rest."""
-        below = self._align(self.lo / BELOW)
+        lo = self.lo
+        assert lo is not None  # called after the first success
+        below = self._align(lo / BELOW)
         if self.hi is not None and len(self._measured()) == 1 and self.capacity is not None \
-                and below < self.lo:
+                and below < lo:
             self.attempt(below)
 
     def _fastest(self) -> None:
         """Double from the first success while samples/s pays. Once a size has failed, the
         sizes between the largest success and that failure are bisected, not given up: where
         samples/s still grew at the last doubling, the fastest size lies up there."""
-        best, unpaid = self._successes()[-1], []
+        best = self._successes()[-1]
+        unpaid: List[Tuple[int, int]] = []  # (lo, size) of the sizes up that did not pay
         while True:
             lo, hi, fit = self.lo, self.hi, self.fit()
+            assert lo is not None  # called after the first success
             if hi is not None and self._close(lo, hi):
                 self.stopped = f"{self.variable}={hi} did not fit" + (
                     f", and {lo} is within {TOLERANCE:.0%} of it" if hi - lo > self.step else "")
@@ -568,4 +595,5 @@ class Search:
             return True
         if self.mode == "throughput":  # stopped by samples/s, memory bounded nothing
             return self._fit_stopped
-        return fit is not None and fit.largest_under(self.usable) <= self.maximum
+        usable = self.usable  # known where a fit is
+        return fit is not None and usable is not None and fit.largest_under(usable) <= self.maximum

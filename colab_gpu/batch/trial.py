@@ -17,11 +17,12 @@ import statistics
 import sys
 import threading
 import time
-from typing import Callable, ContextManager, Optional, Tuple
+from typing import Callable, ContextManager, List, Optional, Tuple
 
 from ..cuda import cuda_devices_in_use, empty_cuda_cache, working_device
+from ..host import process_status, ram_available
+from ..oom import ErrorKind, classify, describe, error_chain
 from ..runtime import cuda_torch
-from .oom import ErrorKind, classify, error_chain, message
 from .result import FITS, INTERRUPTED, Trial
 
 
@@ -70,17 +71,6 @@ class CudaGauge:
     capacity_kills = False  # torch raises OutOfMemoryError
 
 
-def proc_status() -> dict:
-    """This process's /proc/self/status sizes (VmSize, VmPeak, VmRSS, VmHWM ...) in bytes."""
-    values = {}
-    with open("/proc/self/status") as status:
-        for line in status:
-            name, _, rest = line.partition(":")
-            if rest.strip().endswith("kB"):
-                values[name] = int(rest.split()[0]) * 1024
-    return values
-
-
 class CpuGauge:
     """Linux only: peak resident memory of this process, reset per trial.
 
@@ -95,7 +85,7 @@ class CpuGauge:
 
         self.unlimited = resource.RLIM_INFINITY
         self.limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-        self.before = proc_status()
+        self.before = process_status()
 
     @staticmethod
     def available() -> bool:
@@ -104,14 +94,14 @@ class CpuGauge:
     def reset(self) -> None:
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # resets VmHWM, the peak resident set
-        self.before = proc_status()
+        self.before = process_status()
 
     def baseline(self) -> int:
         """In use before the trial: address space under a limit, else resident memory."""
         return self.before["VmRSS" if self.limit == self.unlimited else "VmSize"]
 
     def peak(self) -> int:
-        now = proc_status()
+        now = process_status()
         grown = max(0, now["VmHWM"] - self.before["VmRSS"])
         if self.limit == self.unlimited:
             return self.before["VmRSS"] + grown
@@ -128,31 +118,10 @@ class CpuGauge:
     def capacity(self) -> int:
         if self.limit != self.unlimited:
             return self.limit
-        available = _meminfo("MemAvailable")
-        cgroup = _cgroup_room()
-        room = available if cgroup is None else min(available, cgroup)
-        return proc_status()["VmRSS"] + room
+        return process_status()["VmRSS"] + (ram_available() or 0)  # no limit: the RAM's room alone
 
     def label(self) -> str:
         return "cpu"
-
-
-def _meminfo(name: str) -> int:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith(name + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(name)
-
-
-def _cgroup_room() -> Optional[int]:
-    """Bytes left under a cgroup v2 memory limit (containers, Colab), or None."""
-    try:
-        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
-            text = limit.read().strip()
-            return None if text == "max" else int(text) - int(used.read())
-    except (OSError, ValueError):
-        return None
 
 
 def open_gauge(device: str, index: Optional[int], measure: bool = True):
@@ -215,14 +184,6 @@ def _forget_frames(error: BaseException) -> None:
         link.__traceback__ = None
 
 
-def describe(error: BaseException) -> str:
-    """``Type: message`` in one line: the first line and, after a heading ending in a colon
-    (torch's "Error(s) in loading state_dict for Linear:"), the line that says what went wrong."""
-    lines = [line.strip() for line in message(error).strip().splitlines()]
-    text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__  # Ctrl-C has no message
-
-
 class CtrlC:
     """Ctrl-C interrupts the user's step at once (and stops the search even when the cell
     catches it); anywhere else in the search it is held.
@@ -280,6 +241,43 @@ def _enough(runs: int, steps: int, timings, min_timed: float) -> bool:
     return runs >= steps and (sum(timings) >= min_timed or runs >= MOST_RUNS)
 
 
+# Timed runs disagree when the slower took UNEVEN times the faster and UNEVEN_FLOOR seconds more
+# (less is one of the scheduler's time slices, not the step): on a busy CPU neighbouring sizes
+# were timed 10x apart.
+UNEVEN = 1.5
+UNEVEN_FLOOR = 1e-3
+
+
+def timing_range(timings) -> Optional[Tuple[float, float]]:
+    """The fastest and slowest timed runs, of the middle half from four on (one hiccup in a
+    thousand runs of a fast step is no disagreement); None where fewer than two were timed."""
+    if len(timings) < 2:
+        return None
+    ordered = sorted(timings)
+    cut = len(ordered) // 4
+    return ordered[cut], ordered[-1 - cut]
+
+
+def uneven(span: Optional[Tuple[float, float]]) -> bool:
+    return span is not None and span[1] > UNEVEN * span[0] and span[1] - span[0] > UNEVEN_FLOOR
+
+
+def _spread(timings) -> float:
+    """How many times the fastest timed run the slowest took (of the middle half, as above)."""
+    span = timing_range(timings)
+    return span[1] / span[0] if span and span[0] else float("inf")
+
+
+def _run_once(step: Callable[[int], object], size: int, ctrl_c: Optional[CtrlC]) -> float:
+    """Run ``step(size)`` once, Ctrl-C deliverable in it; when it began (time.perf_counter)."""
+    began = time.perf_counter()
+    with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
+        step(size)
+    if ctrl_c is not None and ctrl_c.pressed:  # the cell caught it: stop all the same,
+        raise KeyboardInterrupt  # this run cut short is no fitting size
+    return began
+
+
 def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: str = "auto",
               measure: bool = True, ctrl_c: Optional[CtrlC] = None, min_timed: float = 0.0,
               around: Callable[[], ContextManager] = contextlib.nullcontext,
@@ -289,7 +287,9 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
 
     Each run is inside ``around()`` (the magic hides later runs' output there), untimed: a
     fixed cost per run would make larger sizes look faster in throughput mode. Ctrl-C is
-    held there too, so hiding is never left half-undone.
+    held there too, so hiding is never left half-undone. Timed runs that disagree (see
+    ``uneven``) are run once more, as many: a busy moment passes, and the calmer set is kept;
+    where both disagree the trial's ``timing_range`` says by how much.
 
     An out-of-memory error or Ctrl-C is dropped here, outside the ``except`` block, with
     its frames, so that the failed trial's tensors can be freed. Out-of-memory errors the CUDA
@@ -302,16 +302,20 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     gauge = open_gauge(device, index, measure)
     if gauge is not None:
         gauge.reset()
-    timings, runs, error, ooms = [], 0, None, _cuda_ooms(index)
+    timings: List[float] = []
+    runs, error, ooms = 0, None, _cuda_ooms(index)
+    first: Optional[List[float]] = None  # the timed runs, where they disagreed and are being run again
     try:
-        while not _enough(runs, steps, timings, min_timed):
+        while True:
+            if first is None and _enough(runs, steps, timings, min_timed):
+                if not uneven(timing_range(timings)):
+                    break
+                first, timings = timings, []  # once more, as many timed runs
+            if first is not None and len(timings) >= len(first):
+                break
             runs += 1
             with around():  # entered and left outside the timed region
-                began = time.perf_counter()
-                with ctrl_c.deliverable() if ctrl_c else contextlib.nullcontext():
-                    step(size)
-                if ctrl_c is not None and ctrl_c.pressed:  # the cell caught it: stop all the same,
-                    raise KeyboardInterrupt  # this run cut short is no fitting size
+                began = _run_once(step, size, ctrl_c)
                 started_cuda = False
                 if runs == 1 and index is None:  # the first run may have started CUDA
                     index = _cuda_index(device)
@@ -326,16 +330,19 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
                     gauge.reset()
     except BaseException as caught:  # Ctrl-C is a trial outcome too
         error = caught
+    if first is not None and error is None:
+        timings = min(first, timings, key=_spread)
+    span = timing_range(timings)
     if error is None:
         return Trial(size, FITS, peak_memory=gauge.peak() if gauge else None,
                      baseline=gauge.baseline() if gauge else None,
                      capacity=gauge.capacity() if gauge else None,
                      capacity_kills=bool(gauge and gauge.capacity_kills),
                      seconds_per_step=statistics.median(timings), runs=runs,
-                     caught_ooms=_cuda_ooms(index) - ooms), None
+                     caught_ooms=_cuda_ooms(index) - ooms, timing_range=span if uneven(span) else None), None
     interrupted = isinstance(error, KeyboardInterrupt)
     kind = None if interrupted else classify(error)
-    trial = Trial(size, INTERRUPTED if interrupted else kind.value, runs=runs,
+    trial = Trial(size, INTERRUPTED if kind is None else kind.value, runs=runs,
                   baseline=gauge.baseline() if gauge else None,
                   capacity=gauge.capacity() if gauge and kind is ErrorKind.OUT_OF_MEMORY else None,
                   capacity_kills=bool(gauge and gauge.capacity_kills), error=describe(error))

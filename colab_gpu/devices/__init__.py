@@ -5,18 +5,145 @@ Everything above this package sees GPUs only as the dataclasses below, produced 
 the live driver through NVML (which never creates a CUDA context), and
 :class:`~colab_gpu.devices.replay.ReplaySource` reads a saved ``nvidia-smi`` recording.
 Sizes are bytes, power watts, clocks MHz, temperatures degrees Celsius; ``None`` means the
-device or the recording does not report that field ("n/a").
+device or the recording does not report that field ("n/a"), or reported one that cannot be
+(more memory used than the GPU has, 500 % busy): each of those is checked here, once for every
+source and view, and noted in ``invalid`` instead of shown or advised on.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 import re
 import time
-from typing import FrozenSet, Optional, Protocol, Sequence, Tuple
+from typing import FrozenSet, Iterable, List, Optional, Protocol, Sequence, Tuple, TypedDict
+
+from ..state import session
+from ..words import size
 
 MiB = 1024 ** 2
 GiB = 1024 ** 3
+INDEX_LIMIT = 2 ** 32  # NVML numbers GPUs, MIG devices and their ids with an unsigned int
+PID_LIMIT = 2 ** 32  # NVML's process ids are unsigned ints too
+SILICON_MELTS = 1414.0  # °C: no working GPU reads hotter, none colder than absolute zero
+ABSOLUTE_ZERO = -273.15
+
+
+class InvalidIndex(ValueError):
+    """A GPU index no GPU can have (a corrupt recording): unlike another field's impossible
+    value, it cannot become n/a, since the index is how the GPU is told apart and named."""
+
+
+Invalid = Tuple[Tuple[str, str], ...]  # (field, what was read there), e.g. ("memory", "1 GiB used of 100 MiB")
+
+
+def _figure(value) -> str:
+    """A number as read, where it may be no number a reading can be: "inf", "99999999… (400 digits)"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, int) and value.bit_length() > 64:  # wider than any NVML counter
+        if value.bit_length() > 14000:  # past what str() converts
+            return "a number of thousands of digits"
+        digits = str(value)
+        return f"{digits[:9]}… ({len(digits.lstrip('-'))} digits)"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _readable(value) -> bool:
+    """A finite number within 64 bits: what NVML and nvidia-smi write."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) < 2 ** 64 and (isinstance(value, int) or math.isfinite(value))
+
+
+def _bytes_text(value) -> str:
+    return size(value) if _readable(value) else f"{_figure(value)} bytes"
+
+
+def _memory_problem(total, used, free, reserved) -> Optional[str]:
+    """What makes a memory reading impossible ("976.56 GiB used of 100 MiB", "-100 MiB total"),
+    None where it can be. Which of the numbers is wrong cannot be told, so all go together."""
+    parts = (("total", total), ("used", used), ("free", free), ("reserved", reserved))
+    for name, value in parts:
+        if value is not None and (not _readable(value) or value < 0):
+            return f"{_bytes_text(value)} {name}"
+    for name, value in parts[1:]:
+        if total is not None and value is not None and value > total:
+            return f"{_bytes_text(value)} {name} of {_bytes_text(total)}"
+    return None
+
+
+def _checked_memory(reading, notes: List[Tuple[str, str]]) -> None:
+    """Replace an impossible memory reading of ``reading`` (a GPU or a MIG instance) by None."""
+    problem = _memory_problem(reading.memory_total, reading.memory_used, reading.memory_free,
+                              reading.memory_reserved)
+    if problem is not None:
+        for name in ("memory_total", "memory_used", "memory_free", "memory_reserved"):
+            object.__setattr__(reading, name, None)
+        notes.append(("memory", problem))
+
+
+# field: (what the note calls it, its unit, lowest and highest value a reading can have)
+_RANGES = {
+    "utilization_gpu": ("compute", "%", 0, 100),
+    "utilization_memory": ("memory bus", "%", 0, 100),
+    "temperature": ("temperature", " °C", ABSOLUTE_ZERO, SILICON_MELTS),
+    "power_draw": ("power draw", " W", 0, math.inf),
+    "power_limit": ("power limit", " W", 0, math.inf),
+    "sm_clock": ("SM clock", " MHz", 0, math.inf),
+    "sm_clock_max": ("SM clock maximum", " MHz", 0, math.inf),
+    "memory_clock": ("memory clock", " MHz", 0, math.inf),
+    "memory_clock_max": ("memory clock maximum", " MHz", 0, math.inf),
+    "pcie_generation": ("PCIe generation", "", 0, math.inf),
+    "pcie_generation_max": ("PCIe generation maximum", "", 0, math.inf),
+    "pcie_width": ("PCIe width", "", 0, math.inf),
+    "pcie_width_max": ("PCIe width maximum", "", 0, math.inf),
+}
+
+
+def _checked_ranges(gpu, notes: List[Tuple[str, str]]) -> None:
+    for name, (label, unit, low, high) in _RANGES.items():
+        value = getattr(gpu, name)
+        if value is not None and not (_readable(value) and low <= value <= high):
+            object.__setattr__(gpu, name, None)
+            notes.append((name, f"{label} {_figure(value)}{unit}"))
+
+
+def _checked_processes(gpu, notes: List[Tuple[str, str]]) -> None:
+    """A process said to hold less than nothing, or more than its GPU has: its memory n/a."""
+    if not gpu.processes:
+        return
+    kept = []
+    for process in gpu.processes:
+        if not _is_number(process.pid, PID_LIMIT):  # no process at all: left out of the list
+            notes.append(("processes", f"a process numbered {_figure(process.pid)}: left out"))
+            continue
+        used = process.used_memory
+        beyond = _readable(used) and gpu.memory_total is not None and used > gpu.memory_total
+        if used is not None and (not _readable(used) or used < 0 or beyond):
+            of = f" of {size(gpu.memory_total)}" if beyond else ""
+            notes.append(("processes", f"pid {process.pid} holding {_bytes_text(used)}{of}: its memory n/a"))
+            process = dataclasses.replace(process, used_memory=None)
+        kept.append(process)
+    object.__setattr__(gpu, "processes", tuple(kept))
+
+
+def _is_number(value, limit: int) -> bool:
+    """Whether ``value`` is an index or id a device has: a whole number from 0, below ``limit``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= int(value) < limit
+
+
+def _checked_index(what: str, value) -> None:
+    if not _is_number(value, INDEX_LIMIT):
+        raise InvalidIndex(f"gives {what} {_figure(value)}, which none has (NVML numbers them from 0, "
+                           f"below {INDEX_LIMIT})")
+
+
+def invalid_readings(reading, fields: Iterable[str]) -> List[str]:
+    """What ``reading`` (a GPU or a MIG instance) read impossibly in ``fields``, as noted."""
+    wanted = set(fields)
+    return [what for field, what in reading.invalid if field in wanted]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,10 +177,31 @@ class MigInstance:
     memory_used: Optional[int] = None
     memory_free: Optional[int] = None
     memory_reserved: Optional[int] = None
+    invalid: Invalid = ()  # impossible readings, replaced by None (see GPU.invalid)
+
+    def __post_init__(self) -> None:
+        _checked_index("MIG device index", self.index)
+        notes = list(self.invalid)
+        _checked_memory(self, notes)
+        for name in ("gpu_instance_id", "compute_instance_id", "multiprocessors"):
+            value = getattr(self, name)
+            if value is not None and not _is_number(value, INDEX_LIMIT):
+                object.__setattr__(self, name, None)
+                notes.append((name, f"{name.replace('_', ' ')} {_figure(value)}"))
+        object.__setattr__(self, "invalid", tuple(notes))
 
     @property
     def memory_used_fraction(self) -> Optional[float]:
         return used_fraction(self.memory_used, self.memory_total)
+
+
+class MemoryFields(TypedDict):
+    """The memory of a GPU or a MIG device as a reader passes it to either: ``**fields``."""
+
+    memory_total: Optional[int]
+    memory_used: Optional[int]
+    memory_free: Optional[int]
+    memory_reserved: Optional[int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +236,17 @@ class GPU:
     processes: Optional[Tuple[GPUProcess, ...]] = None
     mig_instances: Optional[Tuple[MigInstance, ...]] = None  # MIG on: its instances; else None
     error: Optional[str] = None  # set when the device itself failed (e.g. fell off the bus)
+    # Readings that cannot be (a broken driver, a corrupt or edited recording), each replaced by
+    # None when the GPU is built and noted here, so that no view shows them and no advice reads them.
+    invalid: Invalid = ()
+
+    def __post_init__(self) -> None:
+        _checked_index("GPU index", self.index)
+        notes = list(self.invalid)
+        _checked_memory(self, notes)
+        _checked_ranges(self, notes)
+        _checked_processes(self, notes)
+        object.__setattr__(self, "invalid", tuple(notes))
 
     @property
     def memory_used_fraction(self) -> Optional[float]:
@@ -170,7 +329,28 @@ class DeviceSource(Protocol):
 
 
 def open_source(path: Optional[str] = None) -> "DeviceSource":
-    """The live NVML source, or a replay of the ``nvidia-smi`` recording at ``path``."""
+    """The live NVML source, or a replay of the ``nvidia-smi`` recording at ``path``.
+
+    Parameters
+    ----------
+    path : str, bytes or os.PathLike, optional
+        An ``nvidia-smi`` recording (``-q -x`` XML, a ``--query-gpu`` CSV log or the table);
+        None for this machine's GPUs through NVML.
+
+    Returns
+    -------
+    DeviceSource
+        Its ``snapshot()`` reads every GPU now and never raises: a driver that is missing or
+        a file that is no recording becomes ``Snapshot.problem``. ``close()`` releases it.
+
+    Raises
+    ------
+    TypeError
+        ``path`` is not a path.
+    colab_gpu.devices.replay.RecordingError
+        (a ValueError) ``path`` names no regular file this process can read (missing, a
+        directory, blank), or one too large to read whole.
+    """
     if path is not None:
         from .replay import ReplaySource
 
@@ -180,15 +360,12 @@ def open_source(path: Optional[str] = None) -> "DeviceSource":
     return NvmlSource()
 
 
-_default_source: Optional[DeviceSource] = None
-
-
 def default_source() -> DeviceSource:
-    """The process's one live NVML source, initialized once and shut down at exit."""
-    global _default_source
-    if _default_source is None:
+    """The process's one live NVML source (``session.default_source``), initialized once and
+    shut down at exit."""
+    if session.default_source is None:
         import atexit
 
-        _default_source = open_source()
-        atexit.register(_default_source.close)
-    return _default_source
+        session.default_source = open_source()
+        atexit.register(session.default_source.close)
+    return session.default_source

@@ -13,7 +13,7 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import GPU, UNKNOWN_GPU, GPUProcess, MigInstance, Snapshot
+from . import GPU, UNKNOWN_GPU, GPUProcess, MemoryFields, MigInstance, Snapshot
 
 # nvml.h's clocks-event reason bits, in words a notebook user understands.
 CLOCK_EVENT_REASONS = (
@@ -30,7 +30,7 @@ CLOCK_EVENT_REASONS = (
 
 # Why NVML could not start, by the pynvml exception class name (classes are made at import).
 # At most 67 characters: "No GPU read: ..." stays one line of an 80-column terminal.
-_INIT_PROBLEMS = {
+INIT_PROBLEMS = {
     "NVMLError_LibraryNotFound": "no NVIDIA driver is installed here: libnvidia-ml.so was not found",  # Linux's
     "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded: no usable NVIDIA GPU here",
     "NVMLError_LibRmVersionMismatch": "the NVIDIA driver was updated but not reloaded: restart the machine",
@@ -60,11 +60,11 @@ DRIVER_WITHOUT_NVML = ("the NVIDIA driver is loaded but its NVML library (libnvi
 # Problems that say an NVIDIA driver is here and answered or is installed, so a GPU most
 # likely is too, only unreadable now: "no GPU" advice would contradict the card's own line.
 DRIVER_PRESENT_PROBLEMS = frozenset({NO_PYNVML, DRIVER_WITHOUT_NVML} | {
-    problem for name, problem in _INIT_PROBLEMS.items()
+    problem for name, problem in INIT_PROBLEMS.items()
     if name not in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")})
 
 
-def _driver_loaded() -> bool:
+def driver_loaded() -> bool:
     """The NVIDIA kernel module (Linux, containers too) or WSL's GPU bridge is there."""
     return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg")
 
@@ -78,13 +78,13 @@ def _windows_nvml_paths() -> Tuple[str, ...]:
 @functools.lru_cache(maxsize=None)
 def nvidia_driver_present() -> bool:
     """Whether this machine has an NVIDIA driver, where pynvml would find it: on Windows its
-    nvml.dll; elsewhere loaded (see _driver_loaded) or NVML's library on the loader's path,
+    nvml.dll; elsewhere loaded (see driver_loaded) or NVML's library on the loader's path,
     which macOS never has (NVML is made for Linux and Windows only)."""
     if sys.platform.startswith("win"):
         return any(os.path.exists(path) for path in _windows_nvml_paths())
     import ctypes.util
 
-    return _driver_loaded() or ctypes.util.find_library("nvidia-ml") is not None
+    return driver_loaded() or ctypes.util.find_library("nvidia-ml") is not None
 
 
 # NVML's answers that a device or driver lacks a field for good, unlike a busy or failing driver
@@ -102,14 +102,14 @@ def describe_nvml_error(error: BaseException) -> str:
     name = type(error).__name__
     if name == "NVMLError_LibraryNotFound":
         return _library_not_found()
-    return _INIT_PROBLEMS.get(name, f"NVML error: {error}")
+    return INIT_PROBLEMS.get(name, f"NVML error: {error}")
 
 
 def _library_not_found() -> str:
     """No NVIDIA driver, naming the library missing on this platform: a Windows user told that
     libnvidia-ml.so was not found would look for a Linux file."""
     return next((problem for prefix, problem in _LIBRARY_NOT_FOUND_ON.items() if sys.platform.startswith(prefix)),
-                _INIT_PROBLEMS["NVMLError_LibraryNotFound"])
+                INIT_PROBLEMS["NVMLError_LibraryNotFound"])
 
 
 def _is_lost(error: BaseException) -> bool:
@@ -162,7 +162,7 @@ class NvmlSource:
             self._nvml.nvmlInit()
         except Exception as error:  # pynvml raises NVMLError subclasses; OSError from ctypes
             if type(error).__name__ == "NVMLError_LibraryNotFound" and sys.platform.startswith("linux") \
-                    and _driver_loaded():
+                    and driver_loaded():
                 return DRIVER_WITHOUT_NVML  # "no driver installed" would be false here
             return describe_nvml_error(error)
         self._started = True
@@ -302,10 +302,10 @@ class NvmlSource:
             **fixed,
         )
 
-    def _memory_fields(self, handle: Any) -> Dict[str, Optional[int]]:
+    def _memory_fields(self, handle: Any) -> MemoryFields:
         """memory_total/used/free/reserved of a GPU or MIG device, all None where unreadable."""
-        names = ("memory_total", "memory_used", "memory_free", "memory_reserved")
-        return dict(zip(names, self._field(lambda: self._memory(handle)) or (None,) * len(names)))
+        total, used, free, reserved = self._field(lambda: self._memory(handle)) or (None,) * 4
+        return MemoryFields(memory_total=total, memory_used=used, memory_free=free, memory_reserved=reserved)
 
     def _memory(self, handle: Any) -> Tuple[int, int, int, Optional[int]]:
         """(total, used, free, reserved): v2 keeps the driver's reserve out of "used"."""
@@ -328,18 +328,22 @@ class NvmlSource:
         nvml, field = self._nvml, self._field
         instances = []
         for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            mig = field(lambda: nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot))
+            mig = field(functools.partial(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot))
             if mig is None:
                 continue
-            instances.append(MigInstance(
-                index=slot,
-                uuid=field(lambda: _text(nvml.nvmlDeviceGetUUID(mig))),
-                gpu_instance_id=field(lambda: int(nvml.nvmlDeviceGetGpuInstanceId(mig))),
-                compute_instance_id=field(lambda: int(nvml.nvmlDeviceGetComputeInstanceId(mig))),
-                multiprocessors=field(lambda: int(nvml.nvmlDeviceGetAttributes(mig).multiprocessorCount)),
-                **self._memory_fields(mig),
-            ))
+            instances.append(self._mig_instance(slot, mig))
         return tuple(instances)
+
+    def _mig_instance(self, slot: int, mig: Any) -> MigInstance:
+        nvml, field = self._nvml, self._field
+        return MigInstance(
+            index=slot,
+            uuid=field(lambda: _text(nvml.nvmlDeviceGetUUID(mig))),
+            gpu_instance_id=field(lambda: int(nvml.nvmlDeviceGetGpuInstanceId(mig))),
+            compute_instance_id=field(lambda: int(nvml.nvmlDeviceGetComputeInstanceId(mig))),
+            multiprocessors=field(lambda: int(nvml.nvmlDeviceGetAttributes(mig).multiprocessorCount)),
+            **self._memory_fields(mig),
+        )
 
     def _clock_event_mask(self, handle: Any) -> int:
         nvml = self._nvml
@@ -370,11 +374,15 @@ class NvmlSource:
             for info in infos:
                 if info.pid in found:
                     continue
-                used = getattr(info, "usedGpuMemory", None)
-                found[info.pid] = GPUProcess(
-                    pid=int(info.pid),
-                    name=self._field(lambda: _text(nvml.nvmlSystemGetProcessName(info.pid))),
-                    used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
-                    kind=kind,
-                )
+                found[info.pid] = self._process(info, kind)
         return tuple(found.values()) if answered else None
+
+    def _process(self, info: Any, kind: str) -> GPUProcess:
+        nvml = self._nvml
+        used = getattr(info, "usedGpuMemory", None)
+        return GPUProcess(
+            pid=int(info.pid),
+            name=self._field(lambda: _text(nvml.nvmlSystemGetProcessName(info.pid))),
+            used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
+            kind=kind,
+        )

@@ -10,12 +10,15 @@ during the cell: the whole GPU (every process), at the sampling interval, said a
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
-from ..options import command
+from ..spelling import command
 from ..runtime import cuda_torch
 from ..words import count, size
 from .panel import source_title, torch_labels
+
+if TYPE_CHECKING:
+    from .sampler import Sampler
 
 
 def _signed(value: int) -> str:
@@ -25,7 +28,7 @@ def _signed(value: int) -> str:
 class CellPeaks:
     """``before()`` at pre_run_cell, ``after()`` at post_run_cell returns the line to show."""
 
-    def __init__(self, sampler: Callable[[], Optional[object]]):
+    def __init__(self, sampler: Callable[[], Optional[Sampler]]):
         self._sampler = sampler  # the running sampler, looked up per cell
         self._started: Optional[float] = None
         self._allocated: Optional[List[int]] = None  # per torch device at the cell's start

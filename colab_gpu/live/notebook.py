@@ -2,10 +2,11 @@
 the per-cell peak lines hooked on IPython's cell events."""
 from __future__ import annotations
 
-from typing import Callable
+import uuid
+from typing import Callable, Optional, Tuple
 
-from ..render import fold, fold_items
-from . import live_url, on_stop, page_server, running, stop
+from ..render import count, fold, fold_items
+from . import live_url, on_stop, page_server, record_of, running, stop
 from .panel import display_text, running_words, stop_command
 
 
@@ -16,7 +17,8 @@ class LiveSession:
     def __init__(self, shell, show: Callable[[object], None]):
         self.shell = shell
         self._show = show  # how the magics display a result (honours GPUMagics.output)
-        self._hooks = None  # (pre, post) while --cells is on
+        self._hooks: Optional[Tuple[Callable[..., None], Callable[..., None]]] = None  # (pre, post) while --cells is on
+        self._display: Optional[Tuple[object, str]] = None  # (sampler, display id) of what the stop freezes
 
     def show(self, sampler, kind: str, lines: int = 0, started: bool = True) -> None:
         """Show the running sampler as ``kind``: "auto", "widgets", "page" or "terminal".
@@ -36,9 +38,7 @@ class LiveSession:
             # served from the kernel's machine keeps moving, as TensorBoard's does.
             colab_output.serve_kernel_port_as_iframe(page_server().port, height="440")
         elif kind == "page":
-            from IPython.display import display
-
-            display(_page_frame(sampler, live_url()))
+            self._show_until_stopped(sampler, _page_frame(sampler, live_url()))
         elif kind == "terminal" and self._hooks is not None:
             # A line per sample holds the prompt until Ctrl-C, which stops the monitor: no
             # later cell would ever run to get its --cells line. Sample in the background.
@@ -47,6 +47,7 @@ class LiveSession:
         elif kind == "terminal":
             from .terminal import watch
 
+            print(fold_items(f"colab_gpu: a line every {sampler.interval:g} s; {_ctrl_c_words(started, lines)}", 2))
             reason = None
             try:
                 watch(sampler, print, lines)
@@ -59,11 +60,32 @@ class LiveSession:
             if record is not None:
                 self._show(record)
         else:
-            from IPython.display import display
-
             from .widget import live_widget
 
-            display(live_widget(sampler))
+            self._show_until_stopped(sampler, live_widget(sampler))
+
+    def _show_until_stopped(self, sampler, view) -> None:
+        """Display ``view`` (the widget, the page's IFrame) so that the run's end replaces it
+        with its last state as static HTML and a PNG (render.stopped_view): a notebook saved
+        with the widget's view showed "Error displaying widget: model not found" when reopened,
+        and an IFrame of a page long gone. Every display of one run shares one display id."""
+        from IPython.display import display
+
+        from ..runtime import in_notebook
+
+        if not in_notebook(self.shell):  # a terminal printed the text, and keeps nothing to replace
+            display(view)
+            return
+        if self._display is None or self._display[0] is not sampler:
+            self._display = (sampler, f"colab-gpu-live-{uuid.uuid4().hex}")
+            display_id = self._display[1]
+            on_stop(lambda: _freeze(sampler, display_id))  # also a script's colab_gpu.live.stop()
+            # A run that stops by itself (a lost GPU) is frozen at once: a notebook saved
+            # before the next stop() must not keep a widget either.
+            sampler.add_listener(lambda current: _freeze(current, display_id) if current.error else None)
+        display(view, display_id=self._display[1])
+        if sampler.error:  # it stopped by itself before the listener was added
+            _freeze(sampler, self._display[1])
 
     def watch_cells(self) -> bool:
         """After each cell, print one line with its peak GPU memory and change, if known;
@@ -94,6 +116,24 @@ class LiveSession:
             self.shell.events.unregister("pre_run_cell", pre)
             self.shell.events.unregister("post_run_cell", post)
             self._hooks = None
+
+
+def _freeze(sampler, display_id: str) -> None:
+    """Replace every display of ``sampler`` by its stopped view."""
+    from IPython.display import update_display
+
+    from .render import stopped_view
+
+    update_display(stopped_view(sampler, record_of(sampler)), raw=True, display_id=display_id)
+
+
+def _ctrl_c_words(started: bool, lines: int) -> str:
+    """How the terminal's lines end: Ctrl-C (or GPUMagics.live_lines) stops the monitor this
+    --live started; one shown again (a script's) goes on without them."""
+    if not lines:
+        return "Ctrl-C stops it" if started else "Ctrl-C ends the lines, not the monitor"
+    return (f"it stops after {count(lines, 'line')} or at Ctrl-C" if started
+            else f"{count(lines, 'line')} or Ctrl-C end them, not the monitor")
 
 
 def _page_frame(sampler, url: str):

@@ -6,28 +6,36 @@ encoding per update, and the front end swaps it in without a flicker.
 """
 from __future__ import annotations
 
+import math
 import time
 from html import escape
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..devices import used_fraction
 from ..devices.replay import LABEL_PREFIX, ReplaySource, replay_label
-from ..options import command
-from ..render import FASTEST_FIRST_NOTE, celsius, count, number, seen_as, size
+from ..spelling import command
+from ..render import FASTEST_FIRST_NOTE, NA, celsius, count, number, seen_as
 from ..render.html import STYLE, fraction_bar, unbroken_units
-from .sampler import Sample
+from .sampler import GPUReading, Sample
 
 CHART_SECONDS = 300  # the rolling chart's time span; history() has every sample kept
 PALETTE = ("#2da44e", "#0969da", "#cf222e", "#bf8700", "#8250df", "#1b7c83", "#e16f24", "#6e7781")
+GiB = 2 ** 30
+# Read from the back of a classroom, in light and dark themes alike: text in the theme's own
+# colour (currentColor), lines and frames a translucent grey, numbers in fixed-width boxes
+# (tabular digits, right-aligned) so that no column moves as its values change width.
 EXTRA_STYLE = """
 <style>
+.cgpu-card.cgpu-live{max-width:72em;font-size:14px;font-variant-numeric:tabular-nums}
 .cgpu-live .cgpu-replay{color:var(--cgpu-warn);font-weight:600}
-.cgpu-live svg{display:inline-block;margin:4px 16px 0 0;overflow:visible}
-.cgpu-live svg text{fill:var(--cgpu-muted);font-size:10px}
-.cgpu-live svg .cgpu-axis{stroke:var(--cgpu-line);fill:none}
+.cgpu-live .cgpu-num{display:inline-block;text-align:right;white-space:nowrap}
+.cgpu-live svg{display:inline-block;margin:6px 12px 0 0;max-width:100%;height:auto;overflow:visible}
+.cgpu-live svg text{fill:currentColor;font-size:13px;font-variant-numeric:tabular-nums}
+.cgpu-live svg .cgpu-title{font-size:14px;font-weight:600}
+.cgpu-live svg .cgpu-axis{stroke:currentColor;stroke-opacity:.55;fill:none}
+.cgpu-live svg .cgpu-grid{stroke:currentColor;stroke-opacity:.18}
 .cgpu-live .cgpu-error{color:var(--cgpu-warn)}
 .cgpu-live td{white-space:nowrap;overflow-wrap:normal}.cgpu-live td:first-child{white-space:normal}.cgpu-card.cgpu-live .cgpu-bar{width:6em}
-.cgpu-card.cgpu-live{max-width:72em}
 </style>
 """
 
@@ -116,35 +124,118 @@ def unrecorded_columns(sampler) -> set:
             if all(run.peaks[field] is None for run in totals for field in fields)}
 
 
+def _number_box(text: str, digits: int) -> str:
+    """``text`` right-aligned in a box ``digits`` characters wide: "5%" and "100%" end at the
+    same place, so a column no longer shifts as its values change width."""
+    return f"<span class='cgpu-num' style='min-width:{digits}ch'>{escape(text)}</span>"
+
+
+def _gib(value: Optional[int]) -> str:
+    return NA if value is None else f"{value / GiB:.2f}"
+
+
+def _memory_cell(used: Optional[int], total: Optional[int]) -> str:
+    """"1.07 / 32.00 GiB" (in GiB, as the chart draws it), "1.07 GiB" without the total."""
+    if used is None:
+        return _number_box(NA, 5)
+    return _number_box(_gib(used), 5) + (f" / {_gib(total)} GiB" if total is not None else " GiB")
+
+
 def _gpu_row(index: int, name: str, label: Optional[str], reading, colour: str, shown: Sequence[str]) -> str:
     named = f"GPU&nbsp;{index} <span class='cgpu-muted'>{escape(name)}{f' &middot; {escape(label)}' if label else ''}</span>"
     if reading is None:
         return f"<tr><td>{named}</td><td colspan='{len(shown)}'>not in the latest sample</td></tr>"
     busy = None if reading.utilization is None else reading.utilization / 100
     used = used_fraction(reading.memory_used, reading.memory_total)
-    cells = {"busy": f"{fraction_bar(busy)}<span class='cgpu-util'>{number(reading.utilization, '%')}</span>",
-             "memory used": f"{fraction_bar(used)}{escape(size(reading.memory_used))} / "
-                            f"{escape(size(reading.memory_total))}",
-             "power": escape(number(reading.power, ' W', 1)),
-             "temperature": escape(celsius(reading.temperature))}
+    cells = {"busy": fraction_bar(busy) + _number_box(number(reading.utilization, '%'), 4),
+             "memory used": fraction_bar(used) + _memory_cell(reading.memory_used, reading.memory_total),
+             "power": _number_box(number(reading.power, ' W', 1), 7),
+             "temperature": _number_box(celsius(reading.temperature), 6)}
     return (f"<tr><td><b style='color:{colour}'>&#9632;</b> {named}</td>"
             + "".join(f"<td>{cells[column]}</td>" for column in shown) + "</tr>")
 
 
-def _polyline(points: List[str], colour: str, dashed: bool) -> str:
-    dash = " stroke-dasharray='4 3'" if dashed else ""
-    return (f"<polyline points='{' '.join(points)}' fill='none' stroke='{colour}' "
-            f"stroke-width='1.5'{dash}/>")
+class ChartPanel(NamedTuple):
+    """One chart, drawn alike live (SVG, :func:`chart_svg`) and after the stop (the PNG of
+    live/render.py): the same title, unit, scale and colours, so the two read as one."""
+
+    column: str  # the table column it belongs to: a recording that never held it leaves both out
+    title: str
+    value: Callable[[GPUReading], Optional[float]]  # in the title's unit; None where not reported
+    top: Callable[[Sequence[GPUReading]], Optional[float]]  # a fixed scale's top, else None
 
 
-def _y(percent: float, height: int, inset: float = 2.0) -> float:
-    """The y of ``percent`` (clamped to 0-100), kept ``inset`` pixels inside the frame: a GPU
-    busy 100 % (or idle at 0) is a line of its own, not hidden in the frame's border."""
-    return inset + (100.0 - max(0.0, min(100.0, percent))) / 100 * (height - 2 * inset)
+def _busy(reading: GPUReading) -> Optional[float]:
+    return reading.utilization
+
+
+def _memory_used(reading: GPUReading) -> Optional[float]:
+    return None if reading.memory_used is None else reading.memory_used / GiB
+
+
+def _power(reading: GPUReading) -> Optional[float]:
+    return reading.power
+
+
+def _temperature(reading: GPUReading) -> Optional[float]:
+    return reading.temperature
+
+
+def _percent_scale(readings: Sequence[GPUReading]) -> float:
+    return 100.0
+
+
+def _largest_memory(readings: Sequence[GPUReading]) -> Optional[float]:
+    """The largest GPU's memory, in GiB: a line at the top is a GPU full."""
+    totals = [reading.memory_total for reading in readings if reading.memory_total]
+    return max(totals) / GiB if totals else None
+
+
+def _from_the_values(readings: Sequence[GPUReading]) -> None:
+    return None
+
+
+CHART_PANELS = (ChartPanel("busy", "busy (%)", _busy, _percent_scale),
+                ChartPanel("memory used", "memory used (GiB)", _memory_used, _largest_memory),
+                ChartPanel("power", "power (W)", _power, _from_the_values),
+                ChartPanel("temperature", "temperature (°C)", _temperature, _from_the_values))
+
+
+def chart_top(panel: ChartPanel, readings: Sequence[GPUReading]) -> float:
+    """The top of ``panel``'s scale over ``readings``: its fixed one, else a tenth above the
+    highest value (1 when there is none), so that the highest line is never on the frame."""
+    top = panel.top(readings)
+    if top is None:
+        highest = max((value for value in map(panel.value, readings) if value is not None), default=0.0)
+        top = highest * 1.1
+    return top or 1.0
+
+
+def time_unit(span: float) -> Tuple[float, str]:
+    """(seconds per unit, its name) for a time axis reaching ``span`` seconds since the start:
+    an hour-long run reads in minutes and a night's in hours, not as 30000 seconds."""
+    if span <= 600:
+        return 1.0, "seconds"
+    if span <= 3 * 3600:
+        return 60.0, "minutes"
+    return 3600.0, "hours"
+
+
+def _tick_step(span: float, most: int = 5) -> float:
+    """The smallest of 1, 2, 5, 10, 20, 50 ... (and their tenths) that marks ``span`` with at
+    most ``most`` ticks: 0, 50, 100 %; 0, 200, 400 W; 0, 5, 10 s."""
+    raw = max(span, 1e-9) / (most - 1)
+    scale = 10.0 ** math.floor(math.log10(raw))
+    return next(step * scale for step in (1, 2, 5, 10) if step * scale >= raw)
+
+
+# The rolling chart's geometry in pixels: the plot, and room for the title above, the
+# values' labels on the left and the time axis below.
+PLOT_WIDTH, PLOT_HEIGHT, LEFT, TITLE, BELOW = 256, 110, 40, 24, 40
 
 
 def min_max_per_column(x: Sequence[float], y: Sequence[float], columns: int,
-                       span: Tuple[float, float]) -> Sequence[int]:
+                       span: Tuple[float, float]) -> Iterable[int]:
     """The positions of the points to draw of a line (``x`` ascending, within ``span``) on a
     chart ``columns`` pixels wide: at most two per pixel column, its lowest and highest, in
     the order they came (one where the column is flat), and the first and last. At that
@@ -154,66 +245,81 @@ def min_max_per_column(x: Sequence[float], y: Sequence[float], columns: int,
         return range(len(x))
     import numpy
 
-    x, y = numpy.asarray(x, dtype=float), numpy.asarray(y, dtype=float)
-    column = numpy.minimum(((x - span[0]) / ((span[1] - span[0]) or 1.0) * columns).astype(int), columns - 1)
-    order = numpy.lexsort((y, column))  # by column, then value: each column's lowest first
+    xs, ys = numpy.asarray(x, dtype=float), numpy.asarray(y, dtype=float)
+    column = numpy.minimum(((xs - span[0]) / ((span[1] - span[0]) or 1.0) * columns).astype(int), columns - 1)
+    order = numpy.lexsort((ys, column))  # by column, then value: each column's lowest first
     by_column = column[order]
     firsts = numpy.flatnonzero(numpy.r_[True, by_column[1:] != by_column[:-1]])
     lows, highs = order[firsts], order[numpy.r_[firsts[1:], len(order)] - 1]
-    highs = highs[y[highs] != y[lows]]  # a flat column: its one point is enough
-    kept = [lows, highs, [0, len(x) - 1]]  # and the line starts and ends where the samples do
+    highs = highs[ys[highs] != ys[lows]]  # a flat column: its one point is enough
+    kept = [lows, highs, [0, len(xs) - 1]]  # and the line starts and ends where the samples do
     return numpy.unique(numpy.concatenate(kept))  # sorted: time order
 
 
-def chart_svg(samples: Sequence[Sample], title: str, value, width: int = 320,
-              height: int = 110, seconds: float = CHART_SECONDS) -> str:
-    """One 0-100 % panel: a line per GPU over the last ``seconds`` of ``samples``.
+def chart_svg(samples: Sequence[Sample], panel: ChartPanel, started: Optional[float] = None,
+              seconds: float = CHART_SECONDS, width: int = PLOT_WIDTH, height: int = PLOT_HEIGHT) -> str:
+    """One panel: a line per GPU over the last ``seconds`` of ``samples``, on a time axis of
+    the time since ``started`` (the monitor's start; the first sample's when None).
 
-    ``value(reading)`` gives the percentage to draw, or None where there is none (the line
-    joins the points either side). A line has at most two points per pixel column
-    (:func:`min_max_per_column`): at ``--interval 0.1`` the window holds 3000 samples, and
-    redrawing them all after every sample cost the sampler thread more time than the interval.
+    A line has at most two points per pixel column (:func:`min_max_per_column`): at
+    ``--interval 0.1`` the window holds 3000 samples, and redrawing them all after every
+    sample cost the sampler thread more time than the interval.
     """
     end = samples[-1].time if samples else time.time()
     start = max(samples[0].time, end - seconds) if samples else end
+    origin = started if started is not None else (samples[0].time if samples else end)
     span = max(end - start, 1.0)  # the axis grows until it spans ``seconds``
-    lines: Dict[int, Tuple[List[float], List[float]]] = {}  # GPU index -> (x in pixels, percentages)
+    lines: Dict[int, Tuple[List[float], List[float]]] = {}  # GPU index -> (x in pixels, values)
+    readings = [reading for sample in samples if sample.time >= start for reading in sample.gpus]
     for sample in samples:
         if sample.time < start:
             continue
         for reading in sample.gpus:
-            percent = value(reading)
-            if percent is not None:
+            value = panel.value(reading)
+            if value is not None:
                 xs, ys = lines.setdefault(reading.index, ([], []))
                 xs.append((sample.time - start) / span * width)
-                ys.append(percent)
+                ys.append(value)
+    top = chart_top(panel, readings)
+    inset = 2.0  # a GPU busy 100 % (or idle at 0) is a line of its own, not hidden in the frame
+
+    def y(value: float) -> float:
+        return inset + (1.0 - max(0.0, min(top, value)) / top) * (height - 2 * inset)
+
     body = "".join(
-        _polyline([f"{xs[i]:.0f},{_y(ys[i], height):.1f}" for i in min_max_per_column(xs, ys, width, (0, width))],
-                  PALETTE[index % len(PALETTE)], False)
+        f"<polyline points='{' '.join(f'{xs[i]:.0f},{y(ys[i]):.1f}' for i in min_max_per_column(xs, ys, width, (0, width)))}' "
+        f"fill='none' stroke='{PALETTE[index % len(PALETTE)]}' stroke-width='2'/>"
         for index, (xs, ys) in sorted(lines.items()))
     if samples and not lines:  # NVML could not read it (a recording leaves the chart out): say so
         body = f"<text x='{width / 2:g}' y='{height / 2:g}' text-anchor='middle'>not reported</text>"
+    level = _tick_step(top)
+    values = "".join(  # no scale for values that do not exist
+        f"<line class='cgpu-grid' x1='0' x2='{width}' y1='{y(value):.1f}' y2='{y(value):.1f}'/>"
+        f"<text x='-6' y='{y(value) + 4:.1f}' text-anchor='end'>{round(value, 6):g}</text>"
+        for value in (k * level for k in range(math.floor(top / level + 1e-6) + 1) if lines))
+    unit, unit_name = time_unit(start + span - origin)
+    low, high = (start - origin) / unit, (start + span - origin) / unit  # the axis, in units since the start
+    step = _tick_step(high - low)
+    # A tick a hundredth of a step outside is drawn at the edge: 0 s is the first sample's time.
+    ticks = [k * step for k in range(math.ceil(low / step - 0.01), math.floor(high / step + 0.01) + 1)]
+    times = "".join(
+        f"<line class='cgpu-axis' x1='{x:.1f}' x2='{x:.1f}' y1='{height}' y2='{height + 4}'/>"
+        f"<text x='{x:.1f}' y='{height + 18}' text-anchor='middle'>{round(tick, 6):g}</text>"
+        for tick in ticks for x in [(tick * unit + origin - start) / span * width])
     return (
-        f"<svg class='cgpu-chart' width='{width}' height='{height + 14}' "
-        f"viewBox='0 -12 {width} {height + 26}' role='img' aria-label='{escape(title)}'>"
-        f"<text x='0' y='-2'>{escape(title)}, last {f'{span / 60:.0f} min' if span >= 600 else f'{span:.0f} s'}</text>"
-        f"<rect class='cgpu-axis' x='0' y='0' width='{width}' height='{height}'/>"
-        f"<text x='{width + 3}' y='8'>100</text><text x='{width + 3}' y='{height}'>0</text>"
+        f"<svg class='cgpu-chart' width='{LEFT + width + 12}' height='{TITLE + height + BELOW}' "
+        f"viewBox='{-LEFT} {-TITLE} {LEFT + width + 12} {TITLE + height + BELOW}' role='img' "
+        f"aria-label='{escape(panel.title)}'>"
+        f"<text class='cgpu-title' x='{-LEFT}' y='-8'>{escape(panel.title)}</text>{values}"
+        f"<rect class='cgpu-axis' x='0' y='0' width='{width}' height='{height}'/>{times}"
+        f"<text x='{width / 2:g}' y='{height + 35}' text-anchor='middle'>{unit_name} since start</text>"
         f"{body}</svg>"
     )
 
 
-def _utilization(reading):
-    return reading.utilization
-
-
-def _memory_percent(reading):
-    used = used_fraction(reading.memory_used, reading.memory_total)
-    return None if used is None else used * 100
-
-
-def render_panel(sampler, now: float = None) -> str:
-    """The whole live display for ``sampler``'s current state, as an HTML fragment."""
+def render_panel(sampler, now: Optional[float] = None, charts: Optional[str] = None) -> str:
+    """The whole live display for ``sampler``'s current state, as an HTML fragment; ``charts``:
+    HTML drawn instead of the rolling SVG charts (the stopped run's static chart)."""
     now = time.time() if now is None else now
     samples = sampler.samples()
     latest = {reading.index: reading for reading in samples[-1].gpus} if samples else {}
@@ -235,10 +341,10 @@ def render_panel(sampler, now: float = None) -> str:
     for note in (numbering_note(sampler), recording_note(sampler)):
         if note:
             parts.append(f"<div class='cgpu-muted'>{escape(note)}</div>")
-    # Ten samples at least: at --interval 600 a 300 s window held one point, no line at all.
-    seconds = max(CHART_SECONDS, 10 * sampler.interval)
-    for column, title, value in (("busy", "busy %", _utilization), ("memory used", "memory used %", _memory_percent)):
-        if column not in left_out:
-            parts.append(chart_svg(samples, title, value, seconds=seconds))
-    parts.append("</div>")
+    if charts is None:
+        # Ten samples at least: at --interval 600 a 300 s window held one point, no line at all.
+        seconds = max(CHART_SECONDS, 10 * sampler.interval)
+        charts = "".join(chart_svg(samples, panel, sampler.started_at, seconds)
+                         for panel in CHART_PANELS if panel.column not in left_out)
+    parts.append(f"{charts}</div>")
     return unbroken_units("".join(parts))

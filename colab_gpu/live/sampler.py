@@ -15,10 +15,14 @@ import dataclasses
 import numbers
 import threading
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
+from ..errors import UserError
 from ..words import count
+
+if TYPE_CHECKING:
+    from ..torch_view import Status
 
 THREAD_NAME = "colab_gpu-sampler"
 # An hour: slower sampling cannot follow a notebook's cells, and far longer waits overflow
@@ -29,32 +33,44 @@ DEFAULT_HISTORY = 3600  # samples kept: an hour at the default interval
 # How often a display waiting for a sample that is due looks again (wait() polls: see
 # Sampler.__init__); until it is due, it sleeps.
 POLL_SECONDS = 0.01
+# The longest a fork waits for a read in flight (pause_for_fork): NVML answers in
+# milliseconds; a read stuck on a lost GPU must not stop every fork of the process.
+FORK_WAIT = 5.0
 
 
-def check_interval(seconds: float, name: str = "the interval") -> float:
-    """``seconds`` as a float, or a ValueError that says what is accepted; the one rule for
-    the sampler, ``--interval`` and ``GPUMagics.live_interval``. Not a number: TypeError."""
+class LiveOptionError(UserError, ValueError):
+    """An interval or history length the monitor cannot use, or sources start() cannot take
+    together; the message says what was given and what is accepted."""
+
+
+def check_interval(seconds: float, name: str = "the interval", shortest: float = 0.0) -> float:
+    """``seconds`` as a float, or a LiveOptionError that says what is accepted; the one rule for
+    the sampler, ``--interval`` and ``GPUMagics.live_interval``. ``shortest``: the shortest
+    interval taken (start()'s floor, see ``colab_gpu.live.MIN_INTERVAL``); by default any
+    positive number. Not a number: TypeError."""
     if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
         raise TypeError(f"{name} is a number of seconds, e.g. 1 or 0.5; not {seconds!r}")
-    if not 0 < seconds <= MAX_INTERVAL:  # also refuses nan and inf
-        raise ValueError(f"{name} must be a positive number of seconds up to {MAX_INTERVAL:g} "
-                         f"(an hour), e.g. 1 or 0.5; not {seconds:g}")
+    if not (0 < seconds <= MAX_INTERVAL and seconds >= shortest):  # also refuses nan and inf
+        accepted = (f"a number of seconds from {shortest:g} (NVML's counters change every 1/6 s "
+                    f"to 1 s) to {MAX_INTERVAL:g}" if shortest else
+                    f"a positive number of seconds up to {MAX_INTERVAL:g}")
+        raise LiveOptionError(f"{name} must be {accepted} (an hour), e.g. 1 or 0.5; not {seconds:g}")
     return float(seconds)
 
 
 def check_history(samples: int, name: str = "the history length") -> int:
-    """``samples``, the buffer's length, or a ValueError (TypeError: not a whole number)."""
+    """``samples``, the buffer's length, or a LiveOptionError (TypeError: not a whole number)."""
     if isinstance(samples, bool) or not isinstance(samples, numbers.Integral):
         raise TypeError(f"{name} is a whole number of samples, e.g. 3600; not {samples!r}")
     if samples < 1:
-        raise ValueError(f"{name} must be at least 1 sample, not {samples!r}")
+        raise LiveOptionError(f"{name} must be at least 1 sample, not {samples!r}")
     return samples
 
 
 class GPUReading(NamedTuple):
     """One GPU at one moment: the fields the live monitor draws (None where not reported)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # the GPU's, named as everywhere; it shadows tuple.index
     utilization: Optional[float]  # percent of time a kernel ran
     memory_used: Optional[int]  # bytes
     memory_total: Optional[int]  # bytes
@@ -85,7 +101,8 @@ class RunTotals:
 
     busy_sum: float = 0.0
     busy_count: int = 0
-    peaks: Dict[str, Optional[float]] = dataclasses.field(default_factory=lambda: dict.fromkeys(PEAKS))
+    # each reading's own type: bytes an int, percent, watts and °C a float
+    peaks: Dict[str, Any] = dataclasses.field(default_factory=lambda: dict.fromkeys(PEAKS))
 
     def add(self, reading: GPUReading) -> None:
         if reading.utilization is not None:
@@ -131,7 +148,7 @@ def _one_line(error: Exception) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-class SourceError(ValueError):
+class SourceError(UserError, ValueError):
     """The source could not be read at the start; the message is one line for the user."""
 
 
@@ -155,7 +172,7 @@ class Sampler:
         self.gpu_names: Dict[int, str] = {}
         # The first sample's GPUs as the card sees them (cuda:N, hidden from torch): what the
         # displays label them by, read with the CUDA_VISIBLE_DEVICES of the start.
-        self.torch_view = None
+        self.torch_view: Optional[Status] = None
         # The source is a recording of some other machine (its first snapshot says so), not
         # this one's GPUs: every display marks it, whatever the source's label.
         self.recorded = False
@@ -172,6 +189,8 @@ class Sampler:
         # joined that thread. ``_lock`` guards the buffer; ``_running_gate`` is held from
         # the start and released to ask the thread to stop (it then takes it and ends).
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # held by the thread while it reads: a fork waits for it
+        self._fork_held = False  # pause_for_fork() holds _reading
         self._running_gate = threading.Lock()
         self._running_gate.acquire()
         self._stop_asked = False  # set after the release: a Ctrl-C between them asks again
@@ -210,7 +229,7 @@ class Sampler:
         first, problem = self._read(self.source.snapshot)  # whole: the labels need UUIDs, MIG
         if problem is not None:
             raise SourceError(f"{self.label}: {problem}")
-        from ..gpu_status import torch_view
+        from ..torch_view import torch_view
         from ..runtime import detect_runtime
 
         self.torch_view = torch_view(first, detect_runtime())
@@ -299,7 +318,8 @@ class Sampler:
         try:
             next_time = time.monotonic() + self.interval
             while not self._running_gate.acquire(timeout=max(0.0, next_time - time.monotonic())):
-                snapshot, problem = self._read(self.source.light_snapshot)  # what _record keeps
+                with self._reading:
+                    snapshot, problem = self._read(self.source.light_snapshot)  # what _record keeps
                 if problem is not None:
                     self.error = problem
                     break
@@ -332,3 +352,25 @@ class Sampler:
             except Exception as error:  # a broken display must not stop the recording
                 self.remove_listener(listener)
                 self.listener_error = _one_line(error)
+
+    def pause_for_fork(self) -> None:
+        """Before a fork: wait for a read in flight and hold the next one back (see
+        live.__init__'s fork hooks); resume_after_fork() lets the thread read again."""
+        if self.running and self._thread is not threading.current_thread() and not self._fork_held:
+            self._fork_held = self._reading.acquire(timeout=FORK_WAIT)
+
+    def resume_after_fork(self) -> None:
+        if self._fork_held:
+            self._fork_held = False
+            self._reading.release()
+
+    def forked(self) -> None:
+        """In a forked child: the thread was not copied, so the sampler has ended there, with
+        fresh locks (one may have been held by the thread at the fork) and nothing to stop
+        at the child's exit (its NVML belongs to the parent's run)."""
+        self._lock = threading.Lock()
+        self._reading = threading.Lock()
+        self._fork_held = False
+        self._done = True
+        self.stopped_at = self.stopped_at or time.time()
+        atexit.unregister(self.stop)

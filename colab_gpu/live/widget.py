@@ -3,11 +3,14 @@
 It holds the live panel (bars per GPU and the rolling SVG chart) and is updated from the
 sampler thread, at most every MIN_REDRAW seconds and once at the end. ``ipywidgets.HTML``
 exists with the same meaning in 7.x and 8.x, and swapping its HTML redraws without a flicker.
+When the run stops, ``notebook.LiveSession`` replaces the widget's output with static HTML and
+a PNG, which a saved notebook can draw without a kernel (a widget's view cannot).
 """
 from __future__ import annotations
 
 import time
 
+from ..state import session
 from .panel import display_text, render_panel, stop_command
 from .sampler import Sampler
 
@@ -16,17 +19,15 @@ from .sampler import Sampler
 # holding the GIL against the user's training loop. Twice a second is as fast as one reads it.
 MIN_REDRAW = 0.5
 
-_shown = None  # (sampler, its widget): a second --live shows the same widget again
-
 
 def live_widget(sampler: Sampler):
-    """A widget that follows ``sampler`` until it stops (its last state stays shown); the same
+    """A widget that follows ``sampler`` until it stops (its last state drawn); the same
     one for the same sampler: a widget per run of the --live cell would each be redrawn by the
     sampler thread after every sample, however many of them were still on screen."""
-    global _shown
-    if _shown is not None and _shown[0] is sampler:
-        _shown[1].stop_command = stop_command()  # shown again, maybe by the other of magic and script
-        return _shown[1]
+    shown = session.live_shown  # (sampler, its widget)
+    if shown is not None and shown[0] is sampler:
+        shown[1].stop_command = stop_command()  # shown again, maybe by the other of magic and script
+        return shown[1]
     import ipywidgets
 
     class LivePanel(ipywidgets.HTML):
@@ -56,5 +57,5 @@ def live_widget(sampler: Sampler):
         widget.value = render_panel(current)
 
     sampler.add_listener(update)
-    _shown = (sampler, widget)
+    session.live_shown = (sampler, widget)
     return widget

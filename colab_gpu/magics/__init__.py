@@ -3,47 +3,45 @@
 Options are declared with IPython's ``magic_arguments``, so ``%gpu_status?`` shows them;
 settings that outlive one call are traitlets on :class:`GPUMagics`, set with ``%config``.
 How the options are read is in ``arguments.py``; %%find_batch's handling of the cell, in
-``cell.py`` (checked before the search) and ``later_runs.py`` (the output of runs after the first).
+``cell.py`` (checked before the search, then run) and ``later_runs.py`` (the output of runs
+after the first); %gpu_status --live's, in ``live.py``; %%distributed's, in ``distributed.py``.
+An error in what the user asked for (:class:`~colab_gpu.errors.UserError`) becomes one
+UsageError line here, in one place.
 """
 from __future__ import annotations
 
-import ast
 import copy
 import dataclasses
 import functools
 import sys
-import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument
-from traitlets import Enum, Float, Int, TraitError, validate
+from traitlets import Bool, Enum, Float, Int, TraitError, validate
 
-from ..options import as_magic
+from ..errors import UserError
+from ..spelling import as_magic
 from .arguments import WHOLE_NUMBER, Once, int_or_float, magic_arguments, number, parse
-from .cell import a_number, checked_names, pipes_its_commands, syntax_error
-from .later_runs import LaterRuns
+from .cell import prepare, raised_in_cell, search_cell
+from .live import check_combination, start_and_show, stop_and_show, stop_on_unload
+from .loader import tune_and_show
+
+if TYPE_CHECKING:
+    from ..render.shown import Shown
 
 
-def _run_cell(code, namespace: dict) -> None:
-    """The user's cell, run by %%find_batch: its errors are its own (see _raised_in_cell)."""
-    __tracebackhide__ = True
-    exec(code, namespace)
-
-
-def _raised_in_cell(error: BaseException) -> bool:
-    """Whether ``error`` came out of the user's cell (its own ``import``, its own NVML call)."""
-    frame = error.__traceback__
-    while frame is not None and frame.tb_frame.f_code is not _run_cell.__code__:
-        frame = frame.tb_next
-    return frame is not None
+def _one_line(error: BaseException) -> str:
+    """The error's message on one line, as a UsageError shows it."""
+    return " ".join(str(error).splitlines()) or type(error).__name__
 
 
 def _friendly_errors(method: Callable) -> Callable:
-    """Turn a missing package or an NVML failure into one line instead of a traceback; the
-    messages inside spell options as the magic's. The user's cell's own errors are raised
-    as they are: its traceback, not "pip install torch" for a misspelt ``from torch import``."""
+    """Turn an error in what the user asked for (a UserError), a missing package or an NVML
+    failure into one line instead of a traceback; the messages inside spell options as the
+    magic's. The user's cell's own errors are raised as they are: its traceback, not "pip
+    install torch" for a misspelt ``from torch import``."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -53,14 +51,18 @@ def _friendly_errors(method: Callable) -> Callable:
                 return method(self, *args, **kwargs)
         except UsageError:
             raise
+        except UserError as error:  # the one place an API's refusal becomes the magic's
+            if raised_in_cell(error):
+                raise
+            raise UsageError(_one_line(error)) from None
         except ImportError as error:
-            if _raised_in_cell(error):
+            if raised_in_cell(error):
                 raise
             package = (error.name or "").partition(".")[0]  # matplotlib.figure: pip install matplotlib
             print(f"colab_gpu: {package or 'a module'} could not be imported ({error}); "
                   + (f"pip install {package}" if package else "install it with pip"), file=sys.stderr)
         except Exception as error:
-            if not type(error).__name__.startswith("NVMLError") or _raised_in_cell(error):
+            if not type(error).__name__.startswith("NVMLError") or raised_in_cell(error):
                 raise
             from ..devices.nvml import describe_nvml_error
 
@@ -71,7 +73,8 @@ def _friendly_errors(method: Callable) -> Callable:
 
 @magics_class
 class GPUMagics(Magics):
-    """See and tune the GPU from a notebook: %gpu_status, %alloc_conf, %clear_cache, %%find_batch."""
+    """See and tune the GPU from a notebook: %gpu_status, %alloc_conf, %clear_cache, %%find_batch,
+    %tune_loader, %%distributed."""
 
     output = Enum(
         ["auto", "text"], default_value="auto",
@@ -82,7 +85,7 @@ class GPUMagics(Magics):
 
     live_interval = Float(
         1.0, help="Seconds between two samples of %gpu_status --live (--interval overrides it), "
-                  "up to 3600. NVML's counters change a few times a second at most.",
+                  "from 0.1 to 3600: NVML's counters change every 1/6 s to 1 s.",
     ).tag(config=True)
     live_history = Int(
         3600, min=1, help="Samples the live monitor keeps for colab_gpu.history() and the final "
@@ -101,13 +104,18 @@ class GPUMagics(Magics):
                        "until Ctrl-C.",
     ).tag(config=True)
 
+    oom_doctor = Bool(
+        True, help="After a cell fails with an out-of-memory error, show under its traceback why and what "
+                   "to do (%explain_oom shows it again).",
+    ).tag(config=True)
+
     @validate("live_interval")
     def _check_live_interval(self, proposal):
         """Refuse a bad value at %config, by the monitor's own rule, not at the next --live."""
-        from ..live.sampler import check_interval
+        from ..live import checked_interval
 
         try:
-            return check_interval(proposal.value, "GPUMagics.live_interval")
+            return checked_interval(proposal.value, "GPUMagics.live_interval")
         except ValueError as error:
             raise TraitError(str(error)) from None
 
@@ -127,9 +135,18 @@ class GPUMagics(Magics):
 
     def close(self) -> None:
         """Undo on unload what the magics started: only the live monitor outlives a call."""
-        self._stop_live_on_unload()
+        stop_on_unload(self.show)
 
-    def _show(self, result) -> None:
+    def live_session(self):
+        """This shell's live session, created once and stopped on unload."""
+        if self._session is None:
+            from ..live.notebook import LiveSession
+
+            self._session = LiveSession(self.shell, self.show)
+        return self._session
+
+    def show(self, result) -> None:
+        """Display ``result`` as GPUMagics.output says."""
         from IPython.display import display
 
         if self.output == "text":
@@ -149,7 +166,7 @@ class GPUMagics(Magics):
     @argument("--stop", action="store_true",
               help="Stop the live monitor and show a summary of the whole run (and its chart in a notebook).")
     @argument("--interval", action=Once, type=number(int_or_float, "a number of seconds"), metavar="SECONDS",
-              help="With --live: seconds between samples, up to 3600 (default: "
+              help="With --live: seconds between samples, from 0.1 to 3600 (default: "
                    "GPUMagics.live_interval, 1).")
     @argument("--demo", action="store_true",
               help="With --live: replay a bundled real nvidia-smi trace (no GPU needed), "
@@ -175,27 +192,21 @@ class GPUMagics(Magics):
         from ..gpu_status import status
 
         args = parse(self.gpu_status, line)
-        if args.path is not None and not args.path.strip():  # `--from ""`, `--from {path}` of an empty path
-            from ..devices.replay import ACCEPTED
-
-            raise UsageError(f"--from {args.path!r}: give the recording's file name; {ACCEPTED}")
-        if args.interval is not None:  # a wrong value is wrong with or without --live
-            from ..live.sampler import check_interval
-
-            try:
-                check_interval(args.interval, "--interval")  # kept as typed, for start()'s messages
-            except ValueError as error:
-                raise UsageError(str(error)) from None
         if args.live or args.stop:
-            return self._live(args)
+            check_combination(args)
+            return stop_and_show(self.show) if args.stop else start_and_show(self, args)
         if args.interval is not None or args.demo or args.cells:
+            if args.interval is not None:  # a wrong value is wrong with or without --live
+                from ..live import checked_interval
+
+                checked_interval(args.interval, "--interval")
             raise UsageError("--interval, --demo and --cells go with --live, "
                              "e.g. %gpu_status --live --demo")
-        result = status(path=args.path, shell=self.shell)
+        result = status(path=args.path, shell=self.shell)  # --from a FIFO ...: a UserError, one line
         if args.json:
             print(result.to_json())
         else:
-            self._show(result)
+            self.show(result)
 
     @magic_arguments()
     @argument("names", nargs="*", metavar="NAME",
@@ -223,22 +234,20 @@ class GPUMagics(Magics):
         frees cuBLAS's workspaces, empty_cache() and ipc_collect(). Then ranks your
         variables by the tensor memory they still hold. Never initializes CUDA.
         """
-        from ..memory import ClearCacheError, clear_cache, memory_holders
+        from ..memory import clear_cache, memory_holders
 
         args = parse(self.clear_cache, line)
         if args.vars and (args.names or args.history):
             raise UsageError("--vars only shows who holds memory; it takes no NAME or --history")
+        result: Shown
         if args.vars:
             result = memory_holders(shell=self.shell)
         else:
-            try:
-                result = clear_cache(*args.names, history=args.history, shell=self.shell)
-            except ClearCacheError as error:
-                raise UsageError(str(error)) from None
+            result = clear_cache(*args.names, history=args.history, shell=self.shell)
         if args.quiet:
             print(result.summary())
         else:
-            self._show(result)
+            self.show(result)
 
     @magic_arguments()
     @argument("settings", nargs="*",
@@ -270,7 +279,7 @@ class GPUMagics(Magics):
         before CUDA starts, through torch's run-time setter afterwards (listing the keys
         that cannot change any more).
         """
-        from ..allocator import AllocConfError, alloc_conf, installed_torch_version, version_of
+        from ..allocator import alloc_conf, installed_torch_version, version_of
 
         args = parse(self.alloc_conf, line)
         if args.keys:
@@ -282,84 +291,29 @@ class GPUMagics(Magics):
 
             print(render_keys(version_of(installed_torch_version())))
             return
-        try:
-            result = alloc_conf(args.settings, unset=args.unset, reset=args.reset,
-                                preset=args.preset, check=args.check, save=args.save,
-                                forget=args.forget)
-        except AllocConfError as error:
-            raise UsageError(str(error)) from None
+        result = alloc_conf(args.settings, unset=args.unset, reset=args.reset, preset=args.preset,
+                            check=args.check, save=args.save, forget=args.forget)
         if args.json:
             print(result.to_json())
         else:
-            self._show(result)
+            self.show(result)
 
-    def _live(self, args) -> None:
-        """--live / --stop: check the options, then start (or reuse) and show the monitor."""
-        from .. import live
+    @magic_arguments()
+    @argument("message", nargs="*", metavar="MESSAGE",
+              help="An out-of-memory message pasted from elsewhere, explained from its numbers alone "
+                   "(or, with %%explain_oom, in the cell below).")
+    @argument("--from", dest="path", metavar="FILE", help="Read the message from a log or traceback file.")
+    @argument("--json", action="store_true", help="Print the report as JSON, for scripts.")
+    @line_cell_magic
+    @_friendly_errors
+    def explain_oom(self, line: str = "", cell=None):
+        """Why did the last cell run out of memory, and what to do? Its card again.
 
-        if args.stop:
-            if args.live or args.json or args.demo or args.cells or args.path or args.interval is not None:
-                raise UsageError("--stop takes no other option: %gpu_status --stop")
-            record = live.stop("%gpu_status --stop")
-            if record is None:
-                print("colab_gpu: the live monitor is not running")
-            else:
-                self._show(record)
-            return
-        if args.json:
-            raise UsageError("--json does not go with --live; colab_gpu.history() gives the samples")
-        if args.demo and args.path:
-            raise UsageError("--demo replays the bundled trace and --from FILE your recording: give one")
-        ended = live.stopped_by_itself()
-        if ended is not None:  # the new run replaces it: its summary now or never
-            print(f"colab_gpu: the last live run stopped by itself at "
-                  f"{time.strftime('%H:%M:%S', time.localtime(ended.stopped_at))}; its summary:")
-            self._show(ended)
-        # Both checked. GPUMagics.live_interval and live_history are for a new monitor: a running
-        # one is shown again as it is; an explicit other --interval is refused as another source is.
-        new = live.running() is None
-        interval = self.live_interval if args.interval is None and new else args.interval
-        try:
-            sampler, started = live.start(path=args.path, demo=args.demo, interval=interval,
-                                          history=self.live_history if new else None)
-        except live.AlreadyRunning as error:
-            raise UsageError(str(error)) from None
-        except ValueError as error:  # the source cannot be read: no driver, a bad recording
-            hint = "" if args.demo or args.path else "; %gpu_status --live --demo replays a recorded trace"
-            if hint and _colab_without_gpu(self.shell):  # the card's own advice, in short
-                from ..advice import COLAB_GPU_MENU
+        With a MESSAGE (or --from FILE), explains that message from its numbers.
+        """
+        from .doctor import explain_oom_magic
 
-                hint = f"; for a GPU: {COLAB_GPU_MENU}" + hint
-            raise UsageError(f"cannot start the live monitor: {error}{hint}") from None
-        session = self._live_session()
-        if not started:
-            print("colab_gpu: " + live.running_words(sampler, "is already running"))
-        hooked = args.cells and session.watch_cells()
-        try:
-            session.show(sampler, self.live_display, self.live_lines, started)
-        except BaseException:
-            if started:  # no monitor left running without its display
-                live.stop()
-            elif hooked:  # nor the --cells lines of a failed --live on a running one
-                session.unwatch_cells()
-            raise
-
-    def _live_session(self):
-        """This shell's live session, created once and stopped on unload."""
-        if self._session is None:
-            from ..live.notebook import LiveSession
-
-            self._session = LiveSession(self.shell, self._show)
-        return self._session
-
-    def _stop_live_on_unload(self) -> None:
-        """%unload_ext / %reload_ext end the monitor: show the summary --stop would have shown.
-        Also one a script started with colab_gpu.live.start(), which made no LiveSession; never
-        imported, the live package has no monitor to stop."""
-        live = sys.modules.get(f"{__package__.rpartition('.')[0]}.live")
-        record = live.stop("%unload_ext or %reload_ext colab_gpu") if live is not None else None
-        if record is not None:
-            self._show(record)
+        explain_oom_magic(self, line, cell)
 
     @magic_arguments("%find_batch")  # usage reads %%find_batch: it is a cell magic
     @argument("--var", action=Once, default="batch_size", metavar="NAME",
@@ -377,12 +331,17 @@ class GPUMagics(Magics):
                    "(default: none; 10%% on the CPU without ulimit -v, where going past memory gets "
                    "the kernel killed).")
     @argument("--multiple-of", action=Once, type=WHOLE_NUMBER, default=1, dest="multiple_of", metavar="K",
-              help="Only try multiples of K (tensor cores like multiples of 8).")
+              help="Only try multiples of K (tensor cores like multiples of 8), K at most --max.")
     @argument("--mode", action=Once, choices=["max", "throughput"], default="max",
               help="max: the largest size that fits; throughput: the fastest size that fits.")
     @argument("--restore", nargs="+", action="extend", default=[], metavar="NAME",
-              help="Objects (model, optimizer, scheduler, tensor, your own random generator) whose "
-                   "state is saved to the CPU and restored after every trial.")
+              help="More objects whose state is saved to the CPU and restored after every trial: "
+                   "a tensor, your own random generator (the models, optimizers, LR schedulers and "
+                   "GradScalers the cell uses are restored without it).")
+    @argument("--no-restore", action="store_true", dest="no_restore",
+              help="Leave the models, optimizers, LR schedulers and GradScalers the cell uses as "
+                   "the trials change them (names, random generators and --restore objects are "
+                   "still put back).")
     @argument("--device", action=Once, default="auto",
               help="auto (CUDA once your code has started it, else CPU), cpu, cuda or cuda:N.")
     @argument("-o", action="store_true", dest="return_result",
@@ -395,97 +354,78 @@ class GPUMagics(Magics):
         fastest) that fits.
 
         Every notebook name a trial binds, rebinds or deletes (also through %time or a
-        function's global), the --restore objects and the random generators are put back
-        after every trial; Ctrl-C stops and keeps the best size so far. A cell error
-        other than out-of-memory stops the search and is shown.
+        function's global), the models, optimizers, LR schedulers and GradScalers the
+        cell uses (unless --no-restore), the --restore objects and the random generators
+        are put back after every trial; Ctrl-C stops and keeps the best size so far. A
+        cell error other than out-of-memory stops the search and is shown.
         """
-        from ..batch import RestoreError, SearchError, check_options, search_batch
         from ..batch.progress import NotebookProgress, TerminalProgress
-        from ..batch.search import check_variable
-        from ..batch.state import Snapshot
         from ..runtime import in_notebook
-        from ..words import count, with_article
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = parse(self.find_batch, line)
-        try:
-            check_variable(args.var)  # before the hints below, which name it
-        except SearchError as error:
-            raise UsageError(str(error)) from None
-        namespace = self.shell.user_ns
-        held = namespace.get(args.var)
-        if held is not None and not a_number(held):
-            # The answer is written over it: a model or a tensor named by --var would be lost.
-            raise UsageError(f"--var {args.var}: {args.var} holds {with_article(type(held).__name__)}, not a "
-                             f"batch size, and the search would replace it with a number; name "
-                             f"another variable, like "
-                             + " or ".join(f"--var {name}" for name in ("batch_size", "bs") if name != args.var))
-        missing = [name for name in args.restore if name not in namespace]
-        if missing:
-            raise UsageError(f"--restore: no variable named {', '.join(missing)} in the notebook")
-        source = self.shell.transform_cell(cell)
-        try:
-            tree = ast.parse(source)  # once: the checks below all read this tree
-        except SyntaxError as error:
-            raise syntax_error(error, source, below=1) from None
-        if not tree.body:  # comments only: every trial would time nothing
-            raise UsageError("the cell has no code: put one training step under %%find_batch, "
-                             "using the batch-size variable")
-        # Registered with IPython like a cell, and one line down for the %%find_batch line:
-        # a traceback of the user's error shows their line, numbered as in the cell. The cell's
-        # number is the display hook's: IPython 9.8+ counts execution_count up before the cell runs.
-        cell_number = getattr(self.shell.displayhook, "prompt_count", self.shell.execution_count)
-        filename = self.shell.compile.cache(f"%%find_batch {line}\n{source}", cell_number)
-        try:
-            code = compile("\n" + source, filename, "exec")
-        except SyntaxError as error:  # what only the compiler sees: a return outside a function
-            raise syntax_error(error, source) from None
-        warnings = checked_names(tree, args.var, namespace)
-        options = dict(variable=args.var, mode=args.mode, start=args.start, maximum=args.maximum,
-                       steps=args.steps, headroom=args.headroom, multiple_of=args.multiple_of,
-                       device=args.device)
-        try:  # a bad option or --restore object is one line, not after the warnings
-            check_options(**options)
-            snapshot = Snapshot(namespace, {name: namespace[name] for name in args.restore})
-        except (SearchError, RestoreError) as error:
-            raise UsageError(str(error)) from None
-        for warning in warnings:
-            print(f"colab_gpu: {warning}", file=sys.stderr)
-
-        # the cell's output is shown for its first run only
-        later_runs = LaterRuns(self.shell, piped=pipes_its_commands(tree))
-
-        def step(size: int) -> None:
-            __tracebackhide__ = True
-            namespace[args.var] = size
-            with as_magic(False):  # the user's code is Python: its calls speak it
-                _run_cell(code, namespace)
-
+        prepared = prepare(self.shell, line, cell, args)
         notebook = in_notebook() and self.output != "text"
         progress = NotebookProgress(keep_report=not args.return_result) if notebook else TerminalProgress()
-        try:
-            result = search_batch(step, snapshot, progress=progress, around_run=later_runs.around_run,
-                                  **options)
-        except (SearchError, RestoreError) as error:
-            raise UsageError(str(error)) from None
-        if result.answer is not None:
-            namespace[args.var] = result.answer
-        hidden = later_runs.with_output
-        if hidden:
-            print(f"colab_gpu: the cell's output is shown for its first run; "
-                  f"{count(hidden, 'later run')} had output too, hidden", file=sys.stderr)
+        result = search_cell(self.shell, prepared, progress)
         if args.return_result:  # the cell's Out: every formatter runs, so text is asked of the result
             return dataclasses.replace(result, text_only=True) if self.output == "text" else result
         if not notebook:  # in a notebook the progress display has become the report
-            self._show(result)
+            self.show(result)
 
+    @magic_arguments()
+    @argument("name", metavar="NAME", help="The variable holding the torch.utils.data.DataLoader to time.")
+    @argument("--step", action=Once, metavar="NAME",
+              help="A function running one training step on a batch as the loader yields it, or a "
+                   "%%%%find_batch --mode throughput result (-o): say whether the loader or the step "
+                   "bounds training, and by how much. A function runs on one batch, then in the loop.")
+    @argument("--apply", action="store_true",
+              help="Rebind NAME to a new DataLoader with the answer (same dataset, sampler and "
+                   "batches) and print the constructor call to paste for the next run.")
+    @argument("--device", action=Once, default="auto",
+              help="Where batches are copied while timed: auto (CUDA once your code has started it, "
+                   "else none), cpu, cuda or cuda:N; pin_memory is tried only for CUDA.")
+    @argument("--seconds", action=Once, type=number(float, "a number of seconds"), default=0.5,
+              help="Seconds each setting is timed in each round, after its start-up (default 0.5).")
+    @argument("--repeats", action=Once, type=WHOLE_NUMBER, default=3,
+              help="Rounds of timings (default 3; up to twice as many where rates vary too much to "
+                   "tell the answer from a smaller setting).")
+    @argument("--max-workers", action=Once, type=WHOLE_NUMBER, dest="max_workers", metavar="N",
+              help="Try at most N workers (default: the usable cores and a little past).")
+    @line_magic
+    @_friendly_errors
+    def tune_loader(self, line: str = ""):
+        """Time a DataLoader with its own settings and with the settings worth
+        trying here (num_workers, prefetch_factor, pin_memory,
+        persistent_workers); answer the smallest within 5 % of the best.
 
-def _colab_without_gpu(shell) -> bool:
-    """A Colab runtime with no NVIDIA driver: a CPU or TPU runtime, where a GPU is a menu away."""
-    from ..devices.nvml import nvidia_driver_present
-    from ..runtime import COLAB, detect_platform
+        Each setting runs on a new DataLoader over the same dataset, sampler,
+        batch size, collate_fn, drop_last and generator; your loader, its
+        iterator and the random state it draws from are left as they were,
+        and every worker started is stopped.
+        """
+        tune_and_show(self, parse(self.tune_loader, line))
 
-    return detect_platform(shell) == COLAB and not nvidia_driver_present()
+    @magic_arguments("%distributed")  # usage reads %%distributed: it is a cell magic
+    @argument("-n", "--nprocs", action=Once, type=WHOLE_NUMBER, metavar="N",
+              help="Processes (ranks) to run the cell on (default: one per GPU).")
+    @argument("--backend", action=Once, metavar="NAME",
+              help="nccl (one GPU per rank) or gloo (the CPU); default: NCCL where there are GPUs.")
+    @argument("--timeout", action=Once, type=number(float, "a number of seconds"), metavar="SECONDS",
+              help="Stop every rank after this many seconds (default: wait until they end).")
+    @cell_magic
+    @_friendly_errors
+    def distributed(self, line: str = "", cell: str = ""):
+        """Run the cell on every rank, with torch.distributed set up (colab_gpu.launch).
+
+        The ranks are forked from this kernel: the cell sees your functions and data;
+        what it assigns stays in the ranks. Each rank's prints appear prefixed with
+        [rank N]; the cell's result is the list of the ranks' last expressions.
+        """
+        from .distributed import run_distributed
+
+        __tracebackhide__ = True  # a rank's error shows its cell's lines, not the magic's
+        return run_distributed(self.shell, line, cell, parse(self.distributed, line))
 
 
 def _loaded(shell) -> "GPUMagics | None":

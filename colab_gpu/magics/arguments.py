@@ -5,7 +5,7 @@ import argparse
 import functools
 import re
 import shlex
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import magic_arguments as ipython_magic_arguments
@@ -22,7 +22,7 @@ class magic_arguments(ipython_magic_arguments):
         return func
 
 
-def number(kind: type, words: str) -> Callable[[str], object]:
+def number(kind: Callable[[str], Any], words: str) -> Callable[[str], object]:
     """An option's type: argparse's own "invalid int value: '2.5'" does not say what is accepted."""
     def convert(text: str):
         try:
@@ -99,7 +99,7 @@ def _without_comment(line: str) -> str:
     return line
 
 
-def parse(magic: Callable, line: str):
+def parse(magic: Any, line: str):  # a magic's method: magic_arguments gave it a ``parser``
     """The magic's options, with shell quoting understood: ``--headroom "10%"`` means 10%, and
     a trailing ``# comment`` ignored.
 

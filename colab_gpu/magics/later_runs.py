@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -24,7 +24,7 @@ class LaterRuns:
 
         self.shell, self.publisher, self.piped = shell, CapturingDisplayPublisher(), piped
         self.first_done, self.with_output = False, 0
-        self.handlers = None  # logging's, found at the first later run: the first may set them up
+        self.handlers: Optional[Dict] = None  # logging's, found at the first later run: the first may set them up
 
     def around_run(self):
         """Nothing for the first run, whose output the user sees; silenced() for the others."""
@@ -39,7 +39,8 @@ class LaterRuns:
         printed is counted, or shown when its error stops the search."""
         from ..batch.trial import stops_the_search
 
-        out, err, opened, publisher = io.StringIO(), io.StringIO(), [], self.shell.display_pub
+        out, err, publisher = io.StringIO(), io.StringIO(), self.shell.display_pub
+        opened: List[int] = []  # the numbers of the figures the run opened
         if self.handlers is None:
             self.handlers = _logging_handlers((sys.stdout, sys.stderr))
         try:

@@ -15,16 +15,17 @@ The package's parts, each apart for its own reason: walk (from an object to the 
 it keeps alive), namespace (which names are IPython's, what it keeps of outputs and errors),
 readings (the memory of each device at one moment), rounding (CUDA's allocator's block sizes,
 for the lower bound of what nothing reaches), holders (the ranking) and clear (the steps and
-their report). Everything is importable from here, as before the split.
+their report). The API is importable from here; what the parts share, from each part
+(each one's ``__all__``).
 """
 from __future__ import annotations
 
-from ..cuda import cuda_devices_in_use, empty_cuda_cache, working_device
 from .clear import (ClearCacheError, ClearReport, Step, check_names, clear_cache, clear_output_history,
                     delete_variables, drop_exception, holds_torch)
 from .holders import Elsewhere, Holder, Holders, memory_holders, rank_holders
-from .namespace import _OUTPUT_NAME  # private, as _unreached: tests read them here
 from .readings import Reading, cpu_tensor_bytes, read_memory
-from .rounding import LARGE_BUFFER, LOWEST_SPLIT_LIMIT, UNSPLIT_REMAINDER, _unreached
 from .walk import MAX_OBJECTS
 
+__all__ = ["ClearCacheError", "ClearReport", "Step", "check_names", "clear_cache", "clear_output_history",
+           "delete_variables", "drop_exception", "holds_torch", "Elsewhere", "Holder", "Holders", "memory_holders",
+           "rank_holders", "Reading", "cpu_tensor_bytes", "read_memory", "MAX_OBJECTS"]

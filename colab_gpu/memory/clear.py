@@ -10,21 +10,27 @@ import dataclasses
 import gc
 import sys
 import types
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..cuda import empty_cuda_cache
 from ..devices import DeviceSource
-from ..options import command, option
+from ..errors import UserError
+from ..oom import ErrorKind, classify, describe
+from ..spelling import command, option
 from ..runtime import cuda_torch, current_shell
 from ..words import count
-from .holders import Holders, _holders, _Shown, lying_on_arrays
-from .namespace import (_MISSING, _OUTPUT_NAME, _exception_references, _is_dunder, _is_ipython_name,
-                        _namespaces, _output_history)
-from .readings import Reading, _snapshot, read_memory
-from .walk import _torch, _walk
+from ..render.shown import Shown
+from .holders import Holders, holders_of, lying_on_arrays
+from .namespace import (MISSING, OUTPUT_NAME, exception_references, is_dunder, is_ipython_name,
+                        namespaces, output_history)
+from .readings import Reading, read_memory, read_snapshot
+from .walk import imported_torch, walk_from
+
+__all__ = ["ClearCacheError", "ClearReport", "Step", "check_names", "clear_cache", "clear_output_history",
+           "delete_variables", "drop_exception", "holds_torch"]
 
 
-class ClearCacheError(ValueError):
+class ClearCacheError(UserError, ValueError):
     """A request that cannot be carried out (an unknown name, IPython's own name)."""
 
 
@@ -40,7 +46,7 @@ def drop_exception(shell: Any) -> List[str]:
     ``%debug`` and ``pdb.pm()`` know there is nothing to debug (with None they fail on it).
     """
     dropped = []
-    for owner, attribute, name in _exception_references(shell):
+    for owner, attribute, name in exception_references(shell):
         if owner is sys:
             delattr(sys, attribute)
         else:
@@ -54,10 +60,10 @@ def _forget_outputs(shell: Any, namespace: Dict[str, Any], hidden: Dict[str, Any
     """Remove IPython's other references to ``objects``: ``_N``, ``_``/``__``/``___``, the last result."""
     ids = {id(obj) for obj in objects}
     for space in (namespace, hidden):
-        for name in [n for n, v in space.items() if id(v) in ids and _OUTPUT_NAME.match(n)]:
+        for name in [n for n, v in space.items() if id(v) in ids and OUTPUT_NAME.match(n)]:
             if name.strip("_"):
                 del space[name]  # _12: IPython's own name, made for that output only
-            elif space is hidden or _is_ipython_name(name, space[name], shell, hidden):
+            elif space is hidden or is_ipython_name(name, space[name], shell, hidden):
                 space[name] = ""  # _, __, ___: IPython's empty value; once assigned, the user's
     displayhook = getattr(shell, "displayhook", None)
     for attribute in ("_", "__", "___"):
@@ -72,17 +78,17 @@ def holds_torch(value: Any, torch) -> bool:
     """Whether an output reaches any tensor or module (bounded walk)."""
     if torch is None:
         return False
-    reach = _walk(value, torch, set())
+    reach = walk_from(value, torch, set())
     return bool(reach.tensors or reach.modules)
 
 
 def clear_output_history(shell: Any, everything: bool = False) -> List[int]:
     """Clear the ``Out`` entries that hold tensors or modules (all with ``everything``)."""
-    namespace, hidden = _namespaces(shell)
-    history = _output_history(shell, namespace)
+    namespace, hidden = namespaces(shell)
+    history = output_history(shell, namespace)
     if not history:
         return []
-    torch = _torch()
+    torch = imported_torch()
     numbers = [n for n, value in history.items() if everything or holds_torch(value, torch)]
     objects = [history.pop(n) for n in numbers]
     _forget_outputs(shell, namespace, hidden, objects)
@@ -91,7 +97,7 @@ def clear_output_history(shell: Any, everything: bool = False) -> List[int]:
 
 def check_names(names: Iterable[str], shell: Any) -> List[str]:
     """The names to delete, or :class:`ClearCacheError` naming the first bad one; deletes nothing."""
-    namespace, hidden = _namespaces(shell)
+    namespace, hidden = namespaces(shell)
     names = list(names)
     for name in names:
         if not isinstance(name, str):  # clear_cache(["model", "opt"]), clear_cache(model)
@@ -99,12 +105,12 @@ def check_names(names: Iterable[str], shell: Any) -> List[str]:
                             f"clear_cache('model', 'optimizer'); got {type(name).__name__}")
     names = list(dict.fromkeys(names))
     for name in names:
-        if _is_ipython_name(name, namespace.get(name, _MISSING), shell, hidden):
-            holds_outputs = name in ("Out", "_oh") or _OUTPUT_NAME.match(name)  # not In, exit
+        if is_ipython_name(name, namespace.get(name, MISSING), shell, hidden):
+            holds_outputs = name in ("Out", "_oh") or OUTPUT_NAME.match(name)  # not In, exit
             raise ClearCacheError(f"{name!r} is IPython's own name, not a variable of yours"
                                   + (f"; use {option('history', True)} to clear the output history"
                                      if holds_outputs else ""))
-        if _is_dunder(name):
+        if is_dunder(name):
             raise ClearCacheError(f"{name!r} is Python's own name, not a variable of yours")
         if not name.isidentifier():
             raise ClearCacheError(f"{name!r} is not a variable name; give the names of "
@@ -125,16 +131,16 @@ def check_names(names: Iterable[str], shell: Any) -> List[str]:
 
 def delete_variables(shell: Any, names: Iterable[str]) -> List[str]:
     """Delete exactly these variables, and the output-history entries that are their objects."""
-    namespace, hidden = _namespaces(shell)
+    namespace, hidden = namespaces(shell)
     names = check_names(names, shell)
     objects = [namespace[name] for name in names]
     for name, obj in zip(names, objects):
         del namespace[name]
         if hidden.get(name) is obj:
             del hidden[name]
-    history = _output_history(shell, namespace)
+    history = output_history(shell, namespace) or {}
     ids = {id(obj) for obj in objects}
-    for number in [n for n, v in (history or {}).items() if id(v) in ids]:
+    for number in [n for n, v in history.items() if id(v) in ids]:
         del history[number]
     _forget_outputs(shell, namespace, hidden, objects)
     return names
@@ -151,8 +157,28 @@ class Step:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class ClearReport(_Shown):
-    """What clear_cache did, what each step freed, and who still holds memory."""
+class ClearReport(Shown):
+    """What clear_cache did, what each step freed, and who still holds memory.
+
+    ``print(report)`` is the report ``%clear_cache`` prints; ``report.freed("cuda:0")`` the
+    bytes freed on a device over the whole run (None where unread).
+
+    Attributes
+    ----------
+    before : tuple of Reading
+        Each device's memory before the first step.
+    steps : tuple of Step
+        Each step run, in order: what it did (or its error) and the memory right after it.
+    holders : Holders
+        Who still holds memory after the last step.
+    deleted : tuple of str
+        The variables deleted.
+    cuda_initialized : bool
+        Whether CUDA had started, so the CUDA cache step ran.
+    kept_by_arrays : tuple of (str, int)
+        (variable, bytes): NumPy arrays that still hold the memory deleted tensors lay on
+        (``torch.from_numpy``).
+    """
 
     before: Tuple[Reading, ...]
     steps: Tuple[Step, ...]
@@ -177,7 +203,9 @@ class ClearReport(_Shown):
             return None
         return start - end
 
-    _renderers = "report"
+    line_view = "colab_gpu.render.memory:report_line"
+    text_view = "colab_gpu.render.memory:report_text"  # the report %clear_cache prints
+    html_view = "colab_gpu.render.memory:report_html"
 
 
 def _value(readings: Tuple[Reading, ...], device: str, field: str) -> Optional[int]:
@@ -197,14 +225,38 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     after a mere query such as ``torch.cuda.current_device()``), synchronize, free cuBLAS's
     workspaces, ``empty_cache()`` and ``ipc_collect()``. Memory is read after
     each step. A step that raises (a CUDA error after a device-side assert) is reported as
-    failed, with its error, and the others still run. A bad name raises
-    ``colab_gpu.memory.ClearCacheError`` (a ValueError) before anything is done.
-    ``print(report)`` shows the report ``%clear_cache`` shows.
+    failed, with its error, and the others still run.
+
+    Parameters
+    ----------
+    *names : str
+        Variables of the notebook (or of a script's ``__main__``) to delete first.
+    history : bool, default False
+        Clear every entry of the output history (``Out``), not only those that hold
+        tensors or modules.
+    shell : InteractiveShell, optional
+        The IPython shell whose names are cleared; the running one when None.
+    source : DeviceSource, optional
+        Where the GPUs' memory is read; the process's NVML source when None.
+
+    Returns
+    -------
+    ClearReport
+        What each step freed and who still holds memory; ``print(report)`` shows the
+        report ``%clear_cache`` shows.
+
+    Raises
+    ------
+    TypeError
+        A name that is not a string (``clear_cache(model)``).
+    colab_gpu.memory.ClearCacheError
+        (a ValueError) A name that is no variable of yours (unknown, IPython's or Python's
+        own, a module, not an identifier); raised before anything is done.
     """
     shell = shell if shell is not None else current_shell()
-    names = check_names(names, shell)  # a name given twice is deleted and reported once
-    torch = _torch()
-    snapshot = _snapshot(source)
+    names = tuple(check_names(names, shell))  # a name given twice is deleted and reported once
+    torch = imported_torch()
+    snapshot = read_snapshot(source)
     readings = read_memory(torch, snapshot)
     steps: List[Step] = []
 
@@ -215,7 +267,7 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
         except Exception as failure:  # a CUDA error (a device-side assert): said, not raised
             error = _failure(failure)
             done = f"failed: {error}"
-        snapshot = _snapshot(source)  # the last one also serves the ranking below
+        snapshot = read_snapshot(source)  # the last one also serves the ranking below
         steps.append(Step(name, done, read_memory(torch, snapshot), error))
 
     step("exception", lambda: _listed("dropped ", drop_exception(shell), "no exception was kept"))
@@ -228,17 +280,17 @@ def clear_cache(*names: str, history: bool = False, shell: Any = None,
     cuda = cuda_torch() is not None
     if cuda:
         step("CUDA cache", lambda: _cuda_done(empty_cuda_cache(torch)))
-    holders = _holders(shell, snapshot, readings=steps[-1].after)
+    holders = holders_of(shell, snapshot, readings=steps[-1].after)
     return ClearReport(before=readings, steps=tuple(steps), holders=holders, deleted=tuple(names),
                        cuda_initialized=cuda, kept_by_arrays=_kept_by_arrays(deleted_storages, holders))
 
 
-def _cpu_storages(shell: Any, names: List[str], torch) -> Dict[Tuple[str, int], int]:
+def _cpu_storages(shell: Any, names: Sequence[str], torch) -> Dict[Tuple[str, int], int]:
     """The CPU storages the variables ``names`` reach, by address (no reference kept)."""
     if not names or torch is None:
         return {}
-    namespace, hidden = _namespaces(shell)
-    reach = _walk([namespace[name] for name in names], torch, {id(namespace), id(hidden), id(shell)})
+    namespace, hidden = namespaces(shell)
+    reach = walk_from([namespace[name] for name in names], torch, {id(namespace), id(hidden), id(shell)})
     return {key: nbytes for key, nbytes in reach.storages.items() if key[0] == "cpu"}
 
 
@@ -258,9 +310,6 @@ def _kept_by_arrays(storages: Dict[Tuple[str, int], int], holders: Holders) -> T
 def _failure(error: BaseException) -> str:
     """A step's error in one line; one that breaks the device (a device-side assert, an
     illegal memory access) says that only a restart mends it."""
-    from ..batch.oom import ErrorKind, classify
-    from ..batch.trial import describe
-
     if classify(error) is ErrorKind.DEVICE_BROKEN:
         return (f"{describe(error)} (the CUDA context is broken: nothing on the GPU can be "
                 f"freed until the runtime restarts)")

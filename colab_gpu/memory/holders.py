@@ -1,8 +1,7 @@
 """The ranking: the user's variables by the tensor bytes they reach (what ``del name`` would
 about free), then what no variable holds: each output and the last error, the rest of the
-memory reading no reference reaches, and the GPU memory held outside torch. Also the result
-objects' common ways to show themselves (text, HTML, one line). Apart from the walk, which
-it runs once per root, and from the clearing, which ends with a ranking.
+memory reading no reference reaches, and the GPU memory held outside torch. Apart from the
+walk, which it runs once per root, and from the clearing, which ends with a ranking.
 """
 from __future__ import annotations
 
@@ -11,16 +10,20 @@ import bisect
 import collections
 import dataclasses
 import os
-from typing import Any, Dict, Iterable, Mapping, Optional, Set, Tuple
+from typing import AbstractSet, Any, Dict, Iterable, Mapping, Optional, Set, Tuple
 
 from ..devices import DeviceSource
-from ..gpu_status import MemoryBreakdown, breakdown
+from ..render.shown import Shown
+from ..torch_view import MemoryBreakdown, breakdown
 from ..runtime import current_shell
-from .namespace import (_OUTPUT_NAME, _exception_references, _is_ipython_name, _namespaces,
-                        _output_history, _user_variables)
-from .readings import Reading, _gpu_view, _snapshot, read_memory
-from .rounding import _unreached
-from .walk import MAX_OBJECTS, _torch, _walk
+from .namespace import (OUTPUT_NAME, exception_references, is_ipython_name, namespaces,
+                        output_history, user_variables)
+from .readings import Reading, gpu_view, read_memory, read_snapshot
+from .rounding import unreached_bytes
+from .walk import MAX_OBJECTS, imported_torch, walk_from
+
+__all__ = ["Elsewhere", "Holder", "Holders", "holders_of", "lying_on_arrays", "memory_holders", "other_roots",
+           "rank_holders"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,41 +53,38 @@ class Elsewhere:
     shared: int = 0  # the tensors it reaches whose storage a variable reaches too
 
 
-class _Shown:
-    """One line (``summary()``, ``repr``), the text report and the HTML card, from
-    colab_gpu.render.memory's ``holders_*`` or ``report_*`` (as ``_renderers`` says)."""
-
-    _renderers = ""
-
-    def _render(self, form: str) -> str:
-        from ..render import memory
-
-        return {("holders", "line"): memory.holders_line, ("holders", "text"): memory.holders_text,
-                ("holders", "html"): memory.holders_html, ("report", "line"): memory.report_line,
-                ("report", "text"): memory.report_text, ("report", "html"): memory.report_html,
-                }[self._renderers, form](self)
-
-    def summary(self) -> str:
-        """One line: what was freed (a report), who holds the most."""
-        return self._render("line")
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.summary()}>"
-
-    def __str__(self) -> str:
-        """The report the magic prints, so ``print(...)`` shows it in a script."""
-        return self._render("text")
-
-    def _repr_pretty_(self, printer, cycle) -> None:
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        return self._render("html")
-
-
 @dataclasses.dataclass(frozen=True, repr=False)
-class Holders(_Shown):
-    """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch."""
+class Holders(Shown):
+    """Who holds memory: variables ranked by the tensor bytes they reach, and what is outside torch.
+
+    ``print(holders)`` shows the ranking as ``%clear_cache --vars`` does.
+
+    Attributes
+    ----------
+    holders : tuple of Holder
+        Your variables, largest first: the bytes each reaches, those no other variable
+        reaches (about what ``del`` would free), per device.
+    total_by_device : tuple of (str, int)
+        (device, bytes) the variables reach together, each storage counted once.
+    not_yours : tuple of (str, int)
+        (device, bytes) of tensor memory no variable holds: ``elsewhere`` and ``unreached``.
+    elsewhere : tuple of Elsewhere
+        Of that, what IPython keeps: an output (``Out[3]``, ``_``) or the last error.
+    unreached : tuple of (str, int)
+        (device, bytes) of the memory reading no variable, output or error reaches (a
+        library's cache, a thread, a reference cycle): a lower bound.
+    outside_torch : tuple of MemoryBreakdown
+        Per GPU: other processes, the CUDA context and non-torch libraries.
+    torch_labels : dict of int to str
+        NVML index -> ``"cuda:N"``.
+    torch_imported : bool
+        False: torch is not imported, so nothing is ranked.
+    problem : str or None
+        Why the GPUs could not be read.
+    numpy_arrays : dict
+        ("cpu", address) -> (variable, bytes): NumPy arrays the variables reach whose memory
+        a tensor lies on.
+    """
 
     holders: Tuple[Holder, ...] = ()
     total_by_device: Tuple[Tuple[str, int], ...] = ()  # every storage counted once
@@ -101,7 +101,9 @@ class Holders(_Shown):
     # deleted torch.from_numpy tensor lay on stays with the array
     numpy_arrays: Dict[Tuple[str, int], Tuple[str, int]] = dataclasses.field(default_factory=dict)
 
-    _renderers = "holders"
+    line_view = "colab_gpu.render.memory:holders_line"
+    text_view = "colab_gpu.render.memory:holders_text"
+    html_view = "colab_gpu.render.memory:holders_html"
 
 
 def _by_device(storages: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int], ...]:
@@ -111,19 +113,19 @@ def _by_device(storages: Mapping[Tuple[str, int], int]) -> Tuple[Tuple[str, int]
     return tuple(sorted(totals.items()))
 
 
-def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int] = frozenset(),
+def rank_holders(variables: Iterable[Tuple[str, Any]], torch, skip: AbstractSet[int] = frozenset(),
                  max_objects: int = MAX_OBJECTS) -> Tuple[Tuple[Holder, ...], Tuple[Tuple[str, int], ...]]:
     """Rank ``(name, value)`` pairs by the tensor bytes each reaches; also the union per device."""
     holders, union, _ = _rank(variables, torch, skip, max_objects)
     return holders, _by_device(union)
 
 
-def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: Set[int],
+def _rank(variables: Iterable[Tuple[str, Any]], torch, skip: AbstractSet[int],
           max_objects: int) -> Tuple[Tuple[Holder, ...], Dict[Tuple[str, int], int],
                                      Dict[Tuple[str, int], Tuple[str, int]]]:
     """rank_holders() with the union of the storages reached, by (device, address), and the
     NumPy arrays' memory the variables reach: (the first variable reaching it, bytes)."""
-    reaches = [(name, value, _walk(value, torch, skip, max_objects)) for name, value in variables]
+    reaches = [(name, value, walk_from(value, torch, skip, max_objects)) for name, value in variables]
     tensor_storages = {key: n for _, _, reach in reaches for key, n in reach.storages.items()}
     arrays: Dict[Tuple[str, int], Tuple[str, int]] = {}  # by the first variable reaching each
     for name, _, reach in reaches:
@@ -169,21 +171,21 @@ def lying_on_arrays(storages: Mapping[Tuple[str, int], int],
     return found
 
 
-def _other_roots(shell: Any, namespace: Mapping[str, Any],
+def other_roots(shell: Any, namespace: Mapping[str, Any],
                  hidden: Mapping[str, Any]) -> Iterable[Tuple[str, Any]]:
     """What IPython keeps that is no variable of the user's: each output (``Out[3]``; ``_``,
     ``__``, ``_N`` only where the history has no such entry) and the last error, as one root."""
     seen: Set[int] = set()
-    for number, value in list((_output_history(shell, namespace) or {}).items()):
+    for number, value in list((output_history(shell, namespace) or {}).items()):
         seen.add(id(value))
         yield f"Out[{number}]", value
     for name, value in list(namespace.items()):
-        if (id(value) not in seen and _OUTPUT_NAME.match(name)
-                and _is_ipython_name(name, value, shell, hidden)):
+        if (id(value) not in seen and OUTPUT_NAME.match(name)
+                and is_ipython_name(name, value, shell, hidden)):
             seen.add(id(value))
             yield name, value
     error = []
-    for owner, attribute, _ in _exception_references(shell):
+    for owner, attribute, _ in exception_references(shell):
         value = getattr(owner, attribute, None)
         if isinstance(value, bdb.Bdb):  # a %debug: the locals of the frames it showed
             frames = [frame for frame, _ in getattr(value, "stack", ())]
@@ -193,15 +195,15 @@ def _other_roots(shell: Any, namespace: Mapping[str, Any],
     yield "the last error", error
 
 
-def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], int],
+def _elsewhere(shell: Any, torch, skip: AbstractSet[int], union: Dict[Tuple[str, int], int],
                max_objects: int) -> Tuple[Tuple[Elsewhere, ...], Dict[Tuple[str, int], int]]:
     """The outputs and the last error, by the storages they reach that no variable (the
     ones ``union`` lacks) nor one before them does, and those storages; ``union`` gains them.
     One walk per root."""
     not_yours: Dict[Tuple[str, int], int] = {}
     found = []
-    for name, root in _other_roots(shell, *_namespaces(shell)):
-        reach = _walk(root, torch, skip, max_objects, known=union)
+    for name, root in other_roots(shell, *namespaces(shell)):
+        reach = walk_from(root, torch, skip, max_objects, known=union)
         del root
         # each storage in one row only: the rows add up to what no variable holds
         own = {key: n for key, n in reach.storages.items() if key not in union and key not in not_yours}
@@ -217,7 +219,7 @@ def _elsewhere(shell: Any, torch, skip: Set[int], union: Dict[Tuple[str, int], i
 def _outside_torch(snapshot, torch) -> Dict[str, Any]:
     """Holders' fields for the GPUs this process can use: per GPU, other processes and this
     process's non-torch memory (context, other libraries), and the cuda:N torch calls it."""
-    gpus, index_of, memory = _gpu_view(snapshot, torch)
+    gpus, index_of, memory = gpu_view(snapshot, torch)
     labels = {nvml: f"cuda:{index}" for nvml, index in index_of.items()}
     by_nvml = {m.nvml_index: m for m in memory if m.nvml_index is not None}
     if memory and not by_nvml:
@@ -238,25 +240,42 @@ def memory_holders(shell: Any = None, source: Optional[DeviceSource] = None,
     traceback, a ``%debug``) keep, and the rest of the memory reading, which none of these
     reaches. Also reads, through NVML, the GPU memory held outside torch. Never initializes
     CUDA and never keeps a reference to a tensor.
+
+    Parameters
+    ----------
+    shell : InteractiveShell, optional
+        The IPython shell whose variables are ranked; the running one when None (a script's
+        ``__main__`` without IPython).
+    source : DeviceSource, optional
+        Where the GPUs' memory is read; the process's NVML source when None.
+    max_objects : int, default 1000000
+        Objects visited per variable at most, so a huge container stays fast; a variable
+        whose walk was cut short is marked, its bytes a lower bound.
+
+    Returns
+    -------
+    Holders
+        The ranking, what no variable holds and the memory outside torch (only the last
+        where torch is not imported: ``torch_imported`` is False).
     """
-    return _holders(shell if shell is not None else current_shell(), _snapshot(source), max_objects)
+    return holders_of(shell if shell is not None else current_shell(), read_snapshot(source), max_objects)
 
 
-def _holders(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
-             readings: Optional[Tuple[Reading, ...]] = None) -> Holders:
+def holders_of(shell: Any, snapshot, max_objects: int = MAX_OBJECTS,
+               readings: Optional[Tuple[Reading, ...]] = None) -> Holders:
     """memory_holders() with the GPUs already read (``snapshot``, None when unreadable) and,
     where given, the memory (``readings``, taken after the snapshot)."""
-    torch = _torch()
+    torch = imported_torch()
     problem = snapshot.problem if snapshot is not None else None
     if torch is None:
         return Holders(torch_imported=False, problem=problem, **_outside_torch(snapshot, None))
-    namespace, hidden = _namespaces(shell)
+    namespace, hidden = namespaces(shell)
     skip = {id(namespace), id(hidden), id(shell)}
-    holders, union, arrays = _rank(_user_variables(shell), torch, skip, max_objects)
+    holders, union, arrays = _rank(user_variables(shell), torch, skip, max_objects)
     total = _by_device(union)
-    elsewhere, not_yours = _elsewhere(shell, torch, skip, union, max_objects)
-    unreached = _unreached(read_memory(torch, snapshot) if readings is None else readings, union, torch)
-    not_yours = collections.Counter(dict(_by_device(not_yours)))
+    elsewhere, held_elsewhere = _elsewhere(shell, torch, skip, union, max_objects)
+    unreached = unreached_bytes(read_memory(torch, snapshot) if readings is None else readings, union, torch)
+    not_yours = collections.Counter(dict(_by_device(held_elsewhere)))
     not_yours.update(dict(unreached))
     return Holders(holders=holders, total_by_device=total, not_yours=tuple(sorted(not_yours.items())),
                    elsewhere=elsewhere, unreached=unreached, problem=problem, numpy_arrays=arrays,

@@ -12,54 +12,57 @@ import sys
 import types
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .walk import _OPAQUE
+from .walk import OPAQUE
+
+__all__ = ["MISSING", "OUTPUT_NAME", "exception_references", "is_dunder", "is_ipython_name", "namespaces",
+           "output_history", "user_variables"]
 
 # IPython's own names in the user namespace: the output and input history and its helpers.
-_OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
+OUTPUT_NAME = re.compile(r"_(\d+|_{0,2})\Z")  # _, __, ___, _12
 _INPUT_NAME = re.compile(r"_i(\d+|i{0,2})\Z")  # _i, _ii, _iii, _i12
 _IPYTHON_NAMES = frozenset({"In", "Out", "_oh", "_ih", "_dh", "get_ipython", "exit", "quit",
                             "_exit_code"})
 
-_MISSING = object()
+MISSING = object()
 
 
-def _is_dunder(name: str) -> bool:
+def is_dunder(name: str) -> bool:
     """``__name__``, ``__builtins__``: Python's names for the namespace, never the user's."""
     return len(name) > 4 and name[:2] == name[-2:] == "__"  # not IPython's __ or ___
 
 
-def _is_ipython_name(name: str, value: Any, shell: Any, hidden: Mapping[str, Any]) -> bool:
+def is_ipython_name(name: str, value: Any, shell: Any, hidden: Mapping[str, Any]) -> bool:
     """Whether ``name`` is IPython's: its history and helpers, and ``_``, ``__``, ``___`` while
     they hold its last outputs. Once the user assigns one (``_, index = scores.max(1)``) it is
     theirs, as IPython sees it too: its displayhook stops updating them."""
     if name in ("_", "__", "___"):
         displayhook = getattr(shell, "displayhook", None)
-        return value is getattr(displayhook, name, _MISSING) or value is hidden.get(name, _MISSING)
-    return name in _IPYTHON_NAMES or bool(_OUTPUT_NAME.match(name) or _INPUT_NAME.match(name))
+        return value is getattr(displayhook, name, MISSING) or value is hidden.get(name, MISSING)
+    return name in _IPYTHON_NAMES or bool(OUTPUT_NAME.match(name) or _INPUT_NAME.match(name))
 
 
-def _user_variables(shell: Any) -> List[Tuple[str, Any]]:
+def user_variables(shell: Any) -> List[Tuple[str, Any]]:
     """The user's own variables: not IPython's names, modules or classes."""
-    namespace, hidden = _namespaces(shell)
+    namespace, hidden = namespaces(shell)
     result = []
     for name, value in list(namespace.items()):
-        if (_is_dunder(name) or _is_ipython_name(name, value, shell, hidden)
-                or hidden.get(name, _MISSING) is value or issubclass(type(value), _OPAQUE)):
+        if (is_dunder(name) or is_ipython_name(name, value, shell, hidden)
+                or hidden.get(name, MISSING) is value or issubclass(type(value), OPAQUE)):
             continue
         result.append((name, value))
     return result
 
 
-def _namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def namespaces(shell: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """The user namespace and IPython's hidden one (empty in plain Python)."""
     if shell is None:
         return sys.modules["__main__"].__dict__, {}
     return shell.user_ns, getattr(shell, "user_ns_hidden", {})
 
 
-def _exception_references(shell: Any) -> List[Tuple[Any, str, str]]:
+def exception_references(shell: Any) -> List[Tuple[Any, str, str]]:
     """(owner, attribute, name) of each reference IPython and ``sys`` keep to the last exception."""
-    found = [(sys, name, f"sys.{name}") for name in ("last_type", "last_value", "last_traceback", "last_exc")
+    found: List[Tuple[Any, str, str]] = [(sys, name, f"sys.{name}") for name in ("last_type", "last_value", "last_traceback", "last_exc")
              if hasattr(sys, name)]  # last_exc exists on Python 3.12+ only
     if shell is None:
         return found
@@ -77,7 +80,7 @@ def _exception_references(shell: Any) -> List[Tuple[Any, str, str]]:
     return found
 
 
-def _output_history(shell: Any, namespace: Mapping[str, Any]) -> Optional[Dict[int, Any]]:
+def output_history(shell: Any, namespace: Mapping[str, Any]) -> Optional[Dict[int, Any]]:
     history = getattr(getattr(shell, "history_manager", None), "output_hist", None)
     if isinstance(history, dict):
         return history

@@ -9,9 +9,11 @@ import gc
 from typing import Dict, List, Optional, Tuple
 
 from ..devices import DeviceSource, Snapshot
-from ..gpu_status import torch_memory, torch_view
+from ..torch_view import torch_memory, torch_view
 from ..runtime import detect_runtime
-from .walk import _walk
+from .walk import walk_from
+
+__all__ = ["Reading", "cpu_tensor_bytes", "gpu_view", "read_memory", "read_snapshot"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,13 +49,13 @@ def cpu_tensor_bytes(torch) -> int:
             except Exception:
                 continue
     del objects
-    saved = _walk(walked, torch, set()).storages
+    saved = walk_from(walked, torch, set()).storages
     storages.update((address, nbytes) for (device, address), nbytes in saved.items() if device == "cpu")
     storages.pop(0, None)
     return sum(storages.values())
 
 
-def _snapshot(source: Optional[DeviceSource]):
+def read_snapshot(source: Optional[DeviceSource]):
     if source is None:
         from ..devices import default_source
 
@@ -70,7 +72,7 @@ def read_memory(torch, snapshot) -> Tuple[Reading, ...]:
     readings: List[Reading] = []
     if torch is not None:
         readings.append(Reading("cpu", cpu_tensor_bytes(torch)))
-    gpus, index_of, memory = _gpu_view(snapshot, torch)
+    gpus, index_of, memory = gpu_view(snapshot, torch)
     by_nvml = {m.nvml_index: m for m in memory}
     for gpu in gpus:
         torch_index = index_of.get(gpu.index)
@@ -86,7 +88,7 @@ def read_memory(torch, snapshot) -> Tuple[Reading, ...]:
     return tuple(readings)
 
 
-def _gpu_view(snapshot, torch):
+def gpu_view(snapshot, torch):
     """The GPUs this process can use (NVML's), NVML index -> torch index, and torch's
     allocator view once CUDA runs. A GPU the status card calls hidden from torch is left out:
     nothing of this process is there, and another user's job on it would read as memory

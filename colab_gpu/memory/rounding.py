@@ -9,13 +9,15 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ..allocator.schema import ROUNDUP_INTERVALS
+from ..torch_allocator.schema import ROUNDUP_INTERVALS
 from .readings import Reading
+
+__all__ = ["LARGE_BUFFER", "LOWEST_SPLIT_LIMIT", "UNSPLIT_REMAINDER", "unreached_bytes"]
 
 UNSPLIT_REMAINDER = 1024 ** 2  # CUDA's caching allocator splits a large block only for more left over
 LARGE_BUFFER = 20 * 1024 ** 2  # kLargeBuffer: how much larger an unsplit oversize block may be
 # The lowest max_split_size_mb any torch takes: 21 before 2.10, 20 in 2.10, and from 2.11
-# large_segment_size_mb, which must be over 10 (see allocator/schema.py).
+# large_segment_size_mb, which must be over 10 (see torch_allocator/schema.py).
 LOWEST_SPLIT_LIMIT = 11 * 1024 ** 2
 
 
@@ -36,12 +38,11 @@ def _split_limit(torch, device: str) -> Optional[int]:
 
 def _allocator_settings(torch) -> Tuple[Optional[Dict[str, str]], Dict[str, str]]:
     """What CUDA's allocator runs with: torch's own report of its last settings string
-    (allocator.installed.reported_settings: None where torch cannot say; asked only once CUDA
+    (torch_allocator.installed.reported_settings: None where torch cannot say; asked only once CUDA
     runs, so asking changes nothing), and the environment, which %alloc_conf keeps in step: the
     variable torch reads (a ROCm build's PYTORCH_HIP_ALLOC_CONF too). What cannot be read is empty."""
-    from ..allocator.apply import current_settings
-    from ..allocator.installed import installed_env_names, reported_settings
-    from ..allocator.parse import parse
+    from ..torch_allocator.installed import current_settings, installed_env_names, reported_settings
+    from ..torch_allocator.parse import parse
 
     try:
         text = reported_settings({"torch": torch})
@@ -65,8 +66,9 @@ def _rounding(torch) -> Tuple[List[int], int]:
     each string puts it back to large_segment_size_mb's value, which does keep its own. So
     the larger of what torch's last string and the environment say is taken: the rest stays
     a lower bound."""
-    from ..allocator import AllocConfError, installed_torch_version, roundup_table, version_of
-    from ..allocator.schema import BY_NAME
+    from ..torch_allocator.installed import installed_torch_version
+    from ..torch_allocator.parse import AllocConfError, roundup_table, version_of
+    from ..torch_allocator.schema import BY_NAME
 
     reported, environment = _allocator_settings(torch)
     try:
@@ -96,7 +98,7 @@ def _rounded(nbytes: int, divisions: List[int]) -> int:
     return max(-(-nbytes // step) * step, 512)
 
 
-def _unreached(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int],
+def unreached_bytes(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int],
                torch=None) -> Tuple[Tuple[str, int], ...]:
     """Per device, the bytes of the memory reading (live CPU tensors, torch's allocated) that
     no variable, output or error reaches: a library's cache, a thread, a reference cycle.

@@ -13,15 +13,18 @@ import functools
 import gc
 import itertools
 import sys
+import time
 import types
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import AbstractSet, Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+
+__all__ = ["MAX_OBJECTS", "OPAQUE", "Reach", "imported_torch", "walk_from"]
 
 # Types that hold no tensor and are not worth a visit.
 _LEAVES = (type(None), bool, int, float, complex, str, bytes, bytearray, range, slice)
 # Types never walked into: they lead to the whole interpreter (modules, classes' namespaces).
 # A function is walked into its closure and defaults only, never its globals; a generator
 # into its paused frame's local variables only.
-_OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType, types.FrameType)
+OPAQUE = (types.ModuleType, type, types.BuiltinFunctionType, types.CodeType, types.FrameType)
 # A generator, a coroutine, an async generator -> its paused frame (None once it has finished).
 _SUSPENDED = {types.GeneratorType: "gi_frame", types.CoroutineType: "cr_frame",
               types.AsyncGeneratorType: "ag_frame"}
@@ -33,7 +36,7 @@ MAX_OBJECTS = 1_000_000  # objects visited per variable: a bound so a huge conta
 
 
 @dataclasses.dataclass
-class _Reach:
+class Reach:
     """What one walk found: storages by (device, address), and what it stopped at."""
 
     storages: Dict[Tuple[str, int], int] = dataclasses.field(default_factory=dict)
@@ -48,16 +51,16 @@ class _Reach:
     arrays: Dict[Tuple[str, int], int] = dataclasses.field(default_factory=dict)
 
 
-def _record_tensor(tensor, reach: _Reach, stack: List[Any], torch, part: bool = False) -> None:
+def _record_tensor(tensor, reach: Reach, stack: List[Any], torch, part: bool = False) -> None:
     """``part``: a sparse tensor's indices or values, its memory but not a tensor of the user's."""
     if not part:
         reach.tensors += 1
     if tensor.layout != torch.strided:  # sparse: the memory is in the component tensors
         shared = reach.shared
-        for name in ("_indices", "_values", "crow_indices", "col_indices",
-                     "ccol_indices", "row_indices", "values"):
+        for component in ("_indices", "_values", "crow_indices", "col_indices",
+                          "ccol_indices", "row_indices", "values"):
             try:
-                _record_tensor(getattr(tensor, name)(), reach, stack, torch, part=True)
+                _record_tensor(getattr(tensor, component)(), reach, stack, torch, part=True)
             except Exception:
                 pass
         reach.shared = shared + (reach.shared > shared)  # shared or not, still one tensor
@@ -92,7 +95,7 @@ _CONTAINERS = (list, tuple, set, frozenset, collections.deque)
 _LRU_CACHE = getattr(functools, "_lru_cache_wrapper", None)  # C's: its cache is no attribute
 
 
-def _record_array(array, reach: _Reach, stack: List[Any], numpy) -> None:
+def _record_array(array, reach: Reach, stack: List[Any], numpy) -> None:
     """An array that views another object's memory leads to that owner (``t.numpy()``'s base is
     the tensor ``t``); one that owns its memory is noted by address, for a tensor lent it."""
     base = numpy.ndarray.base.__get__(array)  # the C getters: a subclass's properties never run
@@ -139,39 +142,58 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
         yield from functools.partial.args.__get__(obj)
         yield from functools.partial.keywords.__get__(obj).values()
     if kind in _SUSPENDED:  # `data = torch.load(...)` then `yield data[i]`: data lives in the frame
-        # Its local variables as the garbage collector sees them, not through the frame's
-        # f_locals: Python 3.11 and 3.12 keep that dict on the frame, and with it a local the
-        # generator deletes later (`del data`) until it ends. Free variables come as cells.
         if getattr(obj, _SUSPENDED[kind]) is not None:
-            for referent in gc.get_referents(obj):
-                if isinstance(referent, types.CellType):
-                    try:
-                        yield referent.cell_contents
-                    except ValueError:  # a cell not yet filled
-                        pass
-                elif not isinstance(referent, (types.FrameType, types.CodeType, str)):
-                    yield referent
+            yield from _paused_frame_children(obj)
         return
     if issubclass(kind, BaseException):
         yield obj.__traceback__
         yield obj.__cause__
         yield obj.__context__
     if issubclass(kind, types.TracebackType):
-        # The frame that caught the exception keeps its callers' frames alive once they have
-        # returned, locals and all (`errors.append(e)` in a step keeps the train() that called
-        # it). Followed while they run in the same module, as a notebook's functions do, never
-        # into IPython's own; a frame still running is alive anyway, and so are its callers.
-        caller, running = obj.tb_frame.f_back, _running_frames()
-        while (caller is not None and id(caller) not in running
-               and caller.f_globals is obj.tb_frame.f_globals and caller.f_locals is not caller.f_globals):
-            yield from caller.f_locals.values()
-            caller = caller.f_back
-        while obj is not None:
-            frame = obj.tb_frame
-            if frame.f_locals is not frame.f_globals:  # a module frame's locals are a namespace
-                yield from frame.f_locals.values()
-            obj = obj.tb_next
+        yield from _traceback_children(obj)
         return
+    yield from _attribute_children(obj, kind)
+
+
+def _paused_frame_children(obj: Any) -> Iterable[Any]:
+    """A paused generator's (coroutine's) local variables as the garbage collector sees them,
+    not through the frame's f_locals: Python 3.11 and 3.12 keep that dict on the frame, and
+    with it a local the generator deletes later (`del data`) until it ends. Free variables
+    come as cells."""
+    for referent in gc.get_referents(obj):
+        if isinstance(referent, types.CellType):
+            try:
+                yield referent.cell_contents
+            except ValueError:  # a cell not yet filled
+                pass
+        elif not isinstance(referent, (types.FrameType, types.CodeType, str)):
+            yield referent
+
+
+def _traceback_children(traceback: types.TracebackType) -> Iterable[Any]:
+    """The local variables of a traceback's frames, and of the callers they keep alive.
+
+    The frame that caught the exception keeps its callers' frames alive once they have
+    returned, locals and all (`errors.append(e)` in a step keeps the train() that called
+    it). Followed while they run in the same module, as a notebook's functions do, never
+    into IPython's own; a frame still running is alive anyway, and so are its callers.
+    """
+    caller, running = traceback.tb_frame.f_back, _running_frames()
+    while (caller is not None and id(caller) not in running
+           and caller.f_globals is traceback.tb_frame.f_globals and caller.f_locals is not caller.f_globals):
+        yield from caller.f_locals.values()
+        caller = caller.f_back
+    entry: Optional[types.TracebackType] = traceback
+    while entry is not None:
+        frame = entry.tb_frame
+        if frame.f_locals is not frame.f_globals:  # a module frame's locals are a namespace
+            yield from frame.f_locals.values()
+        entry = entry.tb_next
+
+
+def _attribute_children(obj: Any, kind: type) -> Iterable[Any]:
+    """Any other object's attributes and slots; a built-in one's references as the garbage
+    collector sees them."""
     try:
         attributes = object.__getattribute__(obj, "__dict__")
     except Exception:
@@ -197,7 +219,8 @@ def _children(obj: Any, kind: type) -> Iterable[Any]:
 def _running_frames() -> Set[int]:
     """The ids of the frames some thread is running, and of their callers."""
     running = set()
-    for frame in sys._current_frames().values():
+    for running_frame in sys._current_frames().values():
+        frame: Optional[types.FrameType] = running_frame
         while frame is not None:
             running.add(id(frame))
             frame = frame.f_back
@@ -233,7 +256,7 @@ _SKIP, _TENSOR, _MODULE, _OTHER, _NODE, _ARRAY = range(6)
 
 
 def _classify(kind: type, torch) -> int:
-    if issubclass(kind, _LEAVES) or issubclass(kind, _OPAQUE):
+    if issubclass(kind, _LEAVES) or issubclass(kind, OPAQUE):
         return _SKIP
     if issubclass(kind, torch.Tensor):
         return _TENSOR
@@ -252,11 +275,13 @@ def _saved_attributes(kind: type) -> Tuple[str, ...]:
     return tuple(name for name in dir(kind) if name.startswith("_raw_saved_") or name == "variable")
 
 
-def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
-          known: Optional[Mapping[Tuple[str, int], int]] = None) -> _Reach:
+def walk_from(root: Any, torch, skip: AbstractSet[int], max_objects: int = MAX_OBJECTS,
+              known: Optional[Mapping[Tuple[str, int], int]] = None, deadline: Optional[float] = None) -> Reach:
     """Every tensor storage ``root`` reaches, each counted once, cycles and all; its tensors
-    whose storage is one of ``known`` are counted as shared."""
-    reach = _Reach(known=known or {})
+    whose storage is one of ``known`` are counted as shared. Past ``deadline`` (a
+    ``time.perf_counter()`` value) the walk stops, truncated: the out-of-memory card must come
+    within half a second."""
+    reach = Reach(known=known or {})
     kinds: Dict[type, int] = {}  # each type classified once: Tensor's metaclass makes issubclass slow
     saved: Dict[type, Tuple[str, ...]] = {}
     seen: Set[int] = set(skip)
@@ -265,7 +290,7 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
     made: List[Any] = []
     stack = [root]
     for visit in range(max_objects):  # every object counts, ints and strings too
-        if not stack:
+        if not stack or deadline is not None and not visit & 255 and time.perf_counter() > deadline:
             break
         obj = stack.pop()
         kind = type(obj)  # never obj.__class__: proxies and deprecated objects lie or warn
@@ -304,6 +329,6 @@ def _walk(root: Any, torch, skip: Set[int], max_objects: int = MAX_OBJECTS,
     return reach
 
 
-def _torch():
+def imported_torch():
     """The user's torch, only if already imported (never imported here)."""
     return sys.modules.get("torch")

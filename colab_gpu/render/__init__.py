@@ -16,6 +16,17 @@ from typing import Optional, Sequence
 from ..runtime import names_mig_instances
 from ..words import NA, count, duration, significant, size, with_article  # the renderers' too
 
+__all__ = [
+    # colab_gpu.words' own, for every renderer
+    "NA", "count", "duration", "significant", "size", "with_article",
+    # writing a value
+    "WIDTH", "fold", "fold_items", "labelled_row", "number", "celsius", "ratio", "power", "words",
+    # the phrases the text and HTML card share
+    "pcie_link", "capability", "UNKNOWN_CUDA_NAME", "FASTEST_FIRST_NOTE", "DRIVER_NUMBERING_NOTE", "seen_as",
+    "short_uuid", "mig_instance_summary", "this_process", "process_name", "unrecorded_rows", "driver_versions",
+    "torch_summary", "allocator_summary", "NOT_TOLD_APART", "outside_torch_label", "breakdown_summary",
+]
+
 WIDTH = 80  # a terminal's columns: it breaks a longer line at any character, mid-word
 
 
@@ -190,7 +201,7 @@ def words(items: Optional[Sequence[str]], empty: str = "none") -> str:
 def torch_summary(torch) -> str:
     """"torch 2.11.0 (CUDA 12.8), CUDA not initialized", from a TorchState."""
     if not torch.imported:
-        return "torch not imported yet"
+        return "torch not imported yet" if torch.installed else "torch is not installed"
     build = {"cuda": f"CUDA {torch.cuda_version}", "rocm": f"ROCm {torch.hip_version}",
              "mps": "MPS: the Mac's GPU", "cpu": "CPU-only build"}[torch.build]
     state = "CUDA initialized" if torch.cuda_initialized else "CUDA not initialized"

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+from typing import Any, Dict
 
 INK = "#808080"  # the same grey as the cards' muted text, on white and on near-black
-NEUTRAL = {"figure.facecolor": "none", "axes.facecolor": "none", "savefig.transparent": True,
+# Keyed by Any: matplotlib's stubs type rc_context's keys as a Literal of its parameter names.
+NEUTRAL: Dict[Any, Any] = {"figure.facecolor": "none", "axes.facecolor": "none", "savefig.transparent": True,
            "text.color": INK, "axes.labelcolor": INK, "axes.titlecolor": INK, "axes.edgecolor": INK,
            "xtick.color": INK, "ytick.color": INK, "grid.color": INK, "legend.facecolor": "none",
            "legend.edgecolor": INK, "legend.labelcolor": INK}

@@ -4,6 +4,13 @@ Text inherits the front end's own colour and every other colour is a mid-tone or
 translucent grey, so the card reads the same in light and dark themes of JupyterLab, Notebook,
 VS Code and Colab without knowing which is active. Everything shown is escaped.
 
+Lines break at spaces, and inside a word only where nothing else fits (``overflow-wrap:
+break-word``): ``anywhere`` also shrank what a table or a narrow front end may squeeze a block
+of prose to, which broke "ever|y key" and "%gpu_s|tatus" where a space was free. A table
+sizes a column by its longest word, so the value cells of a label/value table (an allocator
+setting of 120 characters) keep ``anywhere``: beside their label, which keeps its width, they
+take the card's remaining width, and break a word only when it is longer than that.
+
 JupyterLab styles output tables with selectors such as
 ``:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td`` (right-aligned) and
 ``.jp-RenderedHTMLCommon ul:not(.list-inline)`` (indented): a rule here that must win is at
@@ -25,7 +32,8 @@ STYLE = """
 <style>
 .cgpu-card{--cgpu-muted:#808080;--cgpu-warn:#c08a00;--cgpu-line:rgba(127,127,127,.5);
  color:inherit;background:transparent;font-family:var(--jp-ui-font-family,system-ui,sans-serif);
- font-size:13px;line-height:1.4;overflow-wrap:anywhere;border:1px solid rgba(127,127,127,.35);border-radius:6px;padding:8px 12px;max-width:60em}
+ font-size:13px;line-height:1.4;overflow-wrap:break-word;word-break:normal;border:1px solid rgba(127,127,127,.35);border-radius:6px;padding:8px 12px;max-width:60em}
+.cgpu-card td.cgpu-label+td{overflow-wrap:anywhere}
 .cgpu-card h4{margin:6px 0 2px;font-size:14px;color:inherit}.cgpu-card .cgpu-muted{opacity:.7}
 .cgpu-card table{border-collapse:collapse;margin:2px 0}
 .cgpu-card td,.cgpu-card th,.cgpu-card tr{padding:1px 10px 1px 0;vertical-align:top;color:inherit;background:transparent!important;
@@ -70,7 +78,7 @@ def rows_table(rows) -> str:
     ) + "</table>"
 
 
-def _breakdown_bar(part) -> str:
+def breakdown_bar(part) -> str:
     """One stacked bar of where the memory went, with a legend, largest consumers named."""
     pieces = [("other processes", part.other_processes or 0, "#8250df"),
               (outside_torch_label(part), part.context_and_non_torch, "#9a6700"),
@@ -98,7 +106,7 @@ def _gpu(status, gpu) -> str:
             return "<br>".join(f"{p.pid} <span title='{escape(p.name or NA)}'>{escape(process_name(p.name))}</span> "
                                f"&middot; {size(p.used_memory)}{this_process(status, p)}" for p in gpu.processes)
         if label == "where":
-            return _breakdown_bar(status.breakdown_of(gpu.index))
+            return breakdown_bar(status.breakdown_of(gpu.index))
         return fraction_bar(bars.get(label)) + escape(value)
 
     rows = [(label, cell(label, value)) for label, value in gpu_rows(status, gpu)]

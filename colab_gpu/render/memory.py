@@ -4,7 +4,7 @@ from __future__ import annotations
 from html import escape
 from typing import List, Optional, Tuple
 
-from ..options import command
+from ..spelling import command
 from . import NA, NOT_TOLD_APART, count, fold, fold_items, labelled_row, size
 from .html import STYLE, rows_table, unbroken_units
 
@@ -182,14 +182,15 @@ def holders_text(holders) -> str:
     if holders.outside_torch:
         lines.append("Outside torch:")
         lines += _text_rows(_outside_rows(holders))
-    if _gpu_note(holders):
-        lines.append(fold(_gpu_note(holders), len("GPUs not read: ")))
+    gpu_note = _gpu_note(holders)
+    if gpu_note:
+        lines.append(fold(gpu_note, len("GPUs not read: ")))
     return "\n".join(lines)
 
 
 def report_line(report) -> str:
-    freed = [f"{what} {size(n)}" for what, n in _changes(report, report.before, report.after) if n > 0]
-    freed = "freed " + ", ".join(freed) if freed else "nothing freed"
+    amounts = [f"{what} {size(n)}" for what, n in _changes(report, report.before, report.after) if n > 0]
+    freed = "freed " + ", ".join(amounts) if amounts else "nothing freed"
     top = report.holders.holders[0] if report.holders.holders else None
     held = f"; biggest holder: {top.name} {size(top.nbytes)}" if top and top.nbytes else ""
     deleted = f"; deleted {', '.join(report.deleted)}" if report.deleted else ""
@@ -224,8 +225,9 @@ def _holders_body(holders) -> str:
         parts += [f"<h4>{escape(_elsewhere_title(holders))}</h4>", _html_rows(_elsewhere_rows(holders))]
     if holders.outside_torch:
         parts += ["<h4>Outside torch</h4>", _html_rows(_outside_rows(holders))]
-    if _gpu_note(holders):
-        parts.append(f"<p class='cgpu-muted'>{escape(_gpu_note(holders))}</p>")
+    gpu_note = _gpu_note(holders)
+    if gpu_note:
+        parts.append(f"<p class='cgpu-muted'>{escape(gpu_note)}</p>")
     return "".join(parts)
 
 

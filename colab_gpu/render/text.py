@@ -38,6 +38,12 @@ def _gpu_lines(status, gpu) -> List[str]:
     return lines
 
 
+def status_line(status) -> str:
+    """"Colab; 0: Tesla T4; 1 advice; source NVML": the Status's one line (its repr)."""
+    gpus = ", ".join(f"{gpu.index}: {gpu.name}" for gpu in status.gpus) or "no GPU"
+    return f"{status.runtime.platform_name}; {gpus}; {len(status.advice)} advice; source {status.snapshot.source}"
+
+
 def render_status(status) -> str:
     runtime, snapshot = status.runtime, status.snapshot
     lines = [f"{runtime.platform_name} - {torch_summary(runtime.torch)}"]

@@ -12,14 +12,16 @@ import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import GPU, GPUProcess, MigInstance, Snapshot
-from .csv_log import _csv_gpu
-from .values import RecordingError, _bytes, _epoch, _int, _process_kind, _text, _with_note
+from .csv_log import row_gpu
+from .values import RecordingError, as_bytes, as_int, as_text, epoch, process_kind, with_note
+
+__all__ = ["read", "sniff"]
 
 _TABLE_START = re.compile(r"\|\s*NVIDIA-SMI\s+\S+\s+Driver Version:\s*(?P<driver>\S+)"
                           r"(?:\s+CUDA Version:\s*(?P<cuda>\S+))?")
 
 # A GPU's cell, by the first word of the header cell above it, as the --query-gpu columns
-# _csv_gpu reads ("__" stands for "."); fan, ECC, persistence, display and compute mode have
+# row_gpu reads ("__" stands for "."); fan, ECC, persistence, display and compute mode have
 # no GPU field. "15360MiB" is MiB, as in a log.
 _TABLE_CELLS = {
     "GPU": r"(?P<index>\d+)\s+(?P<name>.*?\S)\s+\S+",  # the name as shown, "..." and all
@@ -78,7 +80,7 @@ def _table_gpu(position: int, header: List[List[str]], block: List[List[str]]) -
             match = pattern and re.fullmatch(pattern, cell)
             if match:
                 row.update((name.replace("__", "."), value) for name, value in match.groupdict().items())
-    return _csv_gpu(position, row)
+    return row_gpu(position, row)
 
 
 def _table_mig_instance(cells: List[str]) -> Optional[Tuple[int, MigInstance]]:
@@ -86,16 +88,20 @@ def _table_mig_instance(cells: List[str]) -> Optional[Tuple[int, MigInstance]]:
     match = _TABLE_MIG.fullmatch(cells[0])
     if match is None or len(cells) < 3:
         return None
+    gpu, index, gi, ci = (as_int(match[name]) for name in ("gpu", "index", "gi", "ci"))
+    if gpu is None or index is None:  # a number of 400 digits
+        return None
     memory = re.fullmatch(_TABLE_CELLS["Memory-Usage"], cells[1])
-    return int(match["gpu"]), MigInstance(
-        index=int(match["index"]), gpu_instance_id=int(match["gi"]), compute_instance_id=int(match["ci"]),
-        multiprocessors=_int(cells[2].split()[0]) if cells[2] else None,
-        memory_used=_bytes(memory["memory__used"]) if memory else None,
-        memory_total=_bytes(memory["memory__total"]) if memory else None)
+    return gpu, MigInstance(
+        index=index, gpu_instance_id=gi, compute_instance_id=ci,
+        multiprocessors=as_int(cells[2].split()[0]) if cells[2] else None,
+        memory_used=as_bytes(memory["memory__used"]) if memory else None,
+        memory_total=as_bytes(memory["memory__total"]) if memory else None)
 
 
 def _table_frame(lines: Sequence[str], label: str, timestamp: float) -> Snapshot:
     versions = _TABLE_START.match(lines[0].strip())
+    assert versions is not None  # read() starts a frame at each line it matches
     sections = _table_sections(lines[1:])
     header, blocks = sections["gpus"]
     gpus = [_table_gpu(position, header, block) for position, block in enumerate(blocks)]
@@ -104,10 +110,13 @@ def _table_frame(lines: Sequence[str], label: str, timestamp: float) -> Snapshot
     processes: Dict[int, List[GPUProcess]] = {}
     for block in sections.get("processes", ((), ()))[1]:
         match = _TABLE_PROCESS.fullmatch(block[0][0])
-        if match:
-            processes.setdefault(int(match["gpu"]), []).append(GPUProcess(
-                pid=int(match["pid"]), name=_text(match["name"]), used_memory=_bytes(match["memory"]),
-                kind=_process_kind(match["kind"])))
+        if match is None:
+            continue
+        gpu, pid = as_int(match["gpu"]), as_int(match["pid"])
+        if gpu is not None and pid is not None:  # None: a number of 400 digits
+            processes.setdefault(gpu, []).append(GPUProcess(
+                pid=pid, name=as_text(match["name"]), used_memory=as_bytes(match["memory"]),
+                kind=process_kind(match["kind"])))
     instances: Dict[int, List[MigInstance]] = {}
     for block in sections.get("mig devices", ((), ()))[1]:
         instance = _table_mig_instance(block[0])
@@ -119,11 +128,16 @@ def _table_frame(lines: Sequence[str], label: str, timestamp: float) -> Snapshot
         mig_instances=tuple(instances.get(gpu.index, ())) if "mig devices" in sections and gpu.mig_enabled else None,
     ) for gpu in gpus]
     return Snapshot(source=label, recorded=True, gpus=tuple(gpus),
-                    driver_version=_text(versions["driver"]), cuda_driver_version=_text(versions["cuda"]),
+                    driver_version=as_text(versions["driver"]), cuda_driver_version=as_text(versions["cuda"]),
                     timestamp=timestamp)
 
 
-def _table_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, ...]:
+def sniff(text: str) -> bool:
+    """The table's banner and rules."""
+    return "NVIDIA-SMI" in text and "+----" in text
+
+
+def read(text: str, label: str, fallback_time: float) -> Tuple[Snapshot, ...]:
     """One time step per table: `nvidia-smi -l` appends a table a step, the time above each."""
     lines = text.splitlines()  # CRLF too
     starts = [number for number, line in enumerate(lines) if _TABLE_START.match(line.strip())]
@@ -133,9 +147,9 @@ def _table_frames(text: str, label: str, fallback_time: float) -> Tuple[Snapshot
     frames = []
     for start, end in zip(starts, starts[1:] + [len(lines)]):
         above = [line for line in lines[max(0, start - 3):start] if line.strip() and "---" not in line]
-        recorded = _epoch(above[-1]) if above else None
+        recorded = epoch(above[-1]) if above else None
         frames.append(_table_frame(lines[start:end], label, fallback_time if recorded is None else recorded))
     notes = [_TABLE_NOTE]
     if any(gpu.name.endswith("...") for frame in frames for gpu in frame.gpus):
         notes.append("names cut short by the table are shown as given")
-    return tuple(_with_note(frame, "; ".join(notes)) for frame in frames)
+    return tuple(with_note(frame, "; ".join(notes)) for frame in frames)

@@ -20,23 +20,23 @@ import pytest
 import colab_gpu
 from colab_gpu import live
 from colab_gpu.allocator import alloc_conf
-from colab_gpu.allocator.apply import _ignored_variables, _warnings
+from colab_gpu.allocator.apply import ignored_variables, setting_warnings
 from colab_gpu.allocator.render import render_keys
-from colab_gpu.allocator.schema import KEYS, PRESETS
 from colab_gpu.batch.render import trial_line
 from colab_gpu.batch.result import OUT_OF_MEMORY, Trial
 from colab_gpu.batch.search import Search
 from colab_gpu.devices import Snapshot
-from colab_gpu.devices.nvml import _INIT_PROBLEMS, DRIVER_WITHOUT_NVML, NO_PYNVML, NvmlSource
+from colab_gpu.devices.nvml import DRIVER_WITHOUT_NVML, INIT_PROBLEMS, NO_PYNVML, NvmlSource
 from colab_gpu.live.panel import render_panel
 from colab_gpu.render import WIDTH
 from colab_gpu.runtime import TorchState
+from colab_gpu.torch_allocator.schema import KEYS, PRESETS
 from conftest import DATA, ROOT
 from milabench_replay import Curve, ReplayDevice
 from nvml_recording import RecordedNvml
-from test_harm import DEVICE_CALLS, NVML_CALLS, NVML_ERRORS, two_t4s
 from test_mig import UUIDS, filled, recorded_a100, with_instances
 from test_multigpu import box, cuda_on_cuda0  # noqa: F401 (a fixture)
+from test_never_harms import DEVICE_CALLS, NVML_CALLS, NVML_ERRORS, two_t4s
 
 RECORDINGS = sorted([*(DATA / "nvidia-smi-xml").glob("*.xml"), *(DATA / "nvidia-smi-csv").glob("*.csv"),
                      *(ROOT / "colab_gpu" / "data").glob("*.xml"), *(ROOT / "colab_gpu" / "data").glob("*.csv")])
@@ -72,7 +72,7 @@ def gpu_status_cards(clean_env):
     clean_env.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
     reports = {path.name: colab_gpu.status(path=str(path)) for path in RECORDINGS}
     reports["this machine"] = colab_gpu.status()
-    for problem in [*_INIT_PROBLEMS.values(), NO_PYNVML, DRIVER_WITHOUT_NVML]:
+    for problem in [*INIT_PROBLEMS.values(), NO_PYNVML, DRIVER_WITHOUT_NVML]:
         reports[f"no GPU: {problem[:30]}"] = colab_gpu.status(Broken(problem))
     for function in NVML_CALLS:
         for error, code in NVML_ERRORS.items():
@@ -124,11 +124,11 @@ def alloc_conf_reports(tmp_path):
     everything.update(backend="cudaMallocAsync", pinned_max_round_threshold_mb="64", pinned_max_cached_size_mb="32",
                       per_process_memory_fraction="1.0", garbage_collection_threshold="0.6")
     variables = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "a"}
-    reports["warnings"] = dataclasses.replace(result, warnings=_warnings(
-        tuple(everything.items()), (2, 9), "win32") + _warnings((), None)
-        + _warnings((), (3, 5)) + _warnings((), (1, 10))
-        + _ignored_variables((2, 9), variables, written=True) + _ignored_variables((2, 13), variables, False)
-        + _ignored_variables((2, 4), {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": "a"}, False))
+    reports["warnings"] = dataclasses.replace(result, warnings=setting_warnings(
+        tuple(everything.items()), (2, 9), "win32") + setting_warnings((), None)
+        + setting_warnings((), (3, 5)) + setting_warnings((), (1, 10))
+        + ignored_variables((2, 9), variables, written=True) + ignored_variables((2, 13), variables, False)
+        + ignored_variables((2, 4), {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": "a"}, False))
     for version in (None, (1, 13), (2, 13)):
         reports[f"--keys {version}"] = render_keys(version)
     return reports
@@ -169,7 +169,7 @@ def find_batch_reports():
 
 
 @pytest.fixture
-def live_reports():
+def live_reports(fast_live_sampling):
     sampler, _ = live.start(path=str(DATA / "nvidia-smi-csv" / "8gpu-training_nanogpt-pr643.csv"), interval=0.01)
     try:
         sampler.wait(3, timeout=10)
@@ -178,7 +178,7 @@ def live_reports():
         record = live.stop("%gpu_status --stop")
     return {"8 GPUs": record, "panel": panel,
             "stopped by itself": dataclasses.replace(
-                record, error=_INIT_PROBLEMS["NVMLError_GpuIsLost"],
+                record, error=INIT_PROBLEMS["NVMLError_GpuIsLost"],
                 display_error="the widget's comm was closed by the front end (the notebook was reloaded)",
                 torch_labels={index: "hidden from torch" for index in record.gpu_names},
                 numbering_note="cuda:? - CUDA numbers these different GPUs fastest first")}

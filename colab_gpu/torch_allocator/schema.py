@@ -59,6 +59,7 @@ argument for ..." message, or its name in ``getKeys()``), and, from 2.9, ``libc1
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Mapping, Optional, Tuple
 
 Version = Tuple[int, int]
@@ -77,6 +78,20 @@ GENERIC_ENV_SINCE: Version = (2, 10)
 HIP_ENV_SINCE: Version = (2, 8)
 ROCM_ENV_NAMES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 INT_LIMIT = 2 ** 31 - 1  # old parsers read integers with stoi: keep every value within int
+# What a number longer than 20 digits (past a size_t, past every bound here) reads as: not a power
+# of two and out of every range, so it is refused with the range. int() of more than 4300 digits
+# raised a ValueError, a traceback instead of the range.
+TOO_LARGE = 10 ** 20
+
+
+def whole_number(text: str) -> Optional[int]:
+    """``text`` as a whole number if it is one, in ASCII digits as torch's parser takes them
+    (Python's int() also takes "١٢٨"), else None; TOO_LARGE past 20 digits."""
+    if not re.fullmatch(r"[0-9]+", text):
+        return None
+    digits = text.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 20 else TOO_LARGE
+
 # roundup_power2_divisions: one value per power of two of MiB, 1 MiB to 64 GiB (kRoundUpPowerOfTwoIntervals)
 ROUNDUP_INTERVALS = 16
 GREATER_AFTER_LAST: Version = (2, 10)  # a '>' entry leaves the last interval named as it is
@@ -129,10 +144,23 @@ class Key:
                 bound = (low, is_open)
         followed = self.followed(version)
         if followed is not None:
-            value = (given or {}).get(followed, BY_NAME[followed].default)
-            if value.isdigit():  # an unreadable one is refused on its own
-                bound = (int(value), False)
+            value = self.followed_value(version, given)
+            if value is None:  # not given, or refused on its own: torch would use its default
+                value = whole_number(BY_NAME[followed].default)
+            if value is not None:
+                bound = (value, False)
         return bound
+
+    def followed_value(self, version: Version, given: Optional[Mapping[str, str]]) -> Optional[int]:
+        """The value ``given`` sets for the key this one's lower bound follows, where that key
+        accepts it; None where the setting lacks it or the value is refused on its own (a
+        bound of 10**20 said nothing)."""
+        followed = self.followed(version)
+        if followed is None:
+            return None
+        value = whole_number((given or {}).get(followed, ""))
+        maximum = BY_NAME[followed].maximum
+        return None if value is None or (maximum is not None and value > maximum) else value
 
     def default_in(self, given: Mapping[str, str]) -> str:
         """This key's default in a setting of the keys ``given``: where it follows another

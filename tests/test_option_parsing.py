@@ -83,10 +83,14 @@ def test_a_negative_headroom_says_it_cannot_be_negative_and_what_is_accepted(mag
     ("find_batch", "--max -1e3", "argument --max: '-1e3' is not a whole number (usage: %%find_batch "),
     ("find_batch", "--start 2.5", "argument --start: '2.5' is not a whole number (usage: %%find_batch "),
     ("find_batch", "--multiple -8", "unrecognized arguments: --multiple -8 (usage: "),  # as typed
-    ("gpu_status", "--interval -1", "--interval must be a positive number of seconds up to 3600 (an "
-                                    "hour), e.g. 1 or 0.5; not -1"),
-    ("gpu_status", "--live --interval -1e-3", "--interval must be a positive number of seconds up to "
-                                              "3600 (an hour), e.g. 1 or 0.5; not -0.001"),
+    ("gpu_status", "--interval -1", "--interval must be a number of seconds from 0.1 (NVML's counters "
+                                    "change every 1/6 s to 1 s) to 3600 (an hour), e.g. 1 or 0.5; not -1"),
+    ("gpu_status", "--live --interval -1e-3", "--interval must be a number of seconds from 0.1 (NVML's "
+                                              "counters change every 1/6 s to 1 s) to 3600 (an hour), e.g. 1 "
+                                              "or 0.5; not -0.001"),
+    ("gpu_status", "--live --demo --interval 1e-7", "--interval must be a number of seconds from 0.1 (NVML's "
+                                                    "counters change every 1/6 s to 1 s) to 3600 (an hour), e.g. "
+                                                    "1 or 0.5; not 1e-07"),
     ("gpu_status", "--live --interval abc", "argument --interval: 'abc' is not a number of seconds (usage: "),
     ("alloc_conf", "max_split_size_mb=-1", "max_split_size_mb=-1: takes a whole number, >= 20 (large_segment_size_mb's default; a "
      "smaller large_segment_size_mb allows less) and <= "),
@@ -136,7 +140,7 @@ def test_nan_given_twice_is_one_value_checked_as_usual(magic):
     """nan != nan: '--interval nan --interval nan' was 'given twice (nan and nan)', two values that
     are the same, instead of the interval's own rule, as for one nan."""
     assert magic("gpu_status", "--live --interval nan --interval nan") == magic("gpu_status", "--live --interval nan")
-    assert magic("gpu_status", "--live --interval nan").startswith("--interval must be a positive number of seconds")
+    assert magic("gpu_status", "--live --interval nan").startswith("--interval must be a number of seconds from 0.1")
     assert "given twice (nan and 2)" in magic("gpu_status", "--live --interval nan --interval 2")  # as typed
 
 
@@ -178,9 +182,8 @@ def test_a_trailing_comment_is_left_out_as_in_python(shell, clean_env, capsys):
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
         shell.run_cell_magic("find_batch", "--max 4 --device cpu  # a small one", "ran.append(batch_size)")
         assert shell.user_ns["batch_size"] == 4 and shell.user_ns["ran"][0] == 2
-        capsys.readouterr()
-        shell.run_line_magic("gpu_status", "--from run#2.csv  # a '#' inside a word stays")
-        assert "cannot replay run#2.csv: no such file" in capsys.readouterr().out
+        with pytest.raises(UsageError, match="^cannot replay run#2.csv: no such file$"):
+            shell.run_line_magic("gpu_status", "--from run#2.csv  # a '#' inside a word stays")
     finally:
         for name in ("batch_size", "ran"):
             shell.user_ns.pop(name, None)

@@ -1,6 +1,7 @@
 """What the installed torch is, as far as the allocator settings are concerned: its version,
-whether it is a ROCm build, the variables it reads, its run-time settings call and its report
-of the settings it holds.
+whether it is a ROCm build, the variables it reads and the settings they give it, its run-time
+settings call and its report of the settings it holds; :class:`TargetTorch`, all of it read once
+for one ``alloc_conf()`` call.
 
 Each answers before `import torch` too (from the installed package's metadata and version
 tag), since the settings must be right before torch first reads them. Nothing here imports
@@ -8,13 +9,15 @@ torch.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import sys
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Sequence, Tuple
 
-from ..runtime import torch_state, wheel_build
-from .parse import version_of
-from .schema import ENV_NAMES, GENERIC_ENV_SINCE, HIP_ENV_SINCE, NEWEST, ROCM_ENV_NAMES, Version
+from ..runtime import TorchState, torch_state, wheel_build
+from ..spelling import option
+from .parse import AllocConfError, Settings, canonical_value, parse, validate, version_of
+from .schema import BY_NAME, ENV_NAMES, GENERIC_ENV_SINCE, HIP_ENV_SINCE, NEWEST, ROCM_ENV_NAMES, Version
 
 
 def installed_torch_version(modules=sys.modules) -> Optional[str]:
@@ -59,6 +62,20 @@ def installed_env_names(modules=sys.modules) -> Tuple[str, ...]:
     return read_names(env_names(version, rocm), version)
 
 
+def current_settings(environ: MutableMapping[str, str], names: Sequence[str] = ENV_NAMES
+                     ) -> Tuple[str, Settings]:
+    """The configuration torch will read: the first of ``names`` that is set."""
+    for name in names:
+        text = environ.get(name)
+        if text is not None:
+            try:
+                return name, parse(text)
+            except AllocConfError as error:
+                raise AllocConfError(f"{name} already holds something unreadable ({error}); "
+                                     f"use {option('reset', True)} to start over") from None
+    return "", ()
+
+
 class _Setter:
     """torch's run-time settings call of the installed version, with its getter if any."""
 
@@ -73,7 +90,7 @@ def runtime_setter(modules=sys.modules) -> Optional[_Setter]:
     torch = modules.get("torch")
     if torch is None:
         return None
-    native = getattr(torch, "_C", None)
+    native: Any = getattr(torch, "_C", None)
     if hasattr(native, "_accelerator_setAllocatorSettings"):
         return _Setter("torch._C._accelerator_setAllocatorSettings",
                        native._accelerator_setAllocatorSettings,
@@ -94,8 +111,45 @@ def reported_settings(modules=sys.modules) -> Optional[str]:
     setter = runtime_setter(modules)
     if setter is not None and setter.get is not None:
         return setter.get()
-    memory = getattr(getattr(modules.get("torch"), "cuda", None), "memory", None)
-    try:
+    memory: Any = getattr(getattr(modules.get("torch"), "cuda", None), "memory", None)
+    try:  # None too: the AttributeError below
         return memory._snapshot()["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"]
     except Exception:  # no CUDA build, backend:cudaMallocAsync (no snapshot), or a torch without the key
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetTorch:
+    """The torch being configured, read once per call without importing it: every rule of a
+    call is judged against this one reading."""
+
+    version_text: Optional[str]  # as installed ("2.13.0+cu128"); None: torch is not installed
+    version: Optional[Version]  # (2, 13); None where unknown
+    rocm: bool  # a ROCm build: ROCm's spellings, choices and variables
+    state: TorchState  # imported, CUDA started
+    setter: bool  # it has a run-time settings call (only once imported)
+
+    @classmethod
+    def installed(cls, modules: Mapping[str, Any] = sys.modules, state: Optional[TorchState] = None
+                  ) -> "TargetTorch":
+        """The installed torch; ``state`` overrides the detected one (for callers that know it)."""
+        text, version, rocm = installed_torch(modules)
+        return cls(text, version, rocm, state or torch_state(modules), runtime_setter(modules) is not None)
+
+    @property
+    def known(self) -> Version:
+        """The version the rules are read for: the newest known where torch's is unknown."""
+        return self.version or NEWEST
+
+    @property
+    def env_names(self) -> Tuple[str, ...]:
+        """The variables it reads and every change writes, in its order."""
+        return env_names(self.version, self.rocm)
+
+    def validate(self, settings: Settings, given: Optional[Mapping[str, str]] = None) -> Settings:
+        """``settings`` as this torch takes them, or AllocConfError (see parse.validate)."""
+        return validate(settings, self.version, self.rocm, given)
+
+    def canonical(self, name: str, value: str, given: Optional[Mapping[str, str]] = None) -> str:
+        """One key's value as this torch takes it, or AllocConfError (see parse.canonical_value)."""
+        return canonical_value(BY_NAME[name], value, self.known, self.rocm, given)

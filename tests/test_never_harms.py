@@ -22,6 +22,7 @@ import colab_gpu.devices
 from colab_gpu.devices.nvml import NvmlSource, describe_nvml_error
 from colab_gpu.devices.replay import ReplaySource
 from colab_gpu.live.sampler import Sampler
+from colab_gpu.state import session
 
 from conftest import DATA, ROOT
 from nvml_recording import RecordedNvml
@@ -84,7 +85,7 @@ def test_the_call_list_is_the_real_codes():
 def gpu_status_text(shell, capsys, monkeypatch):
     """%gpu_status over NvmlSource(nvml), as text; fails on any traceback."""
     def run(nvml, line=""):
-        monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource(nvml=nvml))
+        monkeypatch.setattr(session, "default_source", NvmlSource(nvml=nvml))
         shell.run_line_magic("gpu_status", line)
         captured = capsys.readouterr()
         assert "Traceback" not in captured.out + captured.err and captured.err == ""
@@ -205,7 +206,7 @@ for formatter in shell.display_formatter.formatters.values():  # a notebook's: H
     formatter.enabled = True
 shell.run_line_magic("load_ext", "colab_gpu")
 shell.run_line_magic("config", "GPUMagics.live_lines = 2")
-shell.run_line_magic("config", "GPUMagics.live_interval = 0.01")
+shell.run_line_magic("config", "GPUMagics.live_interval = 0.1")
 shell.user_ns.update(batch_size=4, model=[1, 2])
 report = {{"runs": [], "heavy_after_load": sorted(
     name for name in set(sys.modules) - before_load if name in ("torch", "matplotlib", "ipywidgets", "pandas"))}}
@@ -338,7 +339,7 @@ def test_every_magic_and_api_without_an_optional_package(sessions, missing):
 def test_the_run_without_matplotlib_shows_its_summary_and_says_what_the_chart_needs(monkeypatch):
     from colab_gpu import live
 
-    live.start(demo=True, interval=0.01)
+    live.start(demo=True, interval=0.1)
     try:
         live.running().wait(2, timeout=5)
     finally:
@@ -352,7 +353,7 @@ BROKEN_MATPLOTLIB_CHARTS = r'''
 import html, json, sys
 from colab_gpu import find_batch, live
 
-live.start(demo=True, interval=0.01)
+live.start(demo=True, interval=0.1)
 try:
     live.running().wait(2, timeout=5)
 finally:
@@ -428,13 +429,19 @@ def cuda_calls_in_the_code() -> dict:
 
 # Why each function that calls torch.cuda cannot start CUDA: the guard it sits behind.
 CUDA_GUARDS = {
-    "colab_gpu/gpu_status.py:torch_memory": "returns () unless torch.cuda.is_initialized()",
+    "colab_gpu/torch_view.py:torch_memory": "returns () unless torch.cuda.is_initialized()",
     "colab_gpu/cuda.py:cuda_devices_in_use": "called by empty_cuda_cache and _cuda_index, after their check",
+    "colab_gpu/loader/__init__.py:resolve_device": "auto: current_device() only with the torch cuda_torch() "
+                                                    "returned; an explicit device='cuda[:N]' is the user's request",
+    "colab_gpu/doctor/device.py:_with_torch_cap": "returns at once unless runtime.cuda_torch() gives torch "
+                                                  "(CUDA initialized)",
+    "colab_gpu/doctor/explain.py:_default_device": "current_device() only with the torch runtime.cuda_torch() "
+                                                   "returned: CUDA initialized",
     "colab_gpu/cuda.py:empty_cuda_cache": "returns at once unless CUDA is initialized",
     "colab_gpu/memory/rounding.py:_split_limit": "asked only for a storage on a CUDA device: CUDA already runs",
     "colab_gpu/live/cells.py:before": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
     "colab_gpu/live/cells.py:_torch_line": "only with the torch runtime.cuda_torch() returned: CUDA initialized",
-    "colab_gpu/batch/__init__.py:_cuda_devices": "device_count() only after torch.cuda.is_initialized()",
+    "colab_gpu/cuda.py:visible_cuda_devices": "device_count() only after torch.cuda.is_initialized()",
     "colab_gpu/batch/state.py:__init__": "get_rng_state_all only if torch.cuda.is_initialized()",
     "colab_gpu/batch/state.py:restore": "set_rng_state_all only with a CUDA state saved while initialized; "
                                           "the generators reseeded only if cuda_torch() says CUDA started",
@@ -446,6 +453,9 @@ CUDA_GUARDS = {
     "colab_gpu/batch/trial.py:peak": "a CudaGauge exists only for the index _cuda_index gave",
     "colab_gpu/batch/trial.py:capacity": "a CudaGauge exists only for the index _cuda_index gave",
     "colab_gpu/batch/trial.py:label": "a CudaGauge exists only for the index _cuda_index gave",
+    "colab_gpu/distributed/rank.py:_run": "in a forked rank, never the kernel: set_device(rank) for NCCL",
+    "colab_gpu/distributed/launcher.py:run_here": "only in a process that is already a rank (torchrun's "
+                                                  "RANK and WORLD_SIZE), which torchrun started for its GPU",
 }
 
 
@@ -577,7 +587,7 @@ def old_pynvml_module(nvml: RecordedNvml):
 def test_an_old_pynvml_module_still_gives_the_card(shell, capsys, monkeypatch):
     nvml = RecordedNvml(two_t4s(), names_as_bytes=True)
     monkeypatch.setitem(sys.modules, "pynvml", old_pynvml_module(nvml))
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())  # the real `import pynvml`
+    monkeypatch.setattr(session, "default_source", NvmlSource())  # the real `import pynvml`
     shell.run_line_magic("gpu_status", "")
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
@@ -620,7 +630,7 @@ def test_the_deprecated_pynvml_package_that_warns_on_import_still_gives_the_card
 
     finder = Finder()
     monkeypatch.setattr(sys, "meta_path", [finder] + sys.meta_path)
-    monkeypatch.setattr(colab_gpu.devices, "_default_source", NvmlSource())
+    monkeypatch.setattr(session, "default_source", NvmlSource())
     with warnings.catch_warnings():  # the shim's warning is not the user's to act on: another
         warnings.simplefilter("error")  # tool pulled it in, and nvidia-ml-py is already there
         shell.run_line_magic("gpu_status", "")

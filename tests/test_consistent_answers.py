@@ -16,15 +16,15 @@ import pytest
 import colab_gpu
 from colab_gpu.devices.nvml import NvmlSource
 from colab_gpu.devices.replay import ReplaySource
-from colab_gpu.live.panel import chart_svg, min_max_per_column, render_panel, torch_labels
+from colab_gpu.live.panel import CHART_PANELS, chart_svg, min_max_per_column, render_panel, torch_labels
 from colab_gpu.live.sampler import GPUReading, Sample, Sampler, reading_of
 from colab_gpu.live.server import page_state
 from colab_gpu.live.terminal import watch
 
 from conftest import DATA
 from nvml_recording import RecordedNvml
-from test_harm import two_t4s
 from test_mig import filled, live, recorded_a100, shown, with_instances  # noqa: F401 (shown: a fixture)
+from test_never_harms import two_t4s
 
 T4 = DATA / "nvidia-smi-xml" / "tesla-t4.xml"
 V100 = DATA / "nvidia-smi-csv" / "v100s-pcie-32gb_miris.csv"
@@ -88,7 +88,7 @@ def test_the_rolling_chart_keeps_a_one_sample_dip():
     sample at 0 (a stall) drew a flat line."""
     samples = [Sample(t * 0.1, (GPUReading(0, 0.0 if t == 1234 else 100.0, None, None, None, None),))
                for t in range(3000)]
-    svg = chart_svg(samples, "busy %", lambda r: r.utilization, width=320, height=110)
+    svg = chart_svg(samples, CHART_PANELS[0], width=320, height=110)  # busy
     (points,) = re.findall(r"points='([^']*)'", svg)
     heights = sorted({float(point.split(",")[1]) for point in points.split()})
     assert len(heights) == 2 and heights[-1] == pytest.approx(108.0)  # 0 % drawn at the bottom

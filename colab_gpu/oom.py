@@ -1,11 +1,11 @@
-"""Is this error an out-of-memory, a broken device, or something else?
+"""Is this error an out-of-memory, a broken device, or something else? And the error in one line.
 
-A batch-size search may retry with a smaller batch only after a real out-of-memory. An
-error that leaves the CUDA context broken (illegal memory access, device-side assert) must
-stop the search: every later trial would fail too, or hide the bug. Anything else is the
-user's own error. Classes are looked up by name with ``getattr`` because they moved between
-torch versions, and the message is checked along ``__cause__`` / ``__context__`` because
-user code often re-raises with its own wrapper.
+Shared core: %%find_batch retries with a smaller batch only after a real out-of-memory, and
+stops at an error that leaves the CUDA context broken (illegal memory access, device-side
+assert): every later trial would fail too, or hide the bug; anything else is the user's own
+error. clear_cache() says when a step failed on a broken device. Classes are looked up by
+name with ``getattr`` because they moved between torch versions, and the message is checked
+along ``__cause__`` / ``__context__`` because user code often re-raises with its own wrapper.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import enum
 import sys
 from typing import Iterator, Optional, Union
 
-from .result import DEVICE_BROKEN, ERROR, OUT_OF_MEMORY
+__all__ = ["OOM_FRAGMENTS", "BROKEN_FRAGMENTS", "OOM_CLASSES", "ErrorKind", "error_chain", "message", "classify",
+           "is_out_of_memory", "describe"]
 
 # Lower-case fragments of every known out-of-memory wording (PyTorch CUDA / HIP / XPU / MPS /
 # CPU, the CUDA runtime, cuBLAS, cuDNN; TensorFlow's too, since a message is a message).
@@ -39,20 +40,21 @@ OOM_CLASSES = ("OutOfMemoryError",)
 
 
 class ErrorKind(enum.Enum):
-    """Each kind's value is the outcome a trial that raised it has (batch/result.py)."""
+    """Each kind's value says it in words, as the outcome of a %%find_batch trial that raised it."""
 
-    OUT_OF_MEMORY = OUT_OF_MEMORY
-    DEVICE_BROKEN = DEVICE_BROKEN
-    OTHER = ERROR
+    OUT_OF_MEMORY = "out of memory"
+    DEVICE_BROKEN = "device broken"
+    OTHER = "error"
 
 
 def error_chain(error: BaseException) -> Iterator[BaseException]:
     """The error and every error it was raised from or during, each once."""
     seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
+    link: Optional[BaseException] = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
 
 
 def message(error: BaseException) -> str:
@@ -80,7 +82,7 @@ def _oom_classes() -> tuple:
 
 
 def classify(error: Optional[BaseException]) -> Optional[ErrorKind]:
-    """What an error means for a batch-size search (None for no error).
+    """What an error means: out of memory, a broken device, or another error (None for no error).
 
     A broken device wins over out-of-memory anywhere in the chain: retrying on a broken
     context only produces more errors.
@@ -112,9 +114,33 @@ def is_out_of_memory(error: Union[BaseException, str]) -> bool:
     instead of an error. The message decides, whatever the error's type: your own
     ``ValueError("ran out of memory budget")`` is one too, so a step may raise one to mark a
     size as too large, and ``find_batch`` tries a smaller one.
+
+    Parameters
+    ----------
+    error : BaseException or str
+        The error caught, or its message.
+
+    Returns
+    -------
+    bool
+        Whether it, or an error it was raised from or during (``__cause__``,
+        ``__context__``), says out of memory, and none of them says the device broke.
+
+    Raises
+    ------
+    TypeError
+        ``error`` is neither an exception nor a string.
     """
     if isinstance(error, str):
         error = RuntimeError(error)
     if not isinstance(error, BaseException):
         raise TypeError(f"is_out_of_memory() takes an exception or its message, not {error!r}")
     return classify(error) is ErrorKind.OUT_OF_MEMORY
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message`` in one line: the first line and, after a heading ending in a colon
+    (torch's "Error(s) in loading state_dict for Linear:"), the line that says what went wrong."""
+    lines = [line.strip() for line in message(error).strip().splitlines()]
+    text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__  # Ctrl-C has no message

@@ -11,23 +11,32 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from ..options import command
+from ..errors import UserError
+from ..spelling import command
 from .schema import (ALIASES, BOOLEAN, BY_NAME, CHOICE, DIVISIONS, FRACTION, GREATER_AFTER_LAST,
                      INT_LIMIT, NEWEST, OLDEST, POWER_OF_TWO, RESERVE, RESERVE_TABLE, ROCM_ENV_NAMES,
-                     ROUNDUP_INTERVALS, ZERO_DIVISIONS, Key, Version)
+                     ROUNDUP_INTERVALS, ZERO_DIVISIONS, Key, Version, whole_number)
 
 Settings = Tuple[Tuple[str, str], ...]  # (key, canonical value) in the order given
 
 _SEPARATORS = ",:=[]"
-# ASCII digits only: Python's \d and int() take "١٢٨", torch's parser refuses it.
-_INTEGER = re.compile(r"[0-9]+")
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")  # no sign, no exponent, no inf/nan
 _INTERVAL_LIMIT = 2 ** 62
+# A reserve is made in bytes (a size_t): at most this many GiB, or this many times a GPU's memory
+# (of up to 1 TiB); both hold every real reserve and keep torch's size_t from wrapping around.
+_RESERVE_GIB_LIMIT = 2 ** 34
+_RESERVE_FRACTION_LIMIT = 2 ** 24
 
 
-class AllocConfError(ValueError):
+def shown(text: str, limit: int = 80) -> str:
+    """``text`` as a message repeats it: whole up to ``limit`` characters, else its start and
+    its length, so that a pasted 5000-digit number does not fill the screen."""
+    return text if len(text) <= limit else f"{text[:limit // 2]}… ({len(text)} characters)"
+
+
+class AllocConfError(UserError, ValueError):
     """A setting that is malformed, unknown, out of range or not in the installed torch."""
 
 
@@ -95,7 +104,7 @@ class _Reader:
         return token
 
     def error(self, message: str) -> AllocConfError:
-        return AllocConfError(f"malformed setting {self.text!r}: {message}")
+        return AllocConfError(f"malformed setting {shown(self.text)!r}: {message}")
 
 
 def parse(text: str) -> Settings:
@@ -198,11 +207,11 @@ def format_number(value: float) -> str:
     return str(int(value)) if value == int(value) and abs(value) >= 1 else f"{value:g}"
 
 
-def _range_text(key: Key, version: Version, given: Mapping[str, str]) -> str:
+def _range_text(key: Key, version: Version, given: Optional[Mapping[str, str]]) -> str:
     low = key.lowest(version, given)
     followed = key.followed(version)
     parts = []
-    if followed is not None and given.get(followed, "").isdigit() and low is not None:
+    if key.followed_value(version, given) is not None and low is not None:
         parts.append(f">= {followed}={format_number(low[0])}")
     elif low is not None:
         parts.append(f"{'>' if low[1] else '>='} {format_number(low[0])}" + (
@@ -212,7 +221,7 @@ def _range_text(key: Key, version: Version, given: Mapping[str, str]) -> str:
     return " and ".join(parts)
 
 
-def _in_range(key: Key, version: Version, number: float, given: Mapping[str, str]) -> bool:
+def _in_range(key: Key, version: Version, number: float, given: Optional[Mapping[str, str]]) -> bool:
     low = key.lowest(version, given)
     if low is not None and (number <= low[0] if low[1] else number < low[0]):
         return False
@@ -226,13 +235,13 @@ def _is_power_of_two(number: int) -> bool:
 
 
 def canonical_value(key: Key, value: str, version: Version, rocm: bool = False,
-                    given: Mapping[str, str] = {}) -> str:
+                    given: Optional[Mapping[str, str]] = None) -> str:
     """The value as torch should read it, or AllocConfError saying what is accepted.
 
     ``rocm``: the installed torch is a ROCm build, which accepts ``key.rocm_choices`` too;
     ``given``: the setting's other keys, for a bound that follows one of them.
     """
-    where = f"{key.name}={value}"
+    where = f"{key.name}={shown(value)}"
     if key.kind == BOOLEAN:
         if value not in ("True", "False"):
             fix = f" (write {value.capitalize()})" if value.lower() in ("true", "false") else ""
@@ -259,15 +268,16 @@ def canonical_value(key: Key, value: str, version: Version, rocm: bool = False,
         if not _DECIMAL.fullmatch(value):
             raise AllocConfError(f"{where}: takes a decimal number like 0.5, "
                                  f"{_range_text(key, version, given)}")
-        number = float(value)
+        fraction = float(value)
         # torch's stod refuses values that underflow to subnormals: keep clear of them
-        if not _in_range(key, version, number, given) or 0 < number < sys.float_info.min:
+        if not _in_range(key, version, fraction, given) or 0 < fraction < sys.float_info.min:
             raise AllocConfError(f"{where} is out of range: must be {_range_text(key, version, given)}")
-        return repr(number) if number != int(number) else f"{number:.1f}"
-    if not _INTEGER.fullmatch(value):
+        return repr(fraction) if fraction != int(fraction) else f"{fraction:.1f}"
+    number = whole_number(value)
+    if number is None:
         raise AllocConfError(f"{where}: takes a whole number, {_range_text(key, version, given)}")
-    number = int(value)
     if key.kind == POWER_OF_TWO and not _is_power_of_two(number):
+        assert key.maximum is not None  # the schema bounds every power-of-two key
         raise AllocConfError(f"{where}: must be a power of two (1, 2, 4, ... "
                              f"{format_number(key.maximum)})")
     if not _in_range(key, version, number, given):
@@ -275,18 +285,23 @@ def canonical_value(key: Key, value: str, version: Version, rocm: bool = False,
     return str(number)
 
 
-def _list_entries(value: str) -> List[Tuple[str, str]]:
+def _list_entries(value: str) -> Iterator[Tuple[str, str]]:
     """(name, value) pairs of a list value as ``_value`` wrote it: ``[name:value,...]``."""
-    return [tuple(entry.split(":", 1)) for entry in value[1:-1].split(",")]
+    for entry in value[1:-1].split(","):
+        name, entry_value = entry.split(":", 1)
+        yield name, entry_value
 
 
 def _reserve(where: str, value: str) -> str:
     """A fraction of the GPU's memory or a number of GiB; torch 2.15 ignores (with a warning)
     what it cannot read, so refuse it here instead."""
-    number = value[:-1] if value.endswith("G") else value
-    if not _DECIMAL.fullmatch(number) or float(number) <= 0:
-        raise AllocConfError(f"{where}: takes a positive fraction of the GPU's memory like "
-                             f"0.5 (the default reserve is 1.125), or a number of GiB like 40G")
+    gib = value.endswith("G")
+    number = value[:-1] if gib else value
+    limit = _RESERVE_GIB_LIMIT if gib else _RESERVE_FRACTION_LIMIT
+    if not _DECIMAL.fullmatch(number) or not 0 < float(number) < limit:  # float("9" * 400) is inf
+        raise AllocConfError(f"{where}: takes a positive fraction of the GPU's memory like 0.5 "
+                             f"(the default reserve is 1.125; below {limit}), or a number of GiB like "
+                             f"40G (below {_RESERVE_GIB_LIMIT}G)")
     return value
 
 
@@ -298,37 +313,39 @@ def _reserve_table(where: str, value: str) -> str:
     seen = set()
     for name, reserve in _list_entries(value):
         if name in seen:
-            raise AllocConfError(f"{where}: the class {name!r} is given twice")
+            raise AllocConfError(f"{where}: the class {shown(name)!r} is given twice")
         seen.add(name)
-        _reserve(f"{where}: the reserve of {name!r}", reserve)
+        _reserve(f"{where}: the reserve of {shown(name)!r}", reserve)
     return value
 
 
 def _divisions(key: Key, value: str, version: Version) -> str:
-    where = f"{key.name}={value}"
+    where = f"{key.name}={shown(value)}"
     if not value.startswith("["):
-        if not _INTEGER.fullmatch(value) or not _is_power_of_two(int(value)) \
-                or int(value) > INT_LIMIT:
-            raise AllocConfError(f"{where}: takes a power of two (1, 2, 4, 8, ...) or a list "
-                                 f"like [256:1,512:2,>:4]")
-        return str(int(value))
+        number = whole_number(value)
+        if number is None or not _is_power_of_two(number) or number > INT_LIMIT:
+            raise AllocConfError(f"{where}: takes a power of two (1, 2, 4, 8, ... "
+                                 f"{format_number(2 ** 30)}) or a list like [256:1,512:2,>:4]")
+        return str(number)
     if version < (2, 0):
         raise AllocConfError(f"{where}: the list form needs torch >= 2.0 (installed "
                              f"{format_version(version)}); give one power of two instead")
     entries = []
     for interval, divisions in _list_entries(value):
-        if interval != ">" and not (_INTEGER.fullmatch(interval) and _is_power_of_two(int(interval))
-                                    and int(interval) <= _INTERVAL_LIMIT):
-            raise AllocConfError(f"{where}: each interval is a power of two in MB (or '>' "
-                                 f"for all larger sizes), got {interval!r}")
+        size = whole_number(interval)
+        if interval != ">" and not (size is not None and _is_power_of_two(size) and size <= _INTERVAL_LIMIT):
+            raise AllocConfError(f"{where}: each interval is a power of two in MB up to "
+                                 f"{format_number(_INTERVAL_LIMIT)} (or '>' for all larger sizes), "
+                                 f"got {shown(interval)!r}")
         zero_allowed = version >= ZERO_DIVISIONS
-        if not _INTEGER.fullmatch(divisions) or int(divisions) > INT_LIMIT or not (
-                (zero_allowed and int(divisions) == 0) or _is_power_of_two(int(divisions))):
+        count = whole_number(divisions)
+        if count is None or count > INT_LIMIT or not (
+                (zero_allowed and count == 0) or _is_power_of_two(count)):
             accepted = "0 (no rounding) or a power of two" if zero_allowed else \
                 f"a power of two (0 needs torch >= {format_version(ZERO_DIVISIONS)})"
-            raise AllocConfError(f"{where}: the divisions for {interval} must be {accepted}, "
-                                 f"got {divisions!r}")
-        entries.append(f"{int(interval) if interval != '>' else '>'}:{int(divisions)}")
+            raise AllocConfError(f"{where}: the divisions for {shown(interval)} must be {accepted} up "
+                                 f"to {format_number(2 ** 30)}, got {shown(divisions)!r}")
+        entries.append(f"{size if interval != '>' else '>'}:{count}")
     return "[" + ",".join(entries) + "]"
 
 
@@ -396,6 +413,7 @@ def availability_message(key: Key, version: Version) -> str:
     if version < key.added:
         return (f"{key.name} needs torch >= {format_version(key.added)} (added in "
                 f"{format_version(key.added)}); the installed torch is {installed}")
+    assert key.removed is not None  # unavailable, not too old: removed
     return (f"{key.name} was removed in torch {format_version(key.removed)}; the installed "
             f"torch is {installed}")
 
