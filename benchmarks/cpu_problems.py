@@ -118,8 +118,9 @@ def under_limit(name: str, room_mib: int, on_batch: Callable[[int], None] = lamb
     import torch
 
     torch.set_num_threads(1)  # two cores shared by many processes: a second thread only waits
-    # Near the limit oneDNN's convolutions fail with "could not create a primitive", which no
-    # tool here takes for out of memory: the search would stop on it as the user's error.
+    # Near the limit oneDNN's convolutions fail with "could not create a primitive" (the mmap of
+    # a JIT kernel's code buffer refused): colab_gpu takes it for out of memory under a limit,
+    # Lightning and accelerate do not and would stop on it as the user's error.
     torch.backends.mkldnn.enabled = False
     torch.manual_seed(0)
     if name == "mlp":

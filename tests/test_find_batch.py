@@ -73,6 +73,62 @@ def test_other_variants_named_by_the_issue_are_oom(text):
     assert is_out_of_memory(RuntimeError(text))
 
 
+# A oneDNN convolution at a shape not run before, under an address-space limit too tight for
+# the 256 KiB mmap of its JIT code buffer (strace shows Xbyak::MmapAllocator::alloc refused with
+# ENOMEM inside dnnl_primitive_create): the error find_batch met at CNN sizes that had run before
+# a failed trial fragmented the address space.
+ONEDNN_UNDER_LIMIT = """
+import ctypes, resource, sys, torch
+from colab_gpu.oom import classify
+torch.set_num_threads(1)
+libc = ctypes.CDLL(None)
+libc.mallopt(-3, 64 * 1024 * 1024)  # M_MMAP_THRESHOLD: the tensors from the heap
+libc.mallopt(-1, 256 * 1024 * 1024)  # M_TRIM_THRESHOLD: freed heap stays for them
+torch.nn.functional.conv2d(torch.randn(2, 3, 64, 64), torch.randn(8, 3, 3, 3), padding=1)
+y, w = torch.randn(2, 5, 48, 48), torch.randn(16, 5, 3, 3)  # a shape whose kernel is not made yet
+spare = bytearray(32 * 1024 * 1024); del spare
+with open("/proc/self/status") as status:
+    size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (size + int(sys.argv[1]) * 1024, resource.RLIM_INFINITY))
+try:
+    torch.nn.functional.conv2d(y, w, padding=1)
+    print("ran")
+except RuntimeError as error:
+    print(classify(error).name, str(error))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and glibc's mallopt are Linux's")
+def test_onednn_could_not_create_a_primitive_under_an_address_space_limit_is_out_of_memory():
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+
+    def run(room_kib):
+        return subprocess.run([sys.executable, "-c", ONEDNN_UNDER_LIMIT, str(room_kib)], capture_output=True,
+                              text=True, timeout=120, check=False, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.strip()
+
+    assert run(64) == "OUT_OF_MEMORY could not create a primitive"  # 64 KiB: no room for the code buffer
+    assert run(4096) == "ran"  # 4 MiB: the same convolution runs
+
+
+def test_onednn_could_not_create_a_primitive_is_memory_only_under_an_address_space_limit(monkeypatch):
+    """Without a limit the same words come from a CPU without AVX2 or a forked process: no
+    smaller size would run, so the search must stop with the user's error, not halve to 1."""
+    import resource
+
+    recorded = RuntimeError("could not create a primitive")  # torch 2.13's, from the test above
+    descriptor = RuntimeError("could not create a primitive descriptor for a convolution forward "
+                              "propagation primitive")
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert classify(recorded) is classify(descriptor) is ErrorKind.OTHER
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (2 ** 30, resource.RLIM_INFINITY))
+    assert classify(recorded) is ErrorKind.OUT_OF_MEMORY and is_out_of_memory(recorded)
+    assert classify(descriptor) is ErrorKind.OTHER
+
+
 def test_torch_class_and_wrapped_errors():
     import torch
 
