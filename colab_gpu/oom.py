@@ -10,11 +10,12 @@ along ``__cause__`` / ``__context__`` because user code often re-raises with its
 from __future__ import annotations
 
 import enum
+import re
 import sys
 from typing import Iterator, Optional, Union
 
-__all__ = ["OOM_FRAGMENTS", "BROKEN_FRAGMENTS", "OOM_CLASSES", "ErrorKind", "error_chain", "message", "classify",
-           "is_out_of_memory", "describe"]
+__all__ = ["OOM_FRAGMENTS", "BROKEN_FRAGMENTS", "ONEDNN_PRIMITIVE", "OOM_CLASSES", "ErrorKind", "error_chain",
+           "message", "address_space_limited", "classify", "is_out_of_memory", "describe"]
 
 # Lower-case fragments of every known out-of-memory wording (PyTorch CUDA / HIP / XPU / MPS /
 # CPU, the CUDA runtime, cuBLAS, cuDNN; TensorFlow's too, since a message is a message).
@@ -35,6 +36,12 @@ BROKEN_FRAGMENTS = (
     "unspecified launch failure",
     "misaligned address",
 )
+# oneDNN (torch's CPU convolutions) making a primitive whose descriptor it already made, so the
+# CPU supports it: under an address-space limit (ulimit -v) that fails where the mmap of the
+# kernel's JIT code buffer (256 KiB) is refused, so a smaller size runs. Without a limit the same
+# words mean a CPU without the instructions or a forked process, and no size would run: out of
+# memory only where the address space is limited. "... primitive descriptor" is never memory.
+ONEDNN_PRIMITIVE = re.compile(r"could not create a primitive(?! descriptor)")
 # Class names (looked up on torch, torch.cuda, torch.mps, torch.xpu) that mean "out of memory".
 OOM_CLASSES = ("OutOfMemoryError",)
 
@@ -81,6 +88,15 @@ def _oom_classes() -> tuple:
     return tuple(found)
 
 
+def address_space_limited() -> bool:
+    """Whether this process runs under an address-space limit (``ulimit -v``, RLIMIT_AS)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return False
+    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+
+
 def classify(error: Optional[BaseException]) -> Optional[ErrorKind]:
     """What an error means: out of memory, a broken device, or another error (None for no error).
 
@@ -96,7 +112,8 @@ def classify(error: Optional[BaseException]) -> Optional[ErrorKind]:
         if any(fragment in text for fragment in BROKEN_FRAGMENTS):
             return ErrorKind.DEVICE_BROKEN
         if isinstance(link, MemoryError) or (classes and isinstance(link, classes)) \
-                or any(fragment in text for fragment in OOM_FRAGMENTS):
+                or any(fragment in text for fragment in OOM_FRAGMENTS) \
+                or (ONEDNN_PRIMITIVE.search(text) is not None and address_space_limited()):
             kind = ErrorKind.OUT_OF_MEMORY  # unless a later link says the device is broken
     return kind
 
@@ -108,7 +125,8 @@ def is_out_of_memory(error: Union[BaseException, str]) -> bool:
     messages of every variant: CUDA / HIP / XPU / MPS "out of memory", "CUDA error: out of
     memory", CUBLAS_STATUS_ALLOC_FAILED, CUDNN_STATUS_ALLOC_FAILED / NOT_SUPPORTED, cuDNN
     "unable to find an engine" / "valid cuDNN algorithm", and the CPU allocator's
-    "DefaultCPUAllocator: can't allocate memory", and Python's own ``MemoryError`` (NumPy's
+    "DefaultCPUAllocator: can't allocate memory", oneDNN's "could not create a primitive" under
+    an address-space limit (``ulimit -v``), and Python's own ``MemoryError`` (NumPy's
     "Unable to allocate ..."). Errors that break the device (illegal memory access,
     device-side assert) are not out-of-memory errors. A message (a string) may be given
     instead of an error. The message decides, whatever the error's type: your own

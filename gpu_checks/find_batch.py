@@ -8,8 +8,12 @@ out-of-memory errors, recovered from), the same from a cell that catches its own
 says its answer ran with OOMs caught inside it), and %%find_batch --mode throughput in a real IPython shell (the
 answer set, the cell's names and the CUDA generator put back), a trained optimizer's state
 restored without a second host copy of its GPU tensors, and the CUDA generator as
-torch.manual_seed left it where the cell is what starts CUDA.
+torch.manual_seed left it where the cell is what starts CUDA. Two more shapes, a small CNN
+on 64x64 images and a 4-layer transformer encoder at sequence 256 (AMP both): each search
+ends in at most 10 trials and 3 out-of-memory errors on a sentence its trials back ("within
+X %" only with a failure at most X % above the answer), and its answer runs in a fresh process.
     python gpu_checks/find_batch.py
+    python gpu_checks/find_batch.py --fresh cnn 512   # exit 0: 3 steps at 512 ran; 3: out of memory
 """
 from __future__ import annotations
 
@@ -21,6 +25,89 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # this checkout's colab_gpu
 
 T4_BYTES = 15 * 1024 ** 3
+SHAPES = ("cnn", "transformer")  # searched beside the ResNet, each checked in a fresh process
+FRESH_STEPS = 3
+
+
+def build(name: str, device: str):
+    """(model, optimizer, scaler, step) for one of the check's models on ``device``, seeded:
+    ``resnet`` (128x128 images, 1000 classes), ``cnn`` (64x64 images, 10 classes) or
+    ``transformer`` (4 encoder layers, d_model 512, sequence 256). AMP (float16 and a
+    GradScaler) on CUDA; on the CPU the same step in float32, to check it runs anywhere."""
+    import torch
+    from torch import nn
+
+    cuda = device.startswith("cuda")
+
+    def block(channels_in, channels_out):
+        return nn.Sequential(
+            nn.Conv2d(channels_in, channels_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels_out), nn.ReLU(inplace=True),
+            nn.Conv2d(channels_out, channels_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels_out), nn.ReLU(inplace=True), nn.MaxPool2d(2))
+
+    if name == "resnet":
+        model = nn.Sequential(block(3, 64), block(64, 128), block(128, 256), block(256, 512),
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000))
+        shape, classes = (3, 128, 128), 1000
+    elif name == "cnn":
+        model = nn.Sequential(block(3, 32), block(32, 64), block(64, 128), nn.AdaptiveAvgPool2d(1),
+                              nn.Flatten(), nn.Linear(128, 10))
+        shape, classes = (3, 64, 64), 10
+    elif name == "transformer":
+        layer = nn.TransformerEncoderLayer(512, nhead=8, dim_feedforward=2048, batch_first=True)
+        model = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+        shape, classes = (256, 512), None
+    else:
+        raise ValueError(f"no model {name!r}: resnet, cnn or transformer")
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cuda", enabled=cuda)
+
+    def step(batch_size: int) -> None:
+        inputs = torch.randn(batch_size, *shape, device=device)
+        with torch.autocast("cuda", dtype=torch.float16, enabled=cuda):
+            outputs = model(inputs)
+            if classes is None:  # the encoder: a regression on its own output
+                loss = outputs.float().square().mean()
+            else:
+                labels = torch.randint(0, classes, (batch_size,), device=device)
+                loss = nn.functional.cross_entropy(outputs, labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, optimizer, scaler, step
+
+
+def limit_to_a_t4(torch) -> float:
+    """The share of device 0 a T4's 15 GiB is (1 on a smaller GPU), set as this process's limit."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    fraction = min(1.0, T4_BYTES / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    return fraction
+
+
+def run_fresh(name: str, size: int) -> int:
+    """In this (fresh) process, under the same limit: 0 when FRESH_STEPS steps at ``size`` ran,
+    3 when they ran out of memory."""
+    import torch
+
+    from colab_gpu import is_out_of_memory
+
+    limit_to_a_t4(torch)
+    torch.manual_seed(0)
+    step = build(name, "cuda")[3]
+    try:
+        for _ in range(FRESH_STEPS):
+            step(size)
+        torch.cuda.synchronize()
+    except Exception as error:  # noqa: BLE001 (an out-of-memory error is the answer; others are raised)
+        if not is_out_of_memory(error):
+            raise
+        return 3
+    return 0
 
 
 def main() -> int:
@@ -33,34 +120,11 @@ def main() -> int:
 
     began = time.perf_counter()
     total = torch.cuda.get_device_properties(0).total_memory
-    fraction = min(1.0, T4_BYTES / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    fraction = limit_to_a_t4(torch)
     print(f"{torch.cuda.get_device_name(0)}: {total / 1024 ** 3:.1f} GiB, limited to "
           f"{fraction * total / 1024 ** 3:.2f} GiB (a T4)")
     torch.manual_seed(0)
-
-    def block(channels_in, channels_out):
-        return torch.nn.Sequential(
-            torch.nn.Conv2d(channels_in, channels_out, 3, padding=1, bias=False),
-            torch.nn.BatchNorm2d(channels_out), torch.nn.ReLU(inplace=True),
-            torch.nn.Conv2d(channels_out, channels_out, 3, padding=1, bias=False),
-            torch.nn.BatchNorm2d(channels_out), torch.nn.ReLU(inplace=True), torch.nn.MaxPool2d(2))
-
-    model = torch.nn.Sequential(block(3, 64), block(64, 128), block(128, 256), block(256, 512),
-                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                                torch.nn.Linear(512, 1000)).cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cuda")
-
-    def step(batch_size: int) -> None:
-        images = torch.randn(batch_size, 3, 128, 128, device="cuda")
-        labels = torch.randint(0, 1000, (batch_size,), device="cuda")
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = torch.nn.functional.cross_entropy(model(images), labels)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+    model, optimizer, scaler, step = build("resnet", "cuda")
 
     failures = []
 
@@ -148,6 +212,35 @@ def main() -> int:
     check(True, f"50 training steps at batch_size={result.answer}, peak "
                 f"{torch.cuda.max_memory_allocated() / 1024 ** 3:.2f} GiB of {fraction * total / 1024 ** 3:.2f} GiB")
 
+    # Other shapes: every search ends on a sentence its trials back, in few trials, and its
+    # answer runs in a fresh process (which has no ResNet beside it: at least as much room).
+    import subprocess
+
+    from tests.milabench_replay import claim_backed
+
+    for name in SHAPES:
+        shape_model, shape_optimizer, shape_scaler, shape_step = build(name, "cuda")
+        searched = find_batch(shape_step, restore=[shape_model, shape_optimizer, shape_scaler],
+                              multiple_of=8, progress=False)
+        trials = [(trial.size, trial.outcome) for trial in searched.trials]
+        sizes = " ".join(f"{size}{'' if outcome == 'fits' else 'x'}" for size, outcome in trials)
+        check(searched.answer is not None and claim_backed(searched.stopped, searched.answer, trials)
+              and len(trials) <= 10 and searched.out_of_memory_count <= 3,
+              f"{name}: batch_size={searched.answer} in {len(trials)} trials ({sizes}), "
+              f"{searched.out_of_memory_count} out of memory; stopped: {searched.stopped}")
+        del shape_model, shape_optimizer, shape_scaler, shape_step
+        torch.cuda.empty_cache()
+        if searched.answer is None:
+            continue
+        try:
+            ran = subprocess.run([sys.executable, __file__, "--fresh", name, str(searched.answer)],
+                                 capture_output=True, text=True, timeout=90,
+                                 env={**os.environ, "PYTHONPATH": ROOT}).returncode
+        except subprocess.TimeoutExpired:
+            ran = "timed out after 90 s"
+        check(ran == 0, f"{name}: {FRESH_STEPS} steps at batch_size={searched.answer} in a fresh process "
+                        f"({'ran' if ran == 0 else 'out of memory' if ran == 3 else ran})")
+
     # A trained optimizer (AdamW's moments on the GPU, its step counts on the CPU) comes back as
     # it was, and its GPU state is given to load_state_dict without a second host copy.
     import copy
@@ -171,8 +264,6 @@ def main() -> int:
 
     # A cell that starts CUDA itself: in a fresh process, the user's first CUDA draw after the
     # search is the one torch.manual_seed(0) gives without it.
-    import subprocess
-
     starts_cuda = ("import torch; from colab_gpu import find_batch; torch.manual_seed(0); "
                    "find_batch(lambda size: torch.randn(size, device='cuda'), max=64, progress=False); "
                    "seeded = torch.Generator('cuda').manual_seed(0); "
@@ -191,4 +282,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--fresh"]:
+        sys.exit(run_fresh(sys.argv[2], int(sys.argv[3])))
     sys.exit(main())

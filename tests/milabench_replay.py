@@ -9,9 +9,10 @@ PyYAML so the tests need nothing extra.
 from __future__ import annotations
 
 import bisect
+import collections
 import pathlib
 import re
-from typing import Dict, List, Tuple
+from typing import Dict, Iterable, List, Tuple
 
 from colab_gpu.batch.result import FITS, OUT_OF_MEMORY, Trial
 
@@ -107,3 +108,26 @@ def fit_problems(capacities_gib=CAPACITIES_GIB):
         largest = curve.largest_under(capacity)
         if largest >= 20 and all(b >= a for a, b in zip(curve.memory, curve.memory[1:])):
             yield label, curve, capacity, largest
+
+
+def claim_backed(stopped: str, answer, trials: Iterable[Tuple[int, str]]) -> bool:
+    """Whether the sentence a max-mode search ended on is true of its trials (size, outcome):
+    "within X %" and "the largest size that fits" need a failure at most X % (or one size)
+    above the answer, and no sentence may rest on the memory fit's word alone."""
+    if "memory fit says" in stopped:
+        return False
+    failed = [size for size, outcome in trials if outcome != "fits"]
+    claim = re.search(r"within (\d+)%", stopped)
+    if claim is not None:
+        return any(answer < size <= answer * (1 + int(claim.group(1)) / 100) for size in failed)
+    exact = re.search(r"=(\d+) did not fit: (\d+) is the largest (size|multiple of (\d+)) that fits", stopped)
+    if exact is not None:
+        step = int(exact.group(4) or 1)
+        return int(exact.group(2)) == answer and int(exact.group(1)) in failed and int(exact.group(1)) == answer + step
+    return True
+
+
+def distribution(numbers: Iterable[int]) -> str:
+    """"4:82 5:14 ...": how many searches took each number of trials."""
+    counted = collections.Counter(numbers)
+    return " ".join(f"{number}:{counted[number]}" for number in sorted(counted))

@@ -29,7 +29,8 @@ from colab_gpu.batch.state import assigned_names
 from colab_gpu.oom import ErrorKind, classify
 from colab_gpu.state import session
 from conftest import DATA, ROOT
-from milabench_replay import CAPACITIES_GIB, HELD_OUT_GIB, Curve, ReplayDevice, fit_problems, problems
+from milabench_replay import (CAPACITIES_GIB, HELD_OUT_GIB, Curve, ReplayDevice, claim_backed, distribution,
+                              fit_problems, problems)
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -70,6 +71,62 @@ def test_the_recording_covers_every_era():
 ])
 def test_other_variants_named_by_the_issue_are_oom(text):
     assert is_out_of_memory(RuntimeError(text))
+
+
+# A oneDNN convolution at a shape not run before, under an address-space limit too tight for
+# the 256 KiB mmap of its JIT code buffer (strace shows Xbyak::MmapAllocator::alloc refused with
+# ENOMEM inside dnnl_primitive_create): the error find_batch met at CNN sizes that had run before
+# a failed trial fragmented the address space.
+ONEDNN_UNDER_LIMIT = """
+import ctypes, resource, sys, torch
+from colab_gpu.oom import classify
+torch.set_num_threads(1)
+libc = ctypes.CDLL(None)
+libc.mallopt(-3, 64 * 1024 * 1024)  # M_MMAP_THRESHOLD: the tensors from the heap
+libc.mallopt(-1, 256 * 1024 * 1024)  # M_TRIM_THRESHOLD: freed heap stays for them
+torch.nn.functional.conv2d(torch.randn(2, 3, 64, 64), torch.randn(8, 3, 3, 3), padding=1)
+y, w = torch.randn(2, 5, 48, 48), torch.randn(16, 5, 3, 3)  # a shape whose kernel is not made yet
+spare = bytearray(32 * 1024 * 1024); del spare
+with open("/proc/self/status") as status:
+    size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (size + int(sys.argv[1]) * 1024, resource.RLIM_INFINITY))
+try:
+    torch.nn.functional.conv2d(y, w, padding=1)
+    print("ran")
+except RuntimeError as error:
+    print(classify(error).name, str(error))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and glibc's mallopt are Linux's")
+def test_onednn_could_not_create_a_primitive_under_an_address_space_limit_is_out_of_memory():
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+
+    def run(room_kib):
+        return subprocess.run([sys.executable, "-c", ONEDNN_UNDER_LIMIT, str(room_kib)], capture_output=True,
+                              text=True, timeout=120, check=False, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.strip()
+
+    assert run(64) == "OUT_OF_MEMORY could not create a primitive"  # 64 KiB: no room for the code buffer
+    assert run(4096) == "ran"  # 4 MiB: the same convolution runs
+
+
+def test_onednn_could_not_create_a_primitive_is_memory_only_under_an_address_space_limit(monkeypatch):
+    """Without a limit the same words come from a CPU without AVX2 or a forked process: no
+    smaller size would run, so the search must stop with the user's error, not halve to 1."""
+    import resource
+
+    recorded = RuntimeError("could not create a primitive")  # torch 2.13's, from the test above
+    descriptor = RuntimeError("could not create a primitive descriptor for a convolution forward "
+                              "propagation primitive")
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert classify(recorded) is classify(descriptor) is ErrorKind.OTHER
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (2 ** 30, resource.RLIM_INFINITY))
+    assert classify(recorded) is ErrorKind.OUT_OF_MEMORY and is_out_of_memory(recorded)
+    assert classify(descriptor) is ErrorKind.OTHER
 
 
 def test_torch_class_and_wrapped_errors():
@@ -541,54 +598,61 @@ def test_a_headroom_number_without_a_unit_below_a_mebibyte_is_refused_not_taken_
 
 # --- the memory fit on milabench's real curves ---------------------------------------------
 def search_every_real_curve(start_of=lambda largest: None, capacities_gib=CAPACITIES_GIB):
-    """Search every fit problem; each answer must have run and fitted.
-    (trials, out-of-memory errors, answer / true largest) per curve."""
+    """Search every fit problem; each answer must have run and fitted, and the sentence each
+    search ended on must be backed by its trials. (trials, out-of-memory errors, answer / true
+    largest) per curve."""
     outcomes = []
     for label, curve, capacity, largest in fit_problems(capacities_gib):
         device = ReplayDevice(curve, capacity)
         result = Search(device, start=start_of(largest)).run()
         assert result.answer in device.sizes_run and curve(result.answer) <= capacity, label
+        assert claim_backed(result.stopped, result.answer, [(t.size, t.outcome) for t in result.trials]), \
+            (label, result.stopped)
         outcomes.append((len(result.trials), result.out_of_memory_count, result.answer / largest))
     return outcomes
 
 
 def test_memory_fit_on_real_milabench_curves():
-    """132 of the 144 curves end within 4 trials; every answer ran, within capacity, >= 95 % of the truth.
-
-    The other 12 take 5-9: a sharp knee far below the two-point fit (recursiongfn: 16 GiB
-    reached at 144 where the fit says ~490; its two recorded runs at 144 peaked at 12.8 and
-    16.0 GiB), pna's strong bend over a 100x range (on the L40S, 2048 comes from another run
-    configuration and sits 2.4 GiB above the line through its neighbours), and small answers
-    (26-87) on bending curves, where 5 % is one to four samples.
+    """Every answer ran, within capacity, >= 95 % of the truth, and proven: a size at most 5 %
+    above it failed. The median search takes 4 trials: 2 and 16 measured, the fit's prediction,
+    and the size 5 % to the other side of it. Issue #6's "at most 4 trials on every curve" is
+    retired: the proof needs a trial on each side of the top (the old search ended 132 of 144
+    within 4 trials by taking the fit's word for the second), and some curves jump where no fit
+    from small sizes can see it (recursiongfn: 16 GiB reached at 144 where the fit from 2 and
+    16 says ~490: 10 trials). The distribution is printed (-s), and recorded in the README.
     """
     trials, out_of_memory, ratios = zip(*search_every_real_curve())
+    print(f"\nmilabench, {len(trials)} problems: trials {distribution(trials)}; "
+          f"{statistics.mean(out_of_memory):.2f} out-of-memory errors a search")
     assert len(trials) == 144 and min(ratios) >= 0.95
-    assert sum(t <= 4 for t in trials) >= 132 and sorted(trials)[len(trials) // 2] <= 4
-    assert max(trials) <= 9 and sum(out_of_memory) <= 19
+    assert statistics.median(trials) <= 4 and max(trials) <= 12
+    assert statistics.mean(out_of_memory) < 2  # the one that proves, and about as often one more
 
 
 def test_memory_fit_holds_at_capacities_it_was_not_tuned_on():
-    """Every 2 GiB from 12 to 80 but 16/24/40/80 (1129 problems): 1019 within 4 trials, 14 answers under 95 %
-    of the truth (the worst 80 %). Each stopped on a local fit just before its curve turns flatter;
-    for 5 of them the flat part is a last reading capped by the recording card's own memory
-    (H100 80 GB, L40S 48 GB), not the model's."""
+    """Every 2 GiB from 12 to 80 but 16/24/40/80 (1129 problems): every answer >= 95 % of the
+    truth and proven (the old search stopped on a local fit under 95 % on 14 of them, the worst
+    at 80 %), with a median of 4 trials."""
     trials, out_of_memory, ratios = zip(*search_every_real_curve(capacities_gib=HELD_OUT_GIB))
-    assert len(trials) == 1129 and sorted(trials)[len(trials) // 2] <= 4
-    assert max(trials) <= 9 and sum(out_of_memory) <= 0.17 * len(trials)
-    assert sum(t <= 4 for t in trials) >= 0.9 * len(trials)
-    assert sum(ratio >= 0.95 for ratio in ratios) >= 0.985 * len(trials)
-    assert min(ratios) >= 0.8
+    print(f"\nmilabench held out, {len(trials)} problems: trials {distribution(trials)}; "
+          f"{statistics.mean(out_of_memory):.2f} out-of-memory errors a search")
+    assert len(trials) == 1129 and min(ratios) >= 0.95
+    assert statistics.median(trials) <= 4 and max(trials) <= 12
+    assert statistics.mean(out_of_memory) < 2
 
 
 def test_starting_above_what_fits_measures_below_instead_of_bisecting_blind():
     """--start 3x the answer: two halvings fail, the first success is measured against a size
-    4x smaller, and the fit places the rest. Bisecting blind from the first success took a
-    median of 6 trials and 3.0 out-of-memory errors here, and fell short of 95 % on 5 curves
+    4x smaller, the fit places the next, and a failure at most 5 % above the answer proves it:
+    6 trials on 118 of 144 curves (5 before proofs were required, the fit's word taken for the
+    last step). Bisecting blind from the first success took a median of 6 trials and 3.0
+    out-of-memory errors here without proving anything, and fell short of 95 % on 5 curves
     (and 8 trials, 7 of them out of memory, from 4x on a real H200)."""
     trials, out_of_memory, ratios = zip(*search_every_real_curve(start_of=lambda largest: 3 * largest))
+    print(f"\nmilabench from 3x, {len(trials)} problems: trials {distribution(trials)}")
     assert min(ratios) >= 0.95
-    assert sorted(trials)[len(trials) // 2] <= 5 and sum(t <= 5 for t in trials) >= 125
-    assert sum(out_of_memory) <= 2.1 * len(out_of_memory)
+    assert statistics.median(trials) <= 6 and sum(t <= 6 for t in trials) >= 110
+    assert sum(out_of_memory) <= 3.2 * len(out_of_memory)  # two halvings and the proof, mostly
 
 
 # --- real allocator failures on the CPU ----------------------------------------------------
@@ -1702,7 +1766,7 @@ def test_result_views():
     assert repr(result).startswith("<BatchResult bs = ")
     text = pretty(result)
     assert text.splitlines()[1].split() == ["size", "outcome", "peak", "memory", "time/step", "samples/s"]
-    assert "out of memory" in text and "largest that ran: 296" in text
+    assert "out of memory" in text and "largest that ran: 294" in text
     assert str(result) == text  # print() in a script shows the table, not the repr
     assert "<table>" in result._repr_html_() and "cgpu-answer" in result._repr_html_()
 

@@ -27,6 +27,9 @@ class Trial:
     size: int
     outcome: str
     peak_memory: Optional[int] = None  # bytes, on the device's own scale (see capacity)
+    # Bytes in use before the trial ran, same scale: an out-of-memory error can leave memory
+    # behind (address space on the CPU, reserved memory on CUDA), which raises it for later trials.
+    baseline: Optional[int] = None
     capacity: Optional[int] = None  # bytes the device can give at most, same scale as peak_memory
     # Going past ``capacity`` gets the process killed (Linux's OOM killer, the CPU without an
     # address-space limit) instead of raising an out-of-memory error the search can survive.

@@ -1,20 +1,36 @@
 """The search itself, pure: it only sees ``run(size) -> Trial``, so any oracle can test it.
 
-Max mode. When peak memory and capacity are measured, fit memory against batch size from
-two small successes and jump most of the way to the predicted largest size (curves bend
-upwards, so a long extrapolation overshoots), then refit from the two largest successes and
-aim just under the new, short-range prediction so that one verifying run lands within
-TOLERANCE (5 %) of it. A fit is refused while memory has not grown measurably; when it stays
-flat over a FLAT_RANGE (512x) range (a cell that ignores the variable) the search falls back
-for good to doubling, as it does where memory cannot be measured. A failed prediction steps
-just under the failure, then bisects between the largest success and the smallest failure;
-a fit that still predicts a size at or above a failure is wrong up there and is not followed.
-A --start above what fits halves to a first success, then measures a size BELOW times
-smaller, so that the fit, not blind bisection, places the rest. Throughput mode doubles from
-the start and stops when two doublings in a row gain less than 5 % samples/s over the best,
-which is then the answer (not a larger size a noise's width faster, for more memory);
-a size that fails is not the end: it bisects between the largest success and the failure
-until within TOLERANCE of it, under the same rule.
+Max mode. Every sentence the result ends on is backed by trials: the answer ran, and it is
+"within X % of the largest size that fits" only once a size at most X % above it failed
+(TOLERANCE, 5 %, is where the search stops); otherwise the result says what is known (the
+largest that ran, the next size not tried) and the search goes on while its budget of
+MAX_TRIALS allows.
+
+When peak memory and capacity are measured, memory is fitted against batch size through two
+measured successes whose peaks differ by FIT_NOISES noise floors at least (a slope through
+two sizes a few samples apart is noise), and only on successes that share a baseline: after a
+failure that left memory behind (address space on the CPU, reserved or fragmented memory on
+CUDA), the memory in use before the next trial has moved, and the peaks before it are on
+another footing. Where a failure costs no more than a trial (CUDA), the next size is the
+fit's prediction itself: with a trial on the other side of it, TOLERANCE away, that proves
+the answer wherever the prediction was within TOLERANCE. Where a failure lowers what fits
+afterwards (the CPU, or once a failure has been seen to move the baseline), the top is
+approached from below (a long jump AIM of the way, a short one NEAR the prediction) so that
+the first failure is the one that proves, and after a failure the next sizes retry the
+answer's neighbourhood, just above it, rather than bisecting down. While memory has grown too
+little for a fit, sizes grow by SECOND at most and never past what the room holds at the
+steepest slope that growth allows; when it stays flat over a FLAT_RANGE (512x) range (a cell
+that ignores the variable) the search falls back for good to doubling, as it does where
+memory cannot be measured. A fit that still predicts a size at or above a failure is wrong
+up there and is not followed: the search bisects. A --start above what fits halves to a
+first success, then measures a size BELOW times smaller, so that the fit, not blind
+bisection, places the rest. Where going past memory gets the process killed, no size the fit
+puts over the usable memory is run: the result says so instead of proving by a failure.
+
+Throughput mode doubles from the start and stops when two doublings in a row gain less than
+5 % samples/s over the best, which is then the answer (not a larger size a noise's width
+faster, for more memory); a size that fails is not the end: it bisects between the largest
+success and the failure until within TOLERANCE of it, under the same rule.
 
 The answer is always a size that ran and fitted: never an interpolated one.
 """
@@ -36,16 +52,17 @@ from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTER
 MODES = ("max", "throughput")
 DEFAULT_START = 2  # not 1: batch norm refuses a batch of one in training mode
 DEFAULT_MAX = 65536
-AIM = 0.8  # a long jump goes 80 % of the way to the predicted largest size: curves bend upwards
-NEAR = 0.98  # a short-range prediction is verified 2 % under it
+AIM = 0.8  # where failures cost more than a trial, a long jump goes 80 % of the way: curves bend upwards
+NEAR = 0.98  # ... and a short-range one lands 2 % under the prediction
 SHORT_RANGE = 0.5  # a prediction this far (in fit spans) beyond the largest success is short-range
-UNDER_FAILURE = 0.9  # after the first failure of a fitted jump, try this share of it
 LONGEST_JUMP = 64  # extrapolate at most this far from the largest success in one trial
 FLAT_RANGE = 512  # memory flat (< FLAT_BYTES) over this size ratio: the cell ignores the variable
 FLAT_BYTES = 256 * 1024  # 256 bytes a sample over that range: less than any real input row
 SECOND = 8  # the second size, far enough from the first for memory to grow measurably
 BELOW = 4  # from above: the size measured under the first success (near enough for a local fit)
-TOLERANCE = 0.05  # max mode stops once the answer is proven within 5 % of the largest size that fits
+TOLERANCE = 0.05  # max mode stops once a failure at most 5 % above the answer proves it
+FIT_NOISES = 4  # a fit's two sizes peak this many noise floors apart: the slope is off by half at most
+MAX_TRIALS = 24  # max mode's budget: enough to double from 2 to 65536 and bisect to 5 %
 THROUGHPUT_GAIN = 1.05  # a doubling must pay at least 5 % samples/s to go on
 THROUGHPUT_PATIENCE = 2  # doublings in a row that do not pay before stopping: one slow trial is noise
 SMALLEST_BARE_HEADROOM = 1024 ** 2  # a unit-less headroom below 1 MiB is a unit left out
@@ -134,35 +151,22 @@ def noise_floor(capacity: int) -> int:
     return max(8 * 1024 ** 2, capacity // 200)
 
 
-def aim_after_success(lo: int, predicted: int, fit_span: int) -> float:
+def aim_after_success(lo: int, predicted: int, fit_span: int, cautious: bool) -> float:
     """Where to go from the largest success ``lo`` when the fit predicts ``predicted``.
 
-    A long extrapolation (from two small sizes) goes AIM of the way. A short one (within
-    SHORT_RANGE fit spans of ``lo``) goes NEAR the prediction, so one run verifies it. When
-    ``lo`` is already within (1 - TOLERANCE)^2 of the prediction, probe ``lo / (1 - TOLERANCE)``:
-    a failure there proves ``lo`` within TOLERANCE, and a success is most likely within
-    TOLERANCE of the refitted prediction.
+    Where a failure costs no more than a trial, at the prediction itself: with a trial on the
+    other side of it, TOLERANCE away, the answer is proven wherever the prediction was within
+    TOLERANCE. Where a failure lowers what fits afterwards (``cautious``), from below: a long
+    extrapolation goes AIM of the way (curves bend upwards), a short one (within SHORT_RANGE
+    fit spans of ``lo``) NEAR the prediction, so that the first failure is the one that proves.
     """
-    if lo >= (1 - TOLERANCE) ** 2 * predicted:
-        return min(lo / (1 - TOLERANCE), predicted)
+    short = predicted - lo <= SHORT_RANGE * fit_span
+    if not cautious:
+        return predicted
     candidate = lo + AIM * (predicted - lo)
-    if predicted - lo <= SHORT_RANGE * fit_span:
+    if short:
         candidate = max(candidate, NEAR * predicted)
     return candidate
-
-
-def step_after_failure(lo: int, hi: int, fitted: bool, first_failure: bool) -> float:
-    """The next size between the largest success ``lo`` and the smallest failure ``hi``.
-
-    The first failure of a fitted jump means the curve bent upwards a little more than the
-    fit: try just under it (rounded up, so a near miss is still caught). Later failures, or
-    no fit, bisect (geometrically over wide ranges).
-    """
-    if not fitted:
-        return _middle(lo, hi)
-    if first_failure:
-        return max((lo + hi) / 2, math.ceil(UNDER_FAILURE * hi))
-    return (lo + hi) / 2
 
 
 def _line_through(small: Trial, large: Trial) -> MemoryFit:
@@ -246,6 +250,10 @@ class Search:
         self.refused = False  # memory stayed flat: no fit from now on
         self._plateau: Optional[Trial] = None  # throughput mode: the size larger ones did not pay over
         self._fit_stopped = False  # throughput mode ended at the memory fit's top
+        self._probes = 0  # max mode: probes above the largest success that fitted, in a row
+        self._probing = False  # max mode: the size chosen next is such a probe
+        self._predicted: Optional[int] = None  # max mode: the fit's largest size when the next was chosen
+        self._jumped = False  # max mode: the last size was the memory fit's prediction (or under it)
 
     # --- bookkeeping -------------------------------------------------------------------
     def _align(self, size: float) -> int:
@@ -264,8 +272,10 @@ class Search:
         return sorted((t for t in self.trials if t.fits), key=lambda t: t.size)
 
     def _measured(self) -> List[Trial]:
-        """The successes whose peak memory was measured, smallest first: what a fit uses."""
-        return [t for t in self._successes() if t.peak_memory is not None]
+        """The successes a fit may use, smallest first: measured, and since the last failure
+        that moved the baseline (their peaks share one)."""
+        epoch = self.trials[self._epoch_start():]
+        return sorted((t for t in epoch if t.fits and t.peak_memory is not None), key=lambda t: t.size)
 
     @property
     def lo(self) -> Optional[int]:
@@ -274,7 +284,10 @@ class Search:
 
     @property
     def hi(self) -> Optional[int]:
-        failed = [t.size for t in self.trials if t.outcome in (OUT_OF_MEMORY, OVER_HEADROOM)]
+        """The smallest size above the answer that failed (below it, a failure says that the
+        process lost memory since, not where the top is)."""
+        lo = self.lo or 0
+        failed = [t.size for t in self._failures() if t.size > lo]
         return min(failed) if failed else None
 
     @property
@@ -317,31 +330,23 @@ class Search:
         """Ctrl-C's stop: "the best size so far is the answer" only when one has fitted."""
         return INTERRUPTED_NOTE if self.lo is not None else INTERRUPTED_EARLY
 
-    def fit(self, reach_back: bool = False) -> Optional[MemoryFit]:
-        """Memory against size from the two largest measured successes, or None.
-
-        ``reach_back`` (throughput mode): where those two grew less than the noise (sizes a
-        sample apart: a jump to the fit's prediction, then its refit), from the largest and
-        the largest one below it that used measurably less, which is no reason to double
-        past them.
-        """
+    def fit(self) -> Optional[MemoryFit]:
+        """Memory against size through the largest measured success and the largest one below it
+        far enough away that the growth between them is FIT_NOISES noise floors, or None: two
+        sizes a few samples apart grow by the noise, and a slope through them is noise too."""
         measured = self._measured()
         if self.refused or len(measured) < 2 or self.capacity is None:
             return None
-        small, large = measured[-2], measured[-1]
-        if _peak(large) - _peak(small) >= noise_floor(self.capacity):
-            return _line_through(small, large)
+        large, noise = measured[-1], noise_floor(self.capacity)
+        for small in reversed(measured[:-1]):
+            if _peak(large) - _peak(small) >= FIT_NOISES * noise:
+                return _line_through(small, large)
         flat = _peak(large) - _peak(measured[0]) < FLAT_BYTES
         if flat and large.size >= FLAT_RANGE * measured[0].size:
             self.refused = True
             self.notes.append(
                 f"peak memory did not grow from {self.variable}={measured[0].size} to "
                 f"{large.size}: no memory fit (does the cell use {self.variable}?); doubling instead")
-            return None
-        if reach_back:
-            for small in reversed(measured[:-2]):
-                if _peak(large) - _peak(small) >= noise_floor(self.capacity):
-                    return _line_through(small, large)
         return None
 
     # --- the two modes -----------------------------------------------------------------
@@ -371,50 +376,145 @@ class Search:
     def _close(self, lo: int, upper: int) -> bool:
         return upper - lo <= self.step or lo >= (1 - TOLERANCE) * upper
 
-    def _next_size(self, failed_last: bool) -> Optional[int]:
-        """The next size to run in max mode, or None when the answer is close enough."""
-        lo, hi = self.lo, self.hi
+    def _proven(self, lo: int, hi: int) -> bool:
+        """Whether a failure at ``hi`` proves ``lo`` within TOLERANCE of the largest size that
+        fits: ``hi`` at most TOLERANCE above ``lo``, or the next size."""
+        return hi - lo <= self.step or hi <= lo * (1 + TOLERANCE)
+
+    def _proof(self, lo: int, hi: int) -> str:
+        if hi - lo <= self.step:
+            largest = "size" if self.step == 1 else f"multiple of {self.step}"
+            return f"{self.variable}={hi} did not fit: {lo} is the largest {largest} that fits"
+        return (f"{self.variable}={hi} did not fit: {lo} is within "
+                f"{math.ceil(100 * (hi - lo) / lo)}% of the largest size that fits")
+
+    def _failures(self) -> List[Trial]:
+        return [trial for trial in self.trials if trial.outcome in (OUT_OF_MEMORY, OVER_HEADROOM)]
+
+    def _lowered(self) -> bool:
+        """Whether a failure may have lowered what fits in this process: the baseline measured
+        after it moved, or it cannot be measured and a second failure followed the first."""
+        return self._epoch_start() > 0 or (self.capacity is None and len(self._failures()) > 1)
+
+    def _epoch_start(self) -> int:
+        """The first trial whose peak can be fitted with the latest ones: the one after the last
+        failure whose aftermath moved the baseline by more than the noise (on the CPU a failed
+        trial can leave address space behind; on CUDA, reserved and fragmented memory)."""
+        start = 0
+        noise = noise_floor(self.capacity) if self.capacity else 0
+        for index, trial in enumerate(self.trials):
+            if trial.fits or trial.baseline is None:
+                continue
+            after = next((later.baseline for later in self.trials[index + 1:] if later.baseline is not None), None)
+            if after is not None and abs(after - trial.baseline) > noise:
+                start = index + 1
+        return start
+
+    def _cautious(self) -> bool:
+        """Whether a failure costs more than a trial: on the CPU a failed allocation leaves
+        address space behind (or, without a limit, gets the process killed); anywhere, once a
+        failure has been seen to lower what fits."""
+        return self.device == "cpu" or any(t.capacity_kills for t in self.trials) or self._lowered()
+
+    def _within_growth(self) -> float:
+        """The largest size the room left holds at the steepest slope the measured sizes allow:
+        they grew too little for a fit, yet that growth and a noise floor bound the slope. With
+        one size measured, its growth over the memory in use before it bounds the slope too
+        (the step's fixed cost makes it steeper, never flatter)."""
+        measured = self._measured()
+        if not measured or self.capacity is None:
+            return math.inf
+        large = measured[-1]
+        if len(measured) >= 2:
+            small_size, small_peak = measured[0].size, _peak(measured[0])
+        elif large.baseline is not None:
+            small_size, small_peak = 0, large.baseline
+        else:
+            return math.inf
+        steepest = (_peak(large) - small_peak + noise_floor(self.capacity)) / (large.size - small_size)
+        return large.size + ((self.usable or 0) - _peak(large)) / steepest
+
+    def _probe_above(self, lo: int, hi: Optional[int]) -> float:
+        """Just above ``lo``: a failure there proves ``lo`` within TOLERANCE. Each such probe in
+        a row that fitted doubles the step, so a fit that was too low costs few trials, up to
+        halfway to a failure above."""
+        self._probing = True
+        probe = lo * (1 + TOLERANCE * 2 ** self._probes)
+        return probe if hi is None else min(probe, max((lo + hi) / 2, lo * (1 + TOLERANCE)))
+
+    def _next_size(self) -> Optional[int]:
+        """The next size to run in max mode, or None once the trials prove the answer (or
+        reach --max, or the budget of trials is spent); ``stopped`` then says which."""
+        lo, hi, top = self.lo, self.hi, self._align(self.maximum)
         assert lo is not None  # called after the first success
-        fit = self.fit()
-        usable = self.usable
+        if hi is not None and self._proven(lo, hi):
+            self.stopped = self._proof(lo, hi)
+            return None
+        if lo >= top:
+            self.stopped = f"reached {option('max', self.maximum)}"
+            return None
+        ceiling = min(top, hi - self.step) if hi is not None else top
+        self._probing = False
+        candidate = self._candidate(lo, hi)
+        size = self._align(min(max(candidate, lo + self.step), ceiling))
+        if len(self.trials) >= MAX_TRIALS:
+            known = f"{hi} did not fit" if hi is not None else f"{size} was not tried"
+            self.stopped = (f"the budget of {MAX_TRIALS} trials is spent before the answer was proven: "
+                            f"{self.variable}={lo} ran, {known}")
+            return None
+        fit, usable = self.fit(), self.usable
+        if self.trials[-1].capacity_kills and fit is not None and usable is not None \
+                and fit.memory_at(size) > usable:
+            # no proof by failure where a failure ends the process: the fit's word, said as such
+            self.stopped = (f"{self.variable}={size} was not tried: the memory fit puts its peak over "
+                            f"the {words.size(usable)} usable, and going past memory here gets "
+                            f"the process killed")
+            return None
+        return size
+
+    def _candidate(self, lo: int, hi: Optional[int]) -> float:
+        fit, usable = self.fit(), self.usable
         predicted = fit.largest_under(usable) if fit is not None and usable is not None else None
         if predicted is not None and hi is not None and predicted >= hi:
             predicted = None  # a failure proved the fit wrong up there: bisect, not retry under it
-        upper = min(x for x in (hi, predicted, self.maximum + 1) if x is not None)
-        if hi is None and predicted is not None and predicted <= lo:
-            self.stopped = f"the memory fit says {self.variable}={lo} is as large as fits"
-            return None
-        if self._close(lo, upper):
-            self.stopped = (f"within {TOLERANCE:.0%} of the largest size that fits"
-                            if upper <= self.maximum else f"reached {option('max', self.maximum)}")
-            return None
-        if failed_last and hi is not None:
-            first_failure = sum(t.outcome in (OUT_OF_MEMORY, OVER_HEADROOM) for t in self.trials) == 1
-            candidate = step_after_failure(lo, hi, fit is not None, first_failure)
-        elif predicted is not None and fit is not None:
-            candidate = aim_after_success(lo, predicted, lo - fit.sizes[0])
+        self._predicted = predicted
+        if hi is not None:
+            if self._under(hi) <= max(lo * (1 + TOLERANCE), lo + self.step):  # a success or a failure there proves
+                return self._under(hi)
+            if self._cautious() and hi <= 2 * lo:
+                # what fails now may have fitted before a failure: a retry of the answer's neighbourhood
+                return self._probe_above(lo, hi)
+        if predicted is not None and fit is not None:
+            if predicted <= lo * (1 + TOLERANCE):  # the fit puts the top at lo: a failure just above proves it
+                return self._probe_above(lo, hi)
+            candidate = aim_after_success(lo, predicted, lo - fit.sizes[0], self._cautious())
+            if candidate <= lo * (1 + TOLERANCE):  # as good as a probe, and probes in a row step up faster
+                return self._probe_above(lo, hi)
             if hi is None and candidate > LONGEST_JUMP * lo:
                 candidate = math.sqrt(lo * candidate)  # refine the fit halfway (geometrically)
-        elif hi is not None:
-            candidate = _middle(lo, hi)
-        else:
+            return candidate
+        if hi is None:
             measurable = self.capacity is not None and not self.refused
-            candidate = lo * (SECOND if measurable else 2)
-        ceiling = min(self.maximum, hi - 1) if hi is not None else self.maximum
-        candidate = self._align(min(max(candidate, lo + self.step), ceiling))
-        if candidate <= lo:
-            self.stopped = f"within {TOLERANCE:.0%} of the largest size that fits"
-            return None
-        return candidate
+            return min(lo * SECOND, self._within_growth()) if measurable else 2 * lo
+        if self._jumped and self.trials[-1].size == hi and not self._cautious():
+            return self._under(hi)  # a jump to the prediction overshot a little: a success there proves
+        return (lo + hi) / 2
+
+    def _under(self, hi: int) -> int:
+        """The smallest size whose success proves it within TOLERANCE of the failure at ``hi``."""
+        return math.ceil(hi / (1 + TOLERANCE) / self.step) * self.step
 
     def _largest(self) -> None:
         self._measure_below()
-        failed_last = False
         while True:
-            size = self._next_size(failed_last)
+            size = self._next_size()
             if size is None:
                 return
-            failed_last = not self.attempt(size).fits
+            probing, predicted = self._probing, self._predicted
+            self._jumped = predicted is not None and not probing  # to the fit's prediction
+            fitted = self.attempt(size).fits
+            # probes that fit, one after the other, show the fit's top (or the failure) too low
+            self._probes = self._probes + 1 if probing and fitted else 0
 
     def _measure_below(self) -> None:
         """Started above what fits: the first success is the only measured size, and bisecting
@@ -434,7 +534,7 @@ class Search:
         best = self._successes()[-1]
         unpaid: List[Tuple[int, int]] = []  # (lo, size) of the sizes up that did not pay
         while True:
-            lo, hi, fit = self.lo, self.hi, self.fit(reach_back=True)
+            lo, hi, fit = self.lo, self.hi, self.fit()
             assert lo is not None  # called after the first success
             if hi is not None and self._close(lo, hi):
                 self.stopped = f"{self.variable}={hi} did not fit" + (
@@ -476,7 +576,7 @@ class Search:
         if self.trials and self.trials[-1].outcome == ERROR:
             answer = None  # the user's error is raised and nothing set: no "batch_size = 2" headline
         # the fit the search went by: a report that says "the memory fit says" shows that fit
-        fit = self.fit(reach_back=self.mode == "throughput")
+        fit = self.fit()
         return BatchResult(
             variable=self.variable, mode=self.mode, device=self.device, trials=tuple(self.trials),
             answer=answer, largest_fitting=largest, fastest=fastest, capacity=self.capacity,

@@ -9,6 +9,7 @@ torch's allocator on CUDA; on Linux CPUs, the process's peak resident memory (re
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import os
 import signal
@@ -47,6 +48,10 @@ class CudaGauge:
 
     def reset(self) -> None:
         self.torch.cuda.reset_peak_memory_stats(self.index)
+        self.before = self.torch.cuda.memory_allocated(self.index)
+
+    def baseline(self) -> int:
+        return self.before
 
     def peak(self) -> int:
         return self.torch.cuda.max_memory_allocated(self.index)
@@ -90,6 +95,10 @@ class CpuGauge:
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # resets VmHWM, the peak resident set
         self.before = process_status()
+
+    def baseline(self) -> int:
+        """In use before the trial: address space under a limit, else resident memory."""
+        return self.before["VmRSS" if self.limit == self.unlimited else "VmSize"]
 
     def peak(self) -> int:
         now = process_status()
@@ -143,10 +152,25 @@ def _cuda_ooms(index: Optional[int]) -> int:
     return sys.modules["torch"].cuda.memory_stats(index).get("num_ooms", 0)
 
 
+def trim_heap() -> None:
+    """Hand glibc's free heap memory back to the system (Linux): kept, it stays resident and
+    fragments the address space, so that what fits after a few trials, and after a failed one
+    most, is far less than in a fresh process (a CNN under ulimit -v: 175 failed after 157
+    ran; trimmed, 232 ran). Elsewhere (musl, macOS) there is nothing to call."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
 def release_memory(device: str) -> None:
-    """Collect the garbage, give cached blocks and cuBLAS's workspaces back, reset the peak
-    (CUDA only if started): memory returns to where it was before the trial."""
+    """Collect the garbage, give the heap's free memory, cached blocks and cuBLAS's workspaces
+    back, reset the peak (CUDA only if started): memory returns to where it was before the trial."""
     gc.collect()
+    trim_heap()
     index = _cuda_index(device)
     if index is not None:
         torch = sys.modules["torch"]
@@ -311,6 +335,7 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     span = timing_range(timings)
     if error is None:
         return Trial(size, FITS, peak_memory=gauge.peak() if gauge else None,
+                     baseline=gauge.baseline() if gauge else None,
                      capacity=gauge.capacity() if gauge else None,
                      capacity_kills=bool(gauge and gauge.capacity_kills),
                      seconds_per_step=statistics.median(timings), runs=runs,
@@ -318,6 +343,7 @@ def run_trial(step: Callable[[int], object], size: int, steps: int = 3, device: 
     interrupted = isinstance(error, KeyboardInterrupt)
     kind = None if interrupted else classify(error)
     trial = Trial(size, INTERRUPTED if kind is None else kind.value, runs=runs,
+                  baseline=gauge.baseline() if gauge else None,
                   capacity=gauge.capacity() if gauge and kind is ErrorKind.OUT_OF_MEMORY else None,
                   capacity_kills=bool(gauge and gauge.capacity_kills), error=describe(error))
     if not stops_the_search(error):
