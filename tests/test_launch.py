@@ -76,6 +76,24 @@ def test_an_all_reduce_gives_the_sum_on_every_rank():
     assert not dist.is_initialized()  # the group was the ranks', not this process's
 
 
+def a_matmul_and_the_threads_it_ran_on():
+    square = torch.randn(512, 512)
+    return float((square @ square).sum()) == float((square @ square).sum()), torch.get_num_threads()
+
+
+def test_a_rank_runs_cpu_ops_after_the_notebook_used_its_thread_pool():
+    """A notebook that trained on the CPU before launching (its OpenMP pool started): a forked
+    rank's first parallel op waited forever for the pool's threads, which a fork does not copy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a_matmul_and_the_threads_it_ran_on()  # the notebook's own CPU work, on two threads
+        assert colab_gpu.launch(a_matmul_and_the_threads_it_ran_on, nprocs=2, backend="gloo",
+                                timeout=LIMIT) == [(True, 1), (True, 1)]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_arguments_and_keywords_reach_every_rank_and_values_come_back_in_rank_order():
     def scaled(base, factor=1):
         return {"rank": dist.get_rank(), "value": base * factor + dist.get_rank(), "weights": torch.nn.Linear(2, 1)}

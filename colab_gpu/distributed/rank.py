@@ -88,6 +88,12 @@ def _become(rank: Rank, close: list) -> None:
     # address it cannot listen on (accelerate pins it too): every rank is on this machine.
     if rank.backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and _has_interface("lo"):
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # The parent's OpenMP thread pool, once a CPU op used it, was copied without its threads:
+        # the rank's first parallel op would wait for them forever. One thread a rank, as torchrun
+        # sets for several processes.
+        torch.set_num_threads(1)
 
 
 def _has_interface(name: str) -> bool:
