@@ -243,3 +243,22 @@ def test_the_gpu_checks_models_build_and_train_a_step_on_the_cpu():
         assert any(not parameter.equal(old) for parameter, old in zip(model.parameters(), before)), name
     with pytest.raises(ValueError, match="no model 'vit'"):
         check.build("vit", "cpu")
+
+
+def test_heap_handed_back_after_the_first_trial_is_not_fitted_as_memory_that_shrank():
+    """A rank forked from a notebook that had trained: its first trial ran on the parent's heap
+    (340 MiB more), handed back by the clean-up after it. Fitted with the later trials, peak
+    memory fell with size, and the search crept up one size a trial until its budget ran out
+    (38 of 64, 24 trials, seen in the ranks' find_batch test); fitted on one baseline, it goes
+    on doubling to --max."""
+    capacity, state = 20 * GiB, {"base": 630 * MiB}
+
+    def run(size):
+        before = state["base"]
+        state["base"] = 290 * MiB  # what the first trial's clean-up leaves
+        return Trial(size, FITS, peak_memory=before + 2048 * size, baseline=before, capacity=capacity,
+                     seconds_per_step=0.01, runs=3)
+
+    result = Search(run, maximum=64, device="cpu").run()
+    assert result.answer == 64 and result.stopped == "reached max=64"
+    assert len(result.trials) <= 4, pairs(result)

@@ -272,9 +272,9 @@ class Search:
         return sorted((t for t in self.trials if t.fits), key=lambda t: t.size)
 
     def _measured(self) -> List[Trial]:
-        """The successes a fit may use, smallest first: measured, and since the last failure
-        that moved the baseline (their peaks share one)."""
-        epoch = self.trials[self._epoch_start():]
+        """The successes a fit may use, smallest first: measured, and since the last trial whose
+        aftermath moved the baseline (their peaks share one)."""
+        epoch = self.trials[self._epoch_start(failures_only=False):]
         return sorted((t for t in epoch if t.fits and t.peak_memory is not None), key=lambda t: t.size)
 
     @property
@@ -394,16 +394,18 @@ class Search:
     def _lowered(self) -> bool:
         """Whether a failure may have lowered what fits in this process: the baseline measured
         after it moved, or it cannot be measured and a second failure followed the first."""
-        return self._epoch_start() > 0 or (self.capacity is None and len(self._failures()) > 1)
+        return self._epoch_start(failures_only=True) > 0 or (self.capacity is None and len(self._failures()) > 1)
 
-    def _epoch_start(self) -> int:
+    def _epoch_start(self, failures_only: bool) -> int:
         """The first trial whose peak can be fitted with the latest ones: the one after the last
-        failure whose aftermath moved the baseline by more than the noise (on the CPU a failed
-        trial can leave address space behind; on CUDA, reserved and fragmented memory)."""
+        trial (``failures_only``: the last failure) whose aftermath moved the baseline by more
+        than the noise. On the CPU a failed trial can leave address space behind, and the first
+        clean-up can hand back heap the process held before (a rank forked from a notebook that
+        trained); on CUDA, reserved and fragmented memory."""
         start = 0
         noise = noise_floor(self.capacity) if self.capacity else 0
         for index, trial in enumerate(self.trials):
-            if trial.fits or trial.baseline is None:
+            if (failures_only and trial.fits) or trial.baseline is None:
                 continue
             after = next((later.baseline for later in self.trials[index + 1:] if later.baseline is not None), None)
             if after is not None and abs(after - trial.baseline) > noise:
