@@ -182,13 +182,26 @@ def _tracker(torch, fake_mode, gpu: Gpu):
             self.serials = itertools.count()
             self.workspaces: set = set()  # backward? for each cuBLAS workspace taken
             self.values_read = 0
+            self.resident: Dict[int, Any] = {}  # a real tensor's storage -> its fake, kept alive
 
         def made(self, tensor) -> bool:
-            """Whether ``tensor``'s storage is one the step made (or a fake copy holds)."""
+            """Whether ``tensor``'s storage is one the step made or held from the start."""
             try:
-                return tensor.untyped_storage()._cdata in self.seen
+                key = tensor.untyped_storage()._cdata
             except Exception:
                 return False
+            return key in self.seen or key in self.resident
+
+        def hold(self, tensor) -> None:
+            """A tensor of the notebook's that the step works on: already on the GPU, its fake
+            (the one torch's fake mode converts it to when an op reads it) recorded now."""
+            if isinstance(tensor, fake.FakeTensor):
+                self.record(tensor)
+                return
+            key = tensor.untyped_storage()._cdata
+            if key not in self.resident:
+                self.resident[key] = fake_mode.from_tensor(tensor)
+                self.record(self.resident[key])
 
         def record(self, tensor) -> None:
             try:
@@ -255,6 +268,27 @@ def _autocast_on_cpu(torch):
         yield
     finally:
         autocast.__init__ = constructor
+
+
+@contextlib.contextmanager
+def _foreach_optimizers(torch):
+    """Optimizers left to choose (``foreach=None``) take their foreach kernels on CUDA, whose
+    temporaries span every parameter at once; on the fake CPU they would loop one tensor at a
+    time and need less. While planning, torch.optim's choice says foreach as on CUDA."""
+    patched = []
+    for name, module in list(sys.modules.items()):
+        choose = getattr(module, "_default_to_fused_or_foreach", None)
+        if name.startswith("torch.optim") and callable(choose):
+            def as_on_cuda(params, differentiable, use_fused=False, _choose=choose):
+                fused, foreach = _choose(params, differentiable, use_fused)
+                return fused, foreach or (not differentiable and not fused)
+            patched.append((module, choose))
+            module._default_to_fused_or_foreach = as_on_cuda
+    try:
+        yield
+    finally:
+        for module, choose in patched:
+            module._default_to_fused_or_foreach = choose
 
 
 @contextlib.contextmanager
@@ -362,11 +396,13 @@ def trace_step(step: Callable[[int], Any], size: int, gpu: Gpu, namespace: Optio
     unsupported = None
     try:
         namespace.update(copies)
-        with _swappable_fakes(torch, fake_mode), warnings.catch_warnings():
+        with _swappable_fakes(torch, fake_mode), _foreach_optimizers(torch), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # GradScaler's "CUDA is not available" and the like
             with _autocast_on_cpu(torch), fake_mode, _device_mode(torch, tracker), tracker:
-                for tensor in _tensors_of(torch, list(copies.values())):
-                    tracker.record(tensor)
+                swapped = {id(value) for value in originals.values()}
+                held = list(copies.values()) + [obj for obj in objects if id(obj) not in swapped]
+                for tensor in _tensors_of(torch, held):
+                    tracker.hold(tensor)
                 for _ in range(runs):
                     try:
                         step(size)
@@ -383,6 +419,7 @@ def trace_step(step: Callable[[int], Any], size: int, gpu: Gpu, namespace: Optio
         if collecting:
             gc.enable()
     tracker.seen.clear()
+    tracker.resident.clear()
     return Trace(events, unsupported, tracker.values_read)
 
 
@@ -447,6 +484,8 @@ def plan_step(step: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variab
             events = trace(size).events
         result: Replay = replay(events, max(limit, 0))
         fits = not result.out_of_memory and limit > 0
+        if not fits:  # what it would have reserved with room enough, not where it stopped
+            result = replay(events)
         rows[size] = PlannedSize(size, target.context + result.reserved, result.allocated, fits, computed)
         return rows[size]
 
@@ -463,6 +502,7 @@ def plan_step(step: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variab
             break
         largest = size
         size = size * 2 if size >= 4 * multiple_of else size + multiple_of
+    doubled = set(rows)
     while largest is not None and failed is not None and failed - largest > multiple_of:
         middle = (largest + failed) // 2 // multiple_of * multiple_of
         if middle <= largest:
@@ -485,7 +525,8 @@ def plan_step(step: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variab
     if computed:
         notes.append(f"{len(traced)} sizes ran under fake tensors; {computed} more were computed from them "
                      f"(every storage's size was affine in {variable})")
-    sizes = tuple(rows[key] for key in sorted(rows))
+    # The doubling's sizes and the two the bisection ended between: not every size it tried.
+    sizes = tuple(rows[key] for key in sorted(doubled | {largest or 0, failed or 0} & set(rows)))
     return Plan(variable=variable, gpu=target.name, capacity=target.total, usable=usable, sizes=sizes,
                 answer=largest, unsupported=unsupported, notes=tuple(notes),
                 seconds=time.perf_counter() - began)
@@ -495,7 +536,7 @@ def _how_sure(gpu: Gpu) -> str:
     context = "measured" if gpu.measured else "estimated for its generation"
     from ..words import size
 
-    return f"{ERROR_NOTE}; {gpu.name}'s CUDA context and libraries: {size(gpu.context)}, {context}"
+    return f"{ERROR_NOTE}; the CUDA context and libraries counted: {size(gpu.context)}, {context}"
 
 
 def plan_batch(fn: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variable: str = "batch_size",

@@ -31,8 +31,10 @@ def render_text(plan) -> str:
     table = ["  " + "  ".join(cell.rjust(width) if index != 1 else cell.ljust(width)
                               for index, (cell, width) in enumerate(zip(line, widths))).rstrip()
              for line in [header, *rows]]
-    facts = [f"capacity {words.size(plan.capacity)}, of which {words.size(plan.usable)} usable; "
-             f"planned in {words.duration(plan.seconds)}"]
+    kept = plan.capacity - plan.usable
+    facts = [f"capacity {words.size(plan.capacity)}"
+             + (f", {words.size(kept)} of it kept free (--headroom)" if kept else "")
+             + f"; planned in {words.duration(plan.seconds)}"]
     if plan.applied and plan.answer is not None:
         facts.append(f"--apply: {plan.variable} = {plan.answer}")
     else:
