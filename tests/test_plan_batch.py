@@ -73,6 +73,7 @@ def test_sizes_grow_and_the_answer_is_the_largest_that_fits():
     assert "PLANNED for 600MiB" in str(plan)
 
 
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")
 def test_a_cnn_with_autocast_and_sgd_plans_for_a_t4():
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
                           nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),

@@ -22,7 +22,7 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ..render.shown import Shown
 from .caching import Event, Replay, replay
@@ -81,6 +81,8 @@ class Plan(Shown):
         How sure the plan is, and what else to know.
     seconds : float
         How long planning took.
+    applied : bool
+        Whether ``--apply`` set the variable to ``answer``.
     """
 
     variable: str
@@ -123,7 +125,7 @@ def _fake_classes():
     return fake_tensor
 
 
-def _device_mode(torch, tracker):
+def _device_mode(torch, storages):
     """A TorchFunctionMode that runs "cuda" on the fake CPU: torch's fake CUDA tensors need
     CUDA's device guard, which a CPU-only build lacks (autograd then aborts the process) and
     which on a GPU machine would start CUDA. Every tensor the step makes stands for GPU memory;
@@ -158,15 +160,80 @@ def _device_mode(torch, tracker):
                 to_gpu, copy = func is torch.Tensor.cuda, False
             if dtype is not None or memory_format is not None or copy:
                 tensor = tensor.to(dtype=dtype, memory_format=memory_format, copy=copy)
-            elif to_gpu and not tracker.made(tensor):
+            elif to_gpu and not storages.made(tensor):
                 tensor = tensor.clone()
             return tensor
 
     return OnTheGpu()
 
 
-def _tracker(torch, fake_mode, gpu: Gpu):
-    """A TorchDispatchMode recording the storages each op makes, and their ends."""
+class Storages:
+    """The storages a traced step holds, each recorded when it is made and when it dies (a
+    finalizer on its storage), as events in order."""
+
+    def __init__(self, torch, fake_mode, gpu: Gpu):
+        self.torch, self.fake_mode, self.gpu = torch, fake_mode, gpu
+        self.events: List[Event] = []
+        self.seen: Dict[int, int] = {}  # storage's address -> serial
+        self.serials = itertools.count()
+        self.workspaces: set = set()  # backward? for each cuBLAS workspace taken
+        self.values_read = 0
+        self.resident: Dict[int, Any] = {}  # a real tensor's storage -> its fake, kept alive
+
+    def made(self, tensor) -> bool:
+        """Whether ``tensor``'s storage is one the step made or held from the start."""
+        try:
+            key = tensor.untyped_storage()._cdata
+        except Exception:
+            return False
+        return key in self.seen or key in self.resident
+
+    def hold(self, tensor) -> None:
+        """A tensor of the notebook's that the step works on: already on the GPU, its fake
+        (the one torch's fake mode converts it to when an op reads it) recorded now."""
+        if isinstance(tensor, _fake_classes().FakeTensor):
+            self.record(tensor)
+            return
+        key = tensor.untyped_storage()._cdata
+        if key not in self.resident:
+            self.resident[key] = self.fake_mode.from_tensor(tensor)
+            self.record(self.resident[key])
+
+    def record(self, tensor) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except Exception:  # a tensor without storage (sparse, a wrapper subclass)
+            return
+        key = storage._cdata
+        if key in self.seen:
+            return
+        serial = self.seen[key] = next(self.serials)
+        self.events.append((serial, storage.nbytes()))
+        weakref.finalize(storage, self.ended, key, serial, self.events)
+
+    def ended(self, key: int, serial: int, events: list) -> None:
+        if self.seen.get(key) == serial:
+            del self.seen[key]
+        events.append((serial, None))
+
+    def workspace(self) -> None:
+        """cuBLAS's workspace, taken from torch's allocator at a handle's first matrix
+        product and kept: one for the forward pass, one for the backward (autograd's
+        thread has its own handle)."""
+        backward = self.torch._C._current_autograd_node() is not None
+        if backward not in self.workspaces:
+            self.workspaces.add(backward)
+            self.events.append((next(self.serials), self.gpu.cublas_workspace))
+
+    def value(self, tensor):
+        """What ``.item()`` or ``if tensor:`` reads: fake tensors hold none."""
+        self.values_read += 1
+        dtype = tensor.dtype
+        return False if dtype == self.torch.bool else 1.0 if dtype.is_floating_point else 1
+
+
+def _tracker(torch, storages: Storages):
+    """A TorchDispatchMode giving ``storages`` what each op makes."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
@@ -175,77 +242,20 @@ def _tracker(torch, fake_mode, gpu: Gpu):
                 fake.DataDependentOutputException)
 
     class Tracker(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.events: List[Event] = []
-            self.seen: Dict[int, int] = {}  # storage's address -> serial
-            self.serials = itertools.count()
-            self.workspaces: set = set()  # backward? for each cuBLAS workspace taken
-            self.values_read = 0
-            self.resident: Dict[int, Any] = {}  # a real tensor's storage -> its fake, kept alive
-
-        def made(self, tensor) -> bool:
-            """Whether ``tensor``'s storage is one the step made or held from the start."""
-            try:
-                key = tensor.untyped_storage()._cdata
-            except Exception:
-                return False
-            return key in self.seen or key in self.resident
-
-        def hold(self, tensor) -> None:
-            """A tensor of the notebook's that the step works on: already on the GPU, its fake
-            (the one torch's fake mode converts it to when an op reads it) recorded now."""
-            if isinstance(tensor, fake.FakeTensor):
-                self.record(tensor)
-                return
-            key = tensor.untyped_storage()._cdata
-            if key not in self.resident:
-                self.resident[key] = fake_mode.from_tensor(tensor)
-                self.record(self.resident[key])
-
-        def record(self, tensor) -> None:
-            try:
-                storage = tensor.untyped_storage()
-            except Exception:  # a tensor without storage (sparse, a wrapper subclass)
-                return
-            key = storage._cdata
-            if key in self.seen:
-                return
-            serial = self.seen[key] = next(self.serials)
-            self.events.append((serial, storage.nbytes()))
-            weakref.finalize(storage, self.ended, key, serial, self.events)
-
-        def ended(self, key: int, serial: int, events: list) -> None:
-            if self.seen.get(key) == serial:
-                del self.seen[key]
-            events.append((serial, None))
-
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
             name = func.overloadpacket.__name__
-            if name == "_local_scalar_dense":  # .item(), bool(tensor): no value to read
-                self.values_read += 1
-                dtype = args[0].dtype
-                return False if dtype == torch.bool else 1.0 if dtype.is_floating_point else 1
+            if name == "_local_scalar_dense":
+                return storages.value(args[0])
             if name in MATMULS:
-                self.workspace()
+                storages.workspace()
             try:
-                out = func(*args, **kwargs)
+                out = func(*args, **(kwargs or {}))
             except failures as error:
                 raise _Unsupported(str(func)) from error
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
-                    self.record(leaf)
+                    storages.record(leaf)
             return out
-
-        def workspace(self) -> None:
-            """cuBLAS's workspace, taken from torch's allocator at a handle's first matrix
-            product and kept: one for the forward pass, one for the backward (autograd's
-            thread has its own handle)."""
-            backward = torch._C._current_autograd_node() is not None
-            if backward not in self.workspaces:
-                self.workspaces.add(backward)
-                self.events.append((next(self.serials), gpu.cublas_workspace))
 
     return Tracker()
 
@@ -283,12 +293,12 @@ def _foreach_optimizers(torch):
                 fused, foreach = _choose(params, differentiable, use_fused)
                 return fused, foreach or (not differentiable and not fused)
             patched.append((module, choose))
-            module._default_to_fused_or_foreach = as_on_cuda
+            module.__dict__["_default_to_fused_or_foreach"] = as_on_cuda
     try:
         yield
     finally:
         for module, choose in patched:
-            module._default_to_fused_or_foreach = choose
+            module.__dict__["_default_to_fused_or_foreach"] = choose
 
 
 @contextlib.contextmanager
@@ -386,7 +396,7 @@ def trace_step(step: Callable[[int], Any], size: int, gpu: Gpu, namespace: Optio
 
     fake = _fake_classes()
     fake_mode = fake.FakeTensorMode(allow_non_fake_inputs=True)
-    tracker = _tracker(torch, fake_mode, gpu)
+    storages = Storages(torch, fake_mode, gpu)
     structure = _Structure(torch, objects)
     namespace = namespace if namespace is not None else {}
     copies = _fake_copies(torch, fake_mode, namespace, objects)
@@ -398,18 +408,18 @@ def trace_step(step: Callable[[int], Any], size: int, gpu: Gpu, namespace: Optio
         namespace.update(copies)
         with _swappable_fakes(torch, fake_mode), _foreach_optimizers(torch), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # GradScaler's "CUDA is not available" and the like
-            with _autocast_on_cpu(torch), fake_mode, _device_mode(torch, tracker), tracker:
+            with _autocast_on_cpu(torch), fake_mode, _device_mode(torch, storages), _tracker(torch, storages):
                 swapped = {id(value) for value in originals.values()}
                 held = list(copies.values()) + [obj for obj in objects if id(obj) not in swapped]
                 for tensor in _tensors_of(torch, held):
-                    tracker.hold(tensor)
+                    storages.hold(tensor)
                 for _ in range(runs):
                     try:
                         step(size)
                     except _Unsupported as error:
                         unsupported = str(error)
                         break
-            events = list(tracker.events)
+            events = list(storages.events)
     finally:
         for name, value in originals.items():
             if namespace.get(name) is copies[name]:
@@ -418,9 +428,9 @@ def trace_step(step: Callable[[int], Any], size: int, gpu: Gpu, namespace: Optio
         copies = {}
         if collecting:
             gc.enable()
-    tracker.seen.clear()
-    tracker.resident.clear()
-    return Trace(events, unsupported, tracker.values_read)
+    storages.seen.clear()
+    storages.resident.clear()
+    return Trace(events, unsupported, storages.values_read)
 
 
 def _affine(traces: Sequence[Tuple[int, List[Event]]]) -> Optional[Callable[[int], List[Event]]]:
@@ -430,7 +440,7 @@ def _affine(traces: Sequence[Tuple[int, List[Event]]]) -> Optional[Callable[[int
     if len(first) != len(second) or any(x[0] != y[0] or (x[1] is None) != (y[1] is None)
                                         for x, y in zip(first, second)):
         return None
-    slopes = [(n, None if x is None else (x, (y - x) / (b - a)))
+    slopes = [(n, None if x is None or y is None else (x, (y - x) / (b - a)))
               for (n, x), (_, y) in zip(first, second)]
 
     def at(size: int) -> List[Event]:
@@ -489,28 +499,8 @@ def plan_step(step: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variab
         rows[size] = PlannedSize(size, target.context + result.reserved, result.allocated, fits, computed)
         return rows[size]
 
-    # Three small sizes first (the affine fit and its check), then doubling, then bisection.
-    size = first
-    largest: Optional[int] = None
-    failed: Optional[int] = None
-    while size <= top:
-        row = planned(size)
-        if traced.get(size) is not None and traced[size].unsupported:
-            break
-        if not row.fits:
-            failed = size
-            break
-        largest = size
-        size = size * 2 if size >= 4 * multiple_of else size + multiple_of
-    doubled = set(rows)
-    while largest is not None and failed is not None and failed - largest > multiple_of:
-        middle = (largest + failed) // 2 // multiple_of * multiple_of
-        if middle <= largest:
-            break
-        if planned(middle).fits:
-            largest = middle
-        else:
-            failed = middle
+    largest, failed, bisected = _search(planned, lambda size: bool(traced.get(size) and traced[size].unsupported),
+                                        first, top, multiple_of)
     unsupported = tuple(dict.fromkeys(t.unsupported for t in traced.values() if t.unsupported))
     notes = [_how_sure(target)]
     read = max((t.values_read for t in traced.values()), default=0)
@@ -526,10 +516,39 @@ def plan_step(step: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variab
         notes.append(f"{len(traced)} sizes ran under fake tensors; {computed} more were computed from them "
                      f"(every storage's size was affine in {variable})")
     # The doubling's sizes and the two the bisection ended between: not every size it tried.
-    sizes = tuple(rows[key] for key in sorted(doubled | {largest or 0, failed or 0} & set(rows)))
+    shown = (set(rows) - bisected) | ({largest or 0, failed or 0} & set(rows))
+    sizes = tuple(rows[key] for key in sorted(shown))
     return Plan(variable=variable, gpu=target.name, capacity=target.total, usable=usable, sizes=sizes,
                 answer=largest, unsupported=unsupported, notes=tuple(notes),
                 seconds=time.perf_counter() - began)
+
+
+def _search(planned: Callable[[int], "PlannedSize"], stopped: Callable[[int], bool], first: int, top: int,
+            multiple_of: int) -> Tuple[Optional[int], Optional[int], Set[int]]:
+    """The largest size that fits and the smallest that does not, and the sizes bisected
+    between: three small sizes first (the affine fit and its check), then doubling, then
+    bisection to one ``multiple_of``."""
+    size, largest, failed = first, None, None
+    bisected: Set[int] = set()
+    while size <= top:
+        row = planned(size)
+        if stopped(size):
+            return None, None, bisected
+        if not row.fits:
+            failed = size
+            break
+        largest = size
+        size = size * 2 if size >= 4 * multiple_of else size + multiple_of
+    while largest is not None and failed is not None and failed - largest > multiple_of:
+        middle = (largest + failed) // 2 // multiple_of * multiple_of
+        if middle <= largest:
+            break
+        bisected.add(middle)
+        if planned(middle).fits:
+            largest = middle
+        else:
+            failed = middle
+    return largest, failed, bisected
 
 
 def _how_sure(gpu: Gpu) -> str:
