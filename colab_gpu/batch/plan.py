@@ -486,8 +486,8 @@ def plan_step(step: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variab
             return rows[size]
         computed = False
         if affine is None and len(traced) >= 3 and not any(t.unsupported for t in traced.values()):
-            ordered = sorted((s, t.events) for s, t in traced.items())
-            affine = _affine(ordered)
+            # the three largest sizes traced: a batch of one may take other paths (a squeeze)
+            affine = _affine(sorted((s, t.events) for s, t in traced.items())[-3:])
         if affine is not None and size not in traced:
             events, computed = affine(size), True
         else:
