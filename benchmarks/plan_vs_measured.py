@@ -37,7 +37,13 @@ MiB = 1024 ** 2
 
 
 def import_timm():
+    import os
+
     import torch
+
+    # timm computed attention explicitly when these were recorded (torch 1.12 had no fused
+    # attention); timm 1.0 fuses it unless told, which takes far less memory.
+    os.environ.setdefault("TIMM_FUSED_ATTN", "0")
 
     try:
         import timm
@@ -129,8 +135,6 @@ def milabench_curves(path: pathlib.Path):
 
 
 def milabench_part() -> None:
-    import torch
-
     from colab_gpu.batch.plan import plan_step
 
     timm = import_timm()

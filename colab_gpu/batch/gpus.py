@@ -5,10 +5,12 @@ outside torch's allocator there (the CUDA context with cuBLAS's and cuDNN's hand
 451 MiB on Colab's driver 550+, torch's "14.56 GiB" in shared/data/oom-messages; H100: 81559 -
 479 MiB in shared/data/nvidia-smi-captures; RTX 3090: 24576 - 316 MiB in nvidia-smi-xml; A100s
 and the V100 as their out-of-memory messages print it; L4: 23034 MiB less a T4-like reserve).
-``context``: outside the allocator, calibrated where real recordings allow (see
-benchmarks/plan_vs_measured.py: the RTX 3090 and H100 rows); elsewhere the driver's usual size
-for the generation, from the T4 and 16 GB out-of-memory messages (135 to 350 MiB besides torch's
-own memory), rounded up.
+``context``: what the process holds outside the allocator. H100: checked against milabench's
+batch-1 recordings (shared/data/batch-size/milabench/H100.yaml: resnet50 within 2 %); RTX 3090:
+the larger context of CUDA 11.3 without lazy module loading, which timm's recordings ran on,
+checked only through benchmarks/plan_vs_measured.py's ladder; the others: the driver's usual size
+for the generation, from the T4 and 16 GB out-of-memory messages in shared/data (135 to 350 MiB
+besides torch's own memory), rounded up. None was fitted to the benchmarks' answers.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import dataclasses
 import re
 from typing import Optional, Tuple
 
-from ..errors import UserError
+from .search import SearchError
 
 __all__ = ["Gpu", "GPUS", "GpuError", "gpu_named", "accepted"]
 
@@ -24,7 +26,7 @@ MiB = 1024 ** 2
 _UNITS = {"gib": 1024 ** 3, "gb": 1000 ** 3, "mib": MiB, "mb": 1000 ** 2}
 
 
-class GpuError(UserError, ValueError):
+class GpuError(SearchError):
     """A --plan value naming no GPU the plan knows; the message lists what is accepted."""
 
 
@@ -38,7 +40,7 @@ class Gpu:
     total: int
     context: int
     capability: Optional[Tuple[int, int]] = None
-    measured: bool = False  # context calibrated on real recordings of this GPU
+    measured: bool = False  # context checked against real recordings of this GPU
 
     @property
     def cublas_workspace(self) -> int:
@@ -58,7 +60,7 @@ GPUS = {gpu.name: gpu for gpu in (
     Gpu("A100-40GB", 40336 * MiB, 450 * MiB, (8, 0)),
     Gpu("A100-80GB", 81050 * MiB, 450 * MiB, (8, 0)),
     Gpu("H100", 81080 * MiB, 1100 * MiB, (9, 0), measured=True),
-    Gpu("RTX3090", 24260 * MiB, 1200 * MiB, (8, 6), measured=True),
+    Gpu("RTX3090", 24260 * MiB, 1200 * MiB, (8, 6)),
 )}
 GENERIC_CONTEXT = 450 * MiB  # a capacity given as a number: a context like an A100's
 

@@ -552,7 +552,7 @@ def _search(planned: Callable[[int], "PlannedSize"], stopped: Callable[[int], bo
 
 
 def _how_sure(gpu: Gpu) -> str:
-    context = "measured" if gpu.measured else "estimated for its generation"
+    context = "checked against real recordings" if gpu.measured else "estimated for its generation"
     from ..words import size
 
     return f"{ERROR_NOTE}; the CUDA context and libraries counted: {size(gpu.context)}, {context}"
@@ -612,11 +612,3 @@ def plan_batch(fn: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variabl
     namespace = getattr(fn, "__globals__", None)
     return plan_step(fn, gpu, variable=variable, start=start, maximum=max, multiple_of=multiple_of,
                      headroom=headroom, namespace=namespace, objects=found)
-
-
-def apply_note(variable: str, answer: Optional[int], applied: bool) -> str:
-    """What became of the variable."""
-    if applied and answer is not None:
-        return f"--apply: {variable} = {answer}"
-    return f"{variable} was not changed (--apply sets it to the planned size)"
-
