@@ -162,3 +162,19 @@ def test_a_bad_plan_value_is_one_line_saying_what_is_accepted(shell):
     with pytest.raises(UsageError) as refused:
         shell.run_cell_magic("find_batch", "--apply", "pass")
     assert "--plan" in str(refused.value)
+
+
+def test_autocast_runs_what_cuda_runs_in_float32_in_float32():
+    """CUDA's autocast takes an attention's softmax to float32 (a matrix twice the size); the
+    CPU's autocast, which stands in for it, would leave it in float16."""
+    seen = []
+
+    def step(n):
+        q = torch.randn(n, 4, 16, 8, device="cuda")
+        with torch.autocast("cuda"):
+            scores = q @ q.transpose(-1, -2)
+            weights = scores.softmax(-1)
+            seen.append((scores.dtype, weights.dtype, (weights @ q).dtype))
+
+    plan_batch(step, "T4", start=2, max=2)
+    assert set(seen) == {(torch.float16, torch.float32, torch.float16)}

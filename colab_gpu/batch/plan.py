@@ -38,6 +38,13 @@ ERROR_NOTE = ("how sure: on 64 timm models (RTX 3090, AMP), the plan named the l
               "within about 10 % of milabench's H100 measurements (see benchmarks/plan_vs_measured.py)")
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "_addmm_activation"})
 DEFAULT_MAX = 65536
+# What CUDA's autocast runs in float32 (its float32 list), where the CPU's autocast, which plans
+# it, leaves the input's float16: an attention's softmax is a float32 matrix on the GPU.
+CUDA_FLOAT32 = frozenset({
+    "softmax", "log_softmax", "layer_norm", "group_norm", "exp", "expm1", "log", "log10", "log2",
+    "log1p", "pow", "reciprocal", "rsqrt", "sum", "prod", "cumsum", "cumprod", "logsumexp", "norm",
+    "softplus", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "nll_loss", "kl_div",
+    "binary_cross_entropy_with_logits", "cosine_similarity", "cdist", "dist", "renorm"})
 
 
 class _Unsupported(Exception):
@@ -140,6 +147,11 @@ def _device_mode(torch, storages):
             return torch.device("cpu")
         return value
 
+    def in_float32(value):
+        if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+            return value.float()
+        return value
+
     class OnTheGpu(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = dict(kwargs or {})
@@ -147,6 +159,8 @@ def _device_mode(torch, storages):
                 return self.moved(func, args, kwargs)
             if "device" in kwargs:
                 kwargs["device"] = on_cpu(kwargs["device"])
+            if getattr(func, "__name__", None) in CUDA_FLOAT32 and torch.is_autocast_enabled("cpu"):
+                args = tuple(in_float32(arg) for arg in args)  # as CUDA's autocast casts them
             return func(*args, **kwargs)
 
         def moved(self, func, args, kwargs):
