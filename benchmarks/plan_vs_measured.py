@@ -12,7 +12,7 @@
    of resnet50 and convnext_large (built by timm: the same architectures as torchvision's);
    planned peak against recorded memory at each recorded size: median and worst error.
 
-Measured on 2025-12-06 (torch 2.13 CPU, timm 1.0.29, a shared 2-core machine, seed 0): timm,
+Measured (torch 2.13 CPU, timm 1.0.29, a shared 2-core machine, seed 0): timm,
 60 models: exact 93 %, within one step 100 %, too high 7 % (resnest50d_1s4x24d, crossvit_base_240,
 dla102x, xception41p, one step each); median 13.6 s a plan. milabench H100, 28 points: median
 error 2 %, worst 25 % (batch 1: the context estimate), resnet50 +4 to +7 %, convnext_large within
