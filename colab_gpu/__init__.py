@@ -30,6 +30,8 @@ _LAZY = {
     "live_url": "colab_gpu.live",
     "find_batch": "colab_gpu.batch",
     "BatchResult": "colab_gpu.batch",
+    "plan_batch": "colab_gpu.batch",
+    "Plan": "colab_gpu.batch",
     "tune_loader": "colab_gpu.loader",
     "LoaderTuning": "colab_gpu.loader",
     "is_out_of_memory": "colab_gpu.oom",

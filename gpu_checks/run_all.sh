@@ -3,7 +3,8 @@
 #
 #     bash gpu_checks/run_all.sh [OUTPUT_DIR [CHECK ...]]
 #
-# CHECK names some of them (gpu_status find_batch alloc_conf clear_cache live_monitor oom_doctor tune_loader launch multi_gpu) to
+# CHECK names some of them (gpu_status find_batch alloc_conf clear_cache live_monitor oom_doctor tune_loader launch
+# multi_gpu plan_batch) to
 # rerun.
 # One log per check lands in OUTPUT_DIR (default gpu_checks/out), with the GPU's own
 # `nvidia-smi -q -x` record beside them (a new replay file for colab_gpu/data, should the GPU
@@ -47,7 +48,7 @@ nvidia-smi -q -x >"$out/nvidia-smi-q-x.xml" 2>/dev/null || rm -f "$out/nvidia-sm
 
 # name and seconds, each well above what the check should need; find_batch, the longest,
 # goes second so a slow machine still runs it
-checks=(gpu_status:60 find_batch:180 alloc_conf:90 clear_cache:150 live_monitor:150 oom_doctor:150 tune_loader:120 launch:120 multi_gpu:150)
+checks=(gpu_status:60 find_batch:180 alloc_conf:90 clear_cache:150 live_monitor:150 oom_doctor:150 tune_loader:120 launch:120 multi_gpu:150 plan_batch:240)
 budget="${GPU_CHECKS_SECONDS:-360}"
 shift $(($# > 0))
 status=0

@@ -1,9 +1,10 @@
 """``find_batch``: the largest (or fastest) batch size that fits, in few trials.
 
 Layers: ``oom`` says what an error means, ``search`` picks sizes (pure), ``trial`` runs one
-size and measures it, ``state`` leaves the caller's objects as they were, ``result`` holds
-the answer, ``parallel`` makes it hold across GPUs (DataParallel, the ranks of a process group),
-``render`` / ``progress`` show it. Nothing here imports torch or IPython at
+size and measures it, ``plan`` predicts sizes for a GPU without one (``caching``: its
+allocator, ``gpus``: its sizes), ``state`` leaves the caller's objects as they were, ``result``
+holds the answer, ``parallel`` makes it hold across GPUs (DataParallel, the ranks of a process
+group), ``render`` / ``progress`` show it. Nothing here imports torch or IPython at
 import time.
 """
 from __future__ import annotations
@@ -19,12 +20,14 @@ from ..spelling import option
 from ..runtime import cpu_only_build, torch_state
 from ..words import count
 from .parallel import across_devices
+from .plan import Plan, plan_batch
 from .result import DEVICE_BROKEN, BatchResult, Trial
 from .search import Search, SearchError, whole_number
 from .state import RestoreError, RestorePoint, stateful_objects
 from .trial import CtrlC, device_label, release_memory, run_trial
 
-__all__ = ["find_batch", "is_out_of_memory", "BatchResult", "Trial", "SearchError", "RestoreError"]
+__all__ = ["find_batch", "plan_batch", "is_out_of_memory", "BatchResult", "Plan", "Trial", "SearchError",
+           "RestoreError"]
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")  # torch refuses "cuda:١", which int() reads
 # Throughput mode compares sizes 5 % apart: a trial's timed runs must add up to this many
 # seconds, or one scheduler hiccup in a 100 µs step decides the answer.

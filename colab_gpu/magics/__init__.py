@@ -24,7 +24,7 @@ from traitlets import Bool, Enum, Float, Int, TraitError, validate
 from ..errors import UserError
 from ..spelling import as_magic
 from .arguments import WHOLE_NUMBER, Once, int_or_float, magic_arguments, number, parse
-from .cell import prepare, raised_in_cell, search_cell
+from .cell import plan_cell, prepare, raised_in_cell, search_cell
 from .live import check_combination, start_and_show, stop_and_show, stop_on_unload
 from .loader import tune_and_show
 
@@ -344,6 +344,13 @@ class GPUMagics(Magics):
                    "still put back).")
     @argument("--device", action=Once, default="auto",
               help="auto (CUDA once your code has started it, else CPU), cpu, cuda or cuda:N.")
+    @argument("--plan", action=Once, metavar="GPU",
+              help="Predict instead of run: the cell's step under torch's fake tensors (no data, no "
+                   "GPU needed, CUDA never started), its peak memory at each size on GPU: T4, L4, "
+                   "V100-16GB, A100-40GB, A100-80GB, H100, RTX3090, a capacity like 15GiB, or this "
+                   "(the GPU here). Labelled PLANNED; the variable is set only with --apply.")
+    @argument("--apply", action="store_true",
+              help="With --plan: set the variable to the largest size planned to fit.")
     @argument("-o", action="store_true", dest="return_result",
               help="Return the BatchResult (as %%timeit -o does): the report becomes the cell's "
                    "Out, and _ holds the result.")
@@ -364,7 +371,15 @@ class GPUMagics(Magics):
 
         __tracebackhide__ = True  # the user's error shows their cell's lines, not the magic's
         args = parse(self.find_batch, line)
+        if args.apply and args.plan is None:
+            raise UsageError("--apply sets the variable to a planned size: use it with --plan GPU")
         prepared = prepare(self.shell, line, cell, args)
+        if args.plan is not None:
+            plan = plan_cell(self.shell, prepared, args.plan, args.apply)
+            if args.return_result:
+                return plan
+            self.show(plan)
+            return None
         notebook = in_notebook() and self.output != "text"
         progress = NotebookProgress(keep_report=not args.return_result) if notebook else TerminalProgress()
         result = search_cell(self.shell, prepared, progress)

@@ -129,6 +129,37 @@ def search_cell(shell, prepared: Prepared, progress):
     return result
 
 
+def plan_cell(shell, prepared: Prepared, gpu: str, apply: bool):
+    """Plan the cell for ``gpu`` under fake tensors (colab_gpu.batch.plan): the notebook's
+    names and objects put back after, its output hidden (it runs several times, on no data);
+    the variable set to the answer only with ``apply``. The Plan."""
+    import contextlib
+    import io
+
+    from ..batch.plan import plan_step
+
+    __tracebackhide__ = True
+    namespace, options = shell.user_ns, prepared.options
+
+    def step(size: int) -> None:
+        __tracebackhide__ = True
+        namespace[prepared.variable] = size
+        with as_magic(False), contextlib.redirect_stdout(io.StringIO()):
+            run_cell(prepared.code, namespace)
+
+    objects = [state.obj for state in prepared.restore_point.objects]
+    try:
+        plan = plan_step(step, gpu, variable=prepared.variable, start=options["start"],
+                         maximum=options["maximum"], multiple_of=options["multiple_of"],
+                         headroom=options["headroom"], namespace=namespace, objects=objects)
+    finally:
+        prepared.restore_point.restore()
+    if apply and plan.answer is not None:
+        namespace[prepared.variable] = plan.answer
+        plan = dataclasses.replace(plan, applied=True)
+    return plan
+
+
 def a_number(value) -> bool:
     """A value a batch-size variable may hold before the search writes its answer over it: a
     number other than a flag, also a torch or NumPy scalar (``torch.tensor(64)``, a 0-d array),

@@ -12,7 +12,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 from ..torch_allocator.schema import ROUNDUP_INTERVALS
 from .readings import Reading
 
-__all__ = ["LARGE_BUFFER", "LOWEST_SPLIT_LIMIT", "UNSPLIT_REMAINDER", "unreached_bytes"]
+__all__ = ["LARGE_BUFFER", "LOWEST_SPLIT_LIMIT", "UNSPLIT_REMAINDER", "block_size", "unreached_bytes"]
 
 UNSPLIT_REMAINDER = 1024 ** 2  # CUDA's caching allocator splits a large block only for more left over
 LARGE_BUFFER = 20 * 1024 ** 2  # kLargeBuffer: how much larger an unsplit oversize block may be
@@ -96,6 +96,12 @@ def _rounded(nbytes: int, divisions: List[int]) -> int:
     if split > 1 and nbytes > 512 * split:
         step = max((1 << log) >> (split.bit_length() - 1), 1)  # a power of two stays as it is
     return max(-(-nbytes // step) * step, 512)
+
+
+def block_size(nbytes: int, divisions: Optional[List[int]] = None) -> int:
+    """The block CUDA's caching allocator gives a request of ``nbytes`` under the
+    ``roundup_power2_divisions`` ``divisions`` (None: torch's default, 512 B steps)."""
+    return _rounded(nbytes, divisions or [0] * ROUNDUP_INTERVALS)
 
 
 def unreached_bytes(readings: Iterable[Reading], union: Mapping[Tuple[str, int], int],

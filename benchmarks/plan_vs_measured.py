@@ -1,0 +1,179 @@
+"""How close colab_gpu.plan_batch comes to what really fitted, on recordings of real GPUs.
+
+1. timm (shared/data/batch-size/timm/benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv): the
+   largest training batch that fitted on an RTX 3090 (24 GiB) with AMP, per model, found by
+   timm's benchmark.py stepping down its ladder 512, 384, 256, 192, 128, ... after each
+   out-of-memory error (512 is where it started: a cap, not a limit). A random sample (fixed
+   seed) of the models is built by timm without weights and planned with timm's step (SGD with
+   Nesterov momentum, float16 autocast, cross-entropy, gradients zeroed, not freed, as torch
+   1.12 did); the plan's answer is put on the ladder. Reported: the share planned exactly,
+   within one ladder step, and too high (the plan would run out of memory).
+2. milabench (shared/data/batch-size/milabench/H100.yaml): recorded memory against batch size
+   of resnet50 and convnext_large (built by timm: the same architectures as torchvision's);
+   planned peak against recorded memory at each recorded size: median and worst error.
+
+Measured (torch 2.13 CPU, timm 1.0.29, a shared 2-core machine, seed 0): timm,
+60 models: exact 93 %, within one step 100 %, too high 7 % (resnest50d_1s4x24d, crossvit_base_240,
+dla102x, xception41p, one step each); median 13.6 s a plan. milabench H100, 28 points: median
+error 2 %, worst 25 % (batch 1: the context estimate), resnet50 +4 to +7 %, convnext_large within
+6 % from batch 64 up.
+
+Needs timm (``pip install timm``; it imports torchvision). Where torchvision's compiled ops
+cannot load (a CUDA torchvision beside a CPU torch), the two op schemas its Python code
+registers fakes for are declared first, so that its pure-Python models import.
+
+    PYTHONPATH=. python benchmarks/plan_vs_measured.py [--models 64] [--seed 0]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import pathlib
+import random
+import re
+import statistics
+import sys
+import time
+
+# shared/data beside the checkout (../shared from the main one, ../../shared from a worktree)
+DATA = next((parent / "shared" / "data" / "batch-size" for parent in pathlib.Path(__file__).resolve().parents
+             if (parent / "shared" / "data" / "batch-size").is_dir()), pathlib.Path("shared/data/batch-size"))
+LADDER = [512, 384, 256, 192, 128, 96, 64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2, 1]
+MiB = 1024 ** 2
+
+
+def import_timm():
+    import os
+
+    import torch
+
+    # timm computed attention explicitly when these were recorded (torch 1.12 had no fused
+    # attention); timm 1.0 fuses it unless told, which takes far less memory.
+    os.environ.setdefault("TIMM_FUSED_ATTN", "0")
+
+    try:
+        import timm
+    except RuntimeError as error:  # torchvision's compiled ops did not load
+        if "does not exist" not in str(error):
+            raise
+        for module in [name for name in sys.modules if name.startswith(("torchvision", "timm"))]:
+            del sys.modules[module]
+        library = torch.library.Library("torchvision", "DEF")
+        for op in ("nms", "qnms"):
+            library.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        import_timm.library = library  # kept: the schemas live as long as it does
+        import timm
+    return timm
+
+
+def on_ladder(size: int) -> int:
+    return next(step for step in LADDER if step <= size)
+
+
+def timm_step(model, image: int, amp: bool = True, nesterov: bool = True):
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, nesterov=nesterov)
+    model.train()
+
+    def step(n):
+        x = torch.randn(n, 3, image, image, device="cuda")
+        y = torch.randint(0, 1000, (n,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+            loss = torch.nn.functional.cross_entropy(model.to("cuda")(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # torch 1.12's default, which timm's benchmark ran with
+
+    return step, opt
+
+
+def timm_part(count: int, seed: int, max_params: float) -> None:
+    from colab_gpu.batch.plan import plan_step
+
+    timm = import_timm()
+    rows = list(csv.DictReader(open(DATA / "timm" / "benchmark-train-amp-nchw-pt112-cu113-rtx3090.csv")))
+    available = set(timm.list_models())
+    rows = [row for row in rows if row["model"] in available and float(row["param_count"]) <= max_params]
+    sample = random.Random(seed).sample(rows, min(count, len(rows)))
+    exact = within = high = 0
+    done, seconds = 0, []
+    print(f"{'model':40} {'img':>4} {'measured':>8} {'planned':>8}  plan(s)")
+    for row in sample:
+        name, image, measured = row["model"], int(row["train_img_size"]), int(row["train_batch_size"])
+        try:
+            model = timm.create_model(name, pretrained=False)
+        except Exception as error:  # a model this timm builds differently, or not at all
+            print(f"{name:40} skipped: {type(error).__name__}: {error}"[:120])
+            continue
+        step, opt = timm_step(model, image)
+        began = time.perf_counter()
+        try:
+            plan = plan_step(step, "RTX3090", start=2, maximum=512, objects=[model, opt])
+        except Exception as error:
+            print(f"{name:40} failed: {type(error).__name__}: {error}"[:120])
+            continue
+        seconds.append(time.perf_counter() - began)
+        planned = on_ladder(plan.answer) if plan.answer else 0
+        done += 1
+        exact += planned == measured
+        index = LADDER.index(measured)
+        within += planned in LADDER[max(index - 1, 0):index + 2]
+        high += planned > measured
+        mark = "" if planned == measured else "  HIGH" if planned > measured else "  low"
+        print(f"{name:40} {image:4} {measured:8} {planned:8}  {seconds[-1]:6.1f}{mark}", flush=True)
+    if done:
+        print(f"\ntimm, RTX 3090: {done} models planned; exact {exact / done:.0%}, within one ladder step "
+              f"{within / done:.0%}, too high {high / done:.0%}; median {statistics.median(seconds):.1f} s a plan")
+
+
+def milabench_curves(path: pathlib.Path):
+    curves, name = {}, None
+    for line in path.read_text().splitlines():
+        header = re.match(r"^([A-Za-z0-9_.+-]+):\s*$", line)
+        if header:
+            name = header.group(1)
+            continue
+        point = re.match(r"^\s+- \{batch_size: (\d+),.*memory: ([0-9.]+) MiB", line)
+        if point and name:
+            curves.setdefault(name, {})[int(point.group(1))] = float(point.group(2)) * MiB
+    return curves
+
+
+def milabench_part() -> None:
+    from colab_gpu.batch.plan import plan_step
+
+    timm = import_timm()
+    curves = milabench_curves(DATA / "milabench" / "H100.yaml")
+    errors = []
+    for bench, model_name, amp in (("resnet50", "resnet50", True), ("convnext_large-fp16", "convnext_large", True),
+                                   ("convnext_large-fp32", "convnext_large", False)):
+        model = timm.create_model(model_name)
+        step, opt = timm_step(model, 224, amp=amp, nesterov=False)
+        for size, measured in sorted(curves[bench].items()):
+            plan = plan_step(step, "H100", start=size, maximum=size, objects=[model, opt])
+            predicted = plan.sizes[0].peak
+            errors.append((predicted - measured) / measured)
+            print(f"{bench:22} {size:5}  measured {measured / MiB:8.0f} MiB  planned {predicted / MiB:8.0f} MiB  "
+                  f"{errors[-1]:+.0%}", flush=True)
+        del model, opt
+    absolute = [abs(error) for error in errors]
+    print(f"\nmilabench, H100: {len(errors)} points; median error {statistics.median(absolute):.0%}, "
+          f"worst {max(absolute):.0%}, median signed {statistics.median(errors):+.0%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-params", type=float, default=150.0, help="millions; larger models are left out")
+    parser.add_argument("--part", choices=["timm", "milabench", "both"], default="both")
+    args = parser.parse_args()
+    if args.part in ("timm", "both"):
+        timm_part(args.models, args.seed, args.max_params)
+    if args.part in ("milabench", "both"):
+        milabench_part()
+
+
+if __name__ == "__main__":
+    main()
