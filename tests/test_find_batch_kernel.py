@@ -243,3 +243,18 @@ def test_ctrl_c_while_the_cells_out_draws_its_chart_is_held_until_it_is_drawn():
     assert returned["text/plain"].startswith("batch_size = 16 (largest fitting"), returned["text/plain"]
     assert "data:image/png;base64," in returned["text/html"]
     assert stream(notebook.cells[3]).strip() == "batch_size 16 True BatchResult"
+
+
+def test_a_plan_for_a_t4_in_a_kernel_without_a_gpu_sets_nothing_and_starts_no_cuda():
+    """--plan in a real kernel: the cell's "cuda" model and tensors are fake there, the report
+    is one PLANNED output, and neither the variable nor CUDA is touched."""
+    plan = SEARCH.replace("%%find_batch --var batch_size --max 256",
+                          "%%find_batch --plan T4 --max 4096").replace(
+        "x = torch.randn(batch_size, 64)", "x = torch.randn(batch_size, 64, device='cuda')").replace(
+        "model(x)", "model.to('cuda')(x)")
+    check = "print('batch_size' in globals(), torch.cuda.is_initialized(), type(model[0].weight).__name__)"
+    notebook = run_cells([SETUP, plan, check], timeout=60)
+    (report_bundle,) = bundles(notebook.cells[1])
+    assert report_bundle["text/plain"].startswith("PLANNED for T4: batch_size = 4096")
+    assert "PLANNED for T4" in report_bundle["text/html"]
+    assert stream(notebook.cells[2]) == "False False Parameter\n"
