@@ -178,3 +178,23 @@ def test_autocast_runs_what_cuda_runs_in_float32_in_float32():
 
     plan_batch(step, "T4", start=2, max=2)
     assert set(seen) == {(torch.float16, torch.float32, torch.float16)}
+
+
+def test_a_value_the_step_reads_is_said_and_adams_own_reads_are_not():
+    """Adam reads its step count with .item(): that sizes nothing and is not the user's to be
+    told of; a loss the step reads itself (fake, so planned as 1) is."""
+    model = nn.Linear(64, 64)
+    opt = torch.optim.Adam(model.parameters(), foreach=False)
+
+    def step(n, read):
+        loss = model.to("cuda")(torch.randn(n, 64, device="cuda")).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if read:
+            loss.item()
+
+    notes = plan_batch(lambda n: step(n, False), "T4", max=64).notes
+    assert not any("tensor value" in note for note in notes), notes
+    notes = plan_batch(lambda n: step(n, True), "T4", max=64).notes
+    assert any(note.startswith("the step read 1 tensor value (.item()") for note in notes), notes

@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import gc
 import itertools
+import os
 import sys
 import time
 import warnings
@@ -241,10 +242,23 @@ class Storages:
             self.events.append((next(self.serials), self.gpu.cublas_workspace))
 
     def value(self, tensor):
-        """What ``.item()`` or ``if tensor:`` reads: fake tensors hold none."""
-        self.values_read += 1
+        """What ``.item()`` or ``if tensor:`` reads: fake tensors hold none. Reads by torch's
+        optimizers (Adam's step count) are not the step's to be told of: they size nothing."""
+        if not _inside_torch_optim():
+            self.values_read += 1
         dtype = tensor.dtype
         return False if dtype == self.torch.bool else 1.0 if dtype.is_floating_point else 1
+
+
+def _inside_torch_optim() -> bool:
+    """Whether torch.optim's code is on the stack."""
+    optim = f"{os.sep}torch{os.sep}optim{os.sep}"
+    frame = sys._getframe(1)
+    while frame is not None:
+        if optim in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _tracker(torch, storages: Storages):
@@ -429,6 +443,7 @@ def trace_step(step: Callable[[int], Any], size: int, gpu: Gpu, namespace: Optio
                 for tensor in _tensors_of(torch, held):
                     storages.hold(tensor)
                 for _ in range(runs):
+                    storages.values_read = 0  # one step's, the last run's
                     try:
                         step(size)
                     except _Unsupported as error:
