@@ -253,7 +253,7 @@ class Storages:
 def _inside_torch_optim() -> bool:
     """Whether torch.optim's code is on the stack."""
     optim = f"{os.sep}torch{os.sep}optim{os.sep}"
-    frame = sys._getframe(1)
+    frame: Optional[Any] = sys._getframe(1)
     while frame is not None:
         if optim in frame.f_code.co_filename:
             return True
