@@ -26,6 +26,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ..render.shown import Shown
+from ..words import count
 from .caching import Event, Replay, replay
 from .gpus import Gpu, gpu_named
 from .search import SearchError, whole_number
@@ -535,7 +536,7 @@ def plan_step(step: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variab
     notes = [_how_sure(target)]
     read = max((t.values_read for t in traced.values()), default=0)
     if read:
-        notes.append(f"the step read {read} tensor value{'s' if read > 1 else ''} (.item(), if on a tensor): "
+        notes.append(f"the step read {count(read, 'tensor value')} (.item(), if on a tensor): "
                      f"fake tensors have none, so each read as 1 (False for a truth value)")
     if unsupported:
         notes.append(f"{', '.join(unsupported)} has no fake implementation: the step was planned up to it, "
