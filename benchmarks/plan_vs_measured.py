@@ -22,7 +22,7 @@ Needs timm (``pip install timm``; it imports torchvision). Where torchvision's c
 cannot load (a CUDA torchvision beside a CPU torch), the two op schemas its Python code
 registers fakes for are declared first, so that its pure-Python models import.
 
-    PYTHONPATH=. python benchmarks/plan_vs_measured.py [--models 64] [--seed 0]
+    python benchmarks/plan_vs_measured.py [--models 64] [--seed 0]
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ import re
 import statistics
 import sys
 import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's colab_gpu, whatever else is installed
 
 # shared/data beside the checkout (../shared from the main one, ../../shared from a worktree)
 DATA = next((parent / "shared" / "data" / "batch-size" for parent in pathlib.Path(__file__).resolve().parents
