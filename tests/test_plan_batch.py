@@ -198,3 +198,14 @@ def test_a_value_the_step_reads_is_said_and_adams_own_reads_are_not():
     assert not any("tensor value" in note for note in notes), notes
     notes = plan_batch(lambda n: step(n, True), "T4", max=64).notes
     assert any(note.startswith("the step read 1 tensor value (.item()") for note in notes), notes
+
+
+@pytest.mark.parametrize("option", ["--mode throughput", "--device cpu"])
+def test_options_a_plan_cannot_honour_are_refused_in_one_line(shell, option):
+    """A plan predicts memory, not speed, on the GPU it names: --mode throughput and --device
+    were ignored without a word."""
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match=rf"^--plan predicts memory on the GPU it names, so {option} has "
+                                         r"nothing to act on: drop it, or run the search without --plan$"):
+        shell.run_cell_magic("find_batch", f"--plan T4 {option}", "x = batch_size")

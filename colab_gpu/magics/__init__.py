@@ -373,6 +373,10 @@ class GPUMagics(Magics):
         args = parse(self.find_batch, line)
         if args.apply and args.plan is None:
             raise UsageError("--apply sets the variable to a planned size: use it with --plan GPU")
+        if args.plan is not None and (args.mode != "max" or args.device != "auto"):
+            given = f"--mode {args.mode}" if args.mode != "max" else f"--device {args.device}"
+            raise UsageError(f"--plan predicts memory on the GPU it names, so {given} has nothing to act on: "
+                             f"drop it, or run the search without --plan")
         prepared = prepare(self.shell, line, cell, args)
         if args.plan is not None:
             plan = plan_cell(self.shell, prepared, args.plan, args.apply)
