@@ -128,7 +128,7 @@ def test_an_option_given_twice_with_two_values_is_refused_naming_both(shell, mag
 
 def test_every_magic_has_options_that_take_one_value(shell):
     assert {name: len(value_options(shell, name)) for name in ("gpu_status", "alloc_conf", "find_batch")} == {
-        "gpu_status": 2, "alloc_conf": 2, "find_batch": 8}
+        "gpu_status": 2, "alloc_conf": 2, "find_batch": 9}  # --plan GPU joined them
 
 
 def test_the_same_value_twice_is_accepted(shell, clean_env):

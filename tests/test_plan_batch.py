@@ -209,3 +209,23 @@ def test_options_a_plan_cannot_honour_are_refused_in_one_line(shell, option):
     with pytest.raises(UsageError, match=rf"^--plan predicts memory on the GPU it names, so {option} has "
                                          r"nothing to act on: drop it, or run the search without --plan$"):
         shell.run_cell_magic("find_batch", f"--plan T4 {option}", "x = batch_size")
+
+
+def test_after_a_plan_a_launched_rank_still_runs_backward():
+    """On a machine without a GPU torch's FakeTensorMode installed a no-op CUDA device guard for
+    good; the next backward started autograd's device threads, and every rank colab_gpu.launch
+    forked after a plan failed with "Unable to handle autograd's threading in combination with
+    fork-based multiprocessing" (Colab's CPU runtime: a CUDA build of torch, no GPU)."""
+    import colab_gpu
+
+    _, _, step = _linear_step()
+    plan_batch(step, "T4", max=8)
+    step_after = torch.ones(3, requires_grad=True)
+    (step_after * 2).sum().backward()  # the notebook's next CPU training step
+    assert colab_gpu.launch(_a_backward, nprocs=2, backend="gloo", timeout=60) == [6.0, 6.0]
+
+
+def _a_backward():
+    weights = torch.ones(3, requires_grad=True)
+    (weights * 2).sum().backward()
+    return float(weights.grad.sum())

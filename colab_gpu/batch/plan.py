@@ -135,6 +135,24 @@ def _fake_classes():
     return fake_tensor
 
 
+def _fake_mode(fake):
+    """torch's FakeTensorMode, but one that never installs its no-op CUDA device guard. Where
+    no GPU is available torch installs it on entering the mode, for the rest of the process; the
+    guard reports one device, so the next backward starts autograd's device threads, and a
+    process forked later (colab_gpu.launch, %%distributed) cannot run backward at all. The plan
+    runs "cuda" on the CPU (``_device_mode``), so it needs no CUDA guard: this is the mode torch
+    uses where a GPU is present."""
+
+    base: Any = fake.FakeTensorMode
+
+    class WithoutDeviceGuard(base):
+        @property
+        def avoid_device_init(self) -> bool:
+            return False
+
+    return WithoutDeviceGuard(allow_non_fake_inputs=True)
+
+
 def _device_mode(torch, storages):
     """A TorchFunctionMode that runs "cuda" on the fake CPU: torch's fake CUDA tensors need
     CUDA's device guard, which a CPU-only build lacks (autograd then aborts the process) and
@@ -425,7 +443,7 @@ def trace_step(step: Callable[[int], Any], size: int, gpu: Gpu, namespace: Optio
     import torch
 
     fake = _fake_classes()
-    fake_mode = fake.FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = _fake_mode(fake)
     storages = Storages(torch, fake_mode, gpu)
     structure = _Structure(torch, objects)
     namespace = namespace if namespace is not None else {}
