@@ -1,9 +1,11 @@
 """This machine's memory as Linux reports it, for the CPU runtime's figures: this process's
 sizes, the machine's available memory and a container's (cgroup v2) limit. find_batch's CPU
 gauge and the out-of-memory card read the same files the same way. And the CPU time this
-process and its workers used, for the live monitor's per-cell load."""
+process and its workers used, and the cores it may use (the live monitor's per-cell load,
+%tune_loader's worker counts)."""
 from __future__ import annotations
 
+import math
 import os
 from typing import Dict, Optional, Tuple
 
@@ -92,9 +94,35 @@ def process_cpu() -> Tuple[float, Optional[float], Optional[float]]:
     return own, tree, wanted
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity: a container's share), at least 1."""
+def _cgroup_cores(root: str = "/sys/fs/cgroup") -> Optional[float]:
+    """The CPU quota of this container in cores (Docker's --cpus), None where there is none.
+    cgroup v2's cpu.max reads "max 100000" or "200000 100000"; v1 has the two in two files."""
     try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
+        with open(os.path.join(root, "cpu.max")) as file:
+            quota, period = file.read().split()[:2]
+        if quota == "max":
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as file:
+            quota_us = int(file.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as file:
+            period_us = int(file.read())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> Tuple[int, str]:
+    """The cores this process may run on, and how that was read: its CPU affinity (a Colab
+    runtime's 2), lowered by a container's CPU quota, which the affinity does not show."""
+    try:
+        cores, how = len(os.sched_getaffinity(0)), "CPU affinity"
+    except AttributeError:  # macOS, Windows
+        cores, how = os.cpu_count() or 1, "os.cpu_count()"
+    quota = _cgroup_cores(cgroup_root)
+    if quota is not None and math.ceil(quota) < cores:
+        cores, how = max(1, math.ceil(quota)), f"container CPU quota of {quota:g} core{'s' if quota != 1 else ''}"
+    return cores, how

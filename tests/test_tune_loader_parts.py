@@ -14,8 +14,8 @@ from colab_gpu.loader.choose import choose, training_rate
 from colab_gpu.loader.hints import hints
 from colab_gpu.loader.measure import Split, batch_length, error_text, time_window
 from colab_gpu.loader.result import Measurement, waiting
-from colab_gpu.loader.settings import (Setting, constructor_call, notebook_parts, rebuilt, setting_of,
-                                       usable_cores, worker_counts)
+from colab_gpu.host import usable_cores
+from colab_gpu.loader.settings import Setting, constructor_call, notebook_parts, rebuilt, setting_of, worker_counts
 
 ZERO, ONE, TWO, THREE = (Setting(0).with_(num_workers=count) for count in range(4))
 

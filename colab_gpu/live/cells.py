@@ -88,7 +88,7 @@ class CellPeaks:
         wall, process, tree, wanted = self._cpu
         seconds = max(time.monotonic() - wall, 1e-9)
         process_now, tree_now, wanted_now = process_cpu()
-        cores = usable_cores()
+        cores, _ = usable_cores()
         hidden = hidden_gpus(tally.sampler)
         means = {index: total / samples for index, (total, samples) in busy.items() if index not in hidden}
         gpu = max(means, key=lambda index: means[index]) if means else None

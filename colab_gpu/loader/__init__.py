@@ -17,6 +17,7 @@ import sys
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from ..host import usable_cores
 from ..runtime import cuda_torch
 from ..spelling import option
 from ..words import duration, significant
@@ -26,7 +27,7 @@ from .measure import (Split, error_text, mover, random_state_kept, restart_secon
                       step_seconds, time_window)
 from .result import LoaderTuning, Measurement, StepTiming, waiting
 from .settings import (LoaderError, NotALoader, Setting, batches_per_epoch, check_loader, constructor_call,
-                       is_iterable, notebook_parts, rebuilt, setting_of, start_method, usable_cores, worker_counts)
+                       is_iterable, notebook_parts, rebuilt, setting_of, start_method, worker_counts)
 
 __all__ = ["tune_loader", "LoaderTuning", "LoaderError", "NotALoader", "Setting", "resolve_device"]
 

@@ -11,15 +11,13 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import inspect
-import math
 import multiprocessing
-import os
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import UserError
 
-__all__ = ["Setting", "LoaderError", "NotALoader", "setting_of", "usable_cores", "worker_counts",
+__all__ = ["Setting", "LoaderError", "NotALoader", "setting_of", "worker_counts",
            "rebuilt", "check_loader", "is_iterable", "start_method", "notebook_parts", "constructor_call",
            "DEFAULT_PREFETCH", "batches_per_epoch",
            "parts_of"]
@@ -82,40 +80,6 @@ def setting_of(loader) -> Setting:
     return Setting(0).with_(num_workers=loader.num_workers, pin_memory=bool(loader.pin_memory),
                             prefetch_factor=loader.prefetch_factor,
                             persistent_workers=bool(loader.persistent_workers))
-
-
-def _cgroup_cores(root: str = "/sys/fs/cgroup") -> Optional[float]:
-    """The CPU quota of this container in cores (Docker's --cpus), None where there is none.
-    cgroup v2's cpu.max reads "max 100000" or "200000 100000"; v1 has the two in two files."""
-    try:
-        with open(os.path.join(root, "cpu.max")) as file:
-            quota, period = file.read().split()[:2]
-        if quota == "max":
-            return None
-        return int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as file:
-            quota_us = int(file.read())
-        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as file:
-            period_us = int(file.read())
-    except (OSError, ValueError):
-        return None
-    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
-
-
-def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> Tuple[int, str]:
-    """The cores this process may run on, and how that was read: its CPU affinity (a Colab
-    runtime's 2), lowered by a container's CPU quota, which the affinity does not show."""
-    try:
-        cores, how = len(os.sched_getaffinity(0)), "CPU affinity"
-    except AttributeError:  # macOS, Windows
-        cores, how = os.cpu_count() or 1, "os.cpu_count()"
-    quota = _cgroup_cores(cgroup_root)
-    if quota is not None and math.ceil(quota) < cores:
-        cores, how = max(1, math.ceil(quota)), f"container CPU quota of {quota:g} core{'s' if quota != 1 else ''}"
-    return cores, how
 
 
 def worker_counts(cores: int, current: int, most: Optional[int] = None) -> List[int]:
