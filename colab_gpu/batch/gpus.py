@@ -18,12 +18,11 @@ import dataclasses
 import re
 from typing import Optional, Tuple
 
-from .search import SearchError
+from .search import BYTE_UNITS, SearchError
 
 __all__ = ["Gpu", "GPUS", "GpuError", "gpu_named", "accepted"]
 
 MiB = 1024 ** 2
-_UNITS = {"gib": 1024 ** 3, "gb": 1000 ** 3, "mib": MiB, "mb": 1000 ** 2}
 
 
 class GpuError(SearchError):
@@ -79,7 +78,7 @@ def gpu_named(spec: str) -> Gpu:
             return gpu
     match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(gib|gb|mib|mb)", text.lower())
     if match:
-        total = int(float(match.group(1)) * _UNITS[match.group(2)])
+        total = int(float(match.group(1)) * BYTE_UNITS[match.group(2)])
         if total <= GENERIC_CONTEXT:
             raise GpuError(f"--plan {spec}: a GPU that small holds no more than a CUDA context; "
                            f"give {accepted()}")

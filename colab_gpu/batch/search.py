@@ -66,7 +66,8 @@ MAX_TRIALS = 24  # max mode's budget: enough to double from 2 to 65536 and bisec
 THROUGHPUT_GAIN = 1.05  # a doubling must pay at least 5 % samples/s to go on
 THROUGHPUT_PATIENCE = 2  # doublings in a row that do not pay before stopping: one slow trial is noise
 SMALLEST_BARE_HEADROOM = 1024 ** 2  # a unit-less headroom below 1 MiB is a unit left out
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
+# the bytes in each unit a user may type (--headroom, --plan's capacity): decimal kB/MB/GB, binary KiB/MiB/GiB
+BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2,
           "mib": 1024 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
 
 
@@ -99,7 +100,7 @@ class Headroom:
         if unit == "%" and value >= 100:
             raise SearchError(f"{given}: a percentage must be below 100%")
         self.fraction = value / 100 if unit == "%" else None
-        self.bytes = None if unit == "%" else int(value * _UNITS[unit])
+        self.bytes = None if unit == "%" else int(value * BYTE_UNITS[unit])
 
     def usable(self, capacity: Optional[int]) -> Optional[int]:
         if capacity is None:
