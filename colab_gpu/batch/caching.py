@@ -15,16 +15,14 @@ import bisect
 import dataclasses
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ..memory.rounding import UNSPLIT_REMAINDER, block_size
+from ..memory.rounding import LARGE_BUFFER, MIN_BLOCK, UNSPLIT_REMAINDER, block_size
 
 __all__ = ["Replay", "replay"]
 
 SMALL_SIZE = UNSPLIT_REMAINDER  # kSmallSize: the small pool's largest request
 SMALL_BUFFER = 2 * 1024 ** 2  # kSmallBuffer: the small pool's segments
-LARGE_BUFFER = 20 * 1024 ** 2  # kLargeBuffer: segments for requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * 1024 ** 2  # kMinLargeAlloc
 ROUND_LARGE = 2 * 1024 ** 2  # kRoundLarge: larger segments are rounded up to this
-MIN_BLOCK = 512  # kMinBlockSize
 
 # An event: (serial, bytes) allocates storage ``serial``; (serial, None) frees it.
 Event = Tuple[int, Optional[int]]

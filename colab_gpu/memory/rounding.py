@@ -12,10 +12,11 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 from ..torch_allocator.schema import ROUNDUP_INTERVALS
 from .readings import Reading
 
-__all__ = ["LARGE_BUFFER", "LOWEST_SPLIT_LIMIT", "UNSPLIT_REMAINDER", "block_size", "unreached_bytes"]
+__all__ = ["LARGE_BUFFER", "LOWEST_SPLIT_LIMIT", "MIN_BLOCK", "UNSPLIT_REMAINDER", "block_size", "unreached_bytes"]
 
+MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of it
 UNSPLIT_REMAINDER = 1024 ** 2  # CUDA's caching allocator splits a large block only for more left over
-LARGE_BUFFER = 20 * 1024 ** 2  # kLargeBuffer: how much larger an unsplit oversize block may be
+LARGE_BUFFER = 20 * 1024 ** 2  # kLargeBuffer: the segment for a request of 1-10 MiB, and how much larger an unsplit oversize block may be
 # The lowest max_split_size_mb any torch takes: 21 before 2.10, 20 in 2.10, and from 2.11
 # large_segment_size_mb, which must be over 10 (see torch_allocator/schema.py).
 LOWEST_SPLIT_LIMIT = 11 * 1024 ** 2
@@ -92,10 +93,10 @@ def _rounded(nbytes: int, divisions: List[int]) -> int:
     (1.1 GiB -> 1.25 GiB with 4)."""
     log = nbytes.bit_length() - 1
     split = divisions[min(max(log - 20, 0), ROUNDUP_INTERVALS - 1)]
-    step = 512
-    if split > 1 and nbytes > 512 * split:
+    step = MIN_BLOCK
+    if split > 1 and nbytes > MIN_BLOCK * split:
         step = max((1 << log) >> (split.bit_length() - 1), 1)  # a power of two stays as it is
-    return max(-(-nbytes // step) * step, 512)
+    return max(-(-nbytes // step) * step, MIN_BLOCK)
 
 
 def block_size(nbytes: int, divisions: Optional[List[int]] = None) -> int:
