@@ -5,7 +5,9 @@ with Adam, a small transformer encoder with AMP and AdamW) with torch's allocato
 15 GiB by torch.cuda.set_per_process_memory_fraction, as a T4 leaves it. The plan runs first,
 before CUDA starts, and must leave CUDA uninitialized; then, on the GPU, the planned size (put
 on timm's ladder 512, 384, 256, 192, 128, ...) must run two steps and the next ladder size up
-must run out of memory.
+must run out of memory. Then ``%%find_batch --plan this`` on the whole GPU, in a real IPython
+shell (issue #39): the search's first trial must be the planned size, and where the plan was
+right (the planned size is the largest that ran) the search must end within 3 trials.
 
     python gpu_checks/plan_batch.py
 """
@@ -96,6 +98,33 @@ def forget(step) -> None:
     torch.cuda.empty_cache()
 
 
+def plan_this_then_search(torch, name: str, step) -> list:
+    """``%%find_batch --plan this -o`` over ``step(batch_size)`` on the whole GPU: what went
+    wrong, as failures."""
+    from IPython.testing.globalipapp import start_ipython
+
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)  # the GPU as NVML, and so the plan, sees it
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "colab_gpu")
+    shell.user_ns.update(step=step)
+    try:
+        result = shell.run_cell_magic("find_batch", "--plan this -o", "step(batch_size)")
+    except Exception as error:  # a UsageError, or the cell's own error
+        return [f"--plan this, {name}: {type(error).__name__}: {error}"]
+    print(result)
+    if result.plan is None:
+        return [f"--plan this, {name}: no plan to start from ({'; '.join(result.notes)})"]
+    planned, sizes = result.plan.size, [trial.size for trial in result.trials]
+    failures = []
+    if sizes[0] != planned:
+        failures.append(f"--plan this, {name}: the first trial was {sizes[0]}, not the planned {planned}")
+    if result.largest_fitting == planned and len(sizes) > 3:
+        failures.append(f"--plan this, {name}: the plan was right, yet the search took {len(sizes)} trials: {sizes}")
+    if shell.user_ns.get("batch_size") != result.answer:
+        failures.append(f"--plan this, {name}: batch_size is {shell.user_ns.get('batch_size')}, not {result.answer}")
+    return failures
+
+
 def main() -> int:
     import torch
 
@@ -140,6 +169,9 @@ def main() -> int:
             failures.append(f"{name}: {above}, one ladder step above the plan, ran too")
         forget(step)
         torch.cuda.reset_peak_memory_stats()
+    name = "transformer (AMP, AdamW), 512 tokens"
+    failures.extend(plan_this_then_search(torch, name, steps[name]))
+    forget(steps[name])
     print(f"{time.perf_counter() - began:.0f} s; " + ("; ".join(failures) if failures else "all as planned"))
     return 1 if failures else 0
 

@@ -21,7 +21,7 @@ from ..runtime import cpu_only_build, torch_state
 from ..words import count
 from .parallel import across_devices
 from .plan import Plan, plan_batch
-from .result import DEVICE_BROKEN, BatchResult, Trial
+from .result import DEVICE_BROKEN, BatchResult, Prior, Trial
 from .search import Search, SearchError, whole_number
 from .state import RestoreError, RestorePoint, stateful_objects
 from .trial import CtrlC, device_label, release_memory, run_trial
@@ -76,21 +76,40 @@ def _never_run(size: int) -> Trial:
     raise AssertionError("check_options() builds a Search only to check its options")
 
 
+def prior_of(plan: Optional[Plan], mode: str) -> Tuple[Optional[Prior], Tuple[str, ...]]:
+    """The plan's answer as the search's first size and first prediction, or a note saying
+    why it gave none; TypeError or SearchError for a plan the search cannot go by."""
+    if plan is None:
+        return None, ()
+    if not isinstance(plan, Plan):
+        raise TypeError(f"{option('plan')} takes the Plan that plan_batch() returns, not {plan!r:.80}")
+    if mode != "max":
+        raise SearchError(f"{option('plan')} predicts the largest size that fits: it goes with "
+                          f"{option('mode', 'max')}, not {option('mode', mode)}")
+    if plan.answer is None:
+        why = (f"{', '.join(plan.unsupported)} has no fake implementation" if plan.unsupported
+               else "none was predicted to fit")
+        return None, (f"the plan for {plan.gpu} gave no size ({why}): the search started without it",)
+    return Prior(plan.answer, plan.gpu), ()
+
+
 def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
                  steps: int = 3, headroom=None, multiple_of: int = 1, device: str = "auto",
-                 measure_memory: bool = True, progress=None,
+                 measure_memory: bool = True, progress=None, plan: Optional[Plan] = None,
                  around_run: Callable[[], Any] = contextlib.nullcontext) -> BatchResult:
     """Search with ``step(size)``, restoring ``restore_point`` and freeing memory after every trial.
 
     ``progress(search)`` is called after every trial and ``progress.finish(result)`` at the
     end. The user's own error (not an out-of-memory, not a broken device) is raised again
     once everything is restored and the progress finished, with its traceback.
-    ``around_run()`` is entered around each run of ``step``, outside its timing.
+    ``around_run()`` is entered around each run of ``step``, outside its timing. ``plan``: the
+    search starts at its answer and goes by it until its trials fit memory (see ``prior_of``).
     """
     __tracebackhide__ = True  # IPython shows the user's frames of their error, not ours
     steps = whole_number("steps", steps)
     device = checked_device(device)
+    prior, plan_notes = prior_of(plan, mode)
     errors: List[BaseException] = []
     try:
         with CtrlC() as ctrl_c:
@@ -111,9 +130,9 @@ def search_batch(step: Callable[[int], Any], restore_point: RestorePoint, *, var
                 return trial
 
             search = Search(run, variable=variable, mode=mode, start=start, maximum=maximum,
-                            multiple_of=multiple_of, headroom=headroom,
+                            multiple_of=multiple_of, headroom=headroom, prior=prior,
                             device=device_label(device), on_trial=progress or (lambda search: None))
-            search.notes.extend(restore_point.notes())  # what is restored: shown from the first trial on
+            search.notes.extend(plan_notes + tuple(restore_point.notes()))  # what is restored: shown from the first trial on
             try:
                 search.run()
             except RestoreError as error:  # it cannot go on: the progress ends saying why
@@ -165,7 +184,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
                start: Optional[int] = None, max: Optional[int] = None, steps: int = 3,
                headroom: Union[str, int, None] = None, multiple_of: int = 1,
                restore: Union[str, bool, Any, Sequence[Any], Dict[str, Any], None] = "auto", device: str = "auto",
-               measure_memory: bool = True, progress: bool = True) -> BatchResult:
+               measure_memory: bool = True, progress: bool = True, plan: Optional[Plan] = None) -> BatchResult:
     """Find the largest batch size that fits (``mode="max"``) or the fastest (``"throughput"``).
 
     Each trial runs ``fn`` ``steps`` times at one size, the first run untimed; in throughput
@@ -210,6 +229,12 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
         the process killed).
     progress : bool, default True
         Show a line per trial.
+    plan : Plan, optional
+        A plan from :func:`plan_batch`, best made for this GPU (``gpu="this"``): the search
+        starts at its answer (unless ``start`` is given) and goes by it until its own trials
+        fit memory. A right plan is confirmed in two trials: the planned size runs, one 5 %
+        above does not. The result says whether the trials confirmed it, and names the GPU
+        planned for where it is not the device searched on. Max mode only.
 
     Returns
     -------
@@ -223,10 +248,12 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     Raises
     ------
     TypeError
-        ``fn`` is not callable, or calling it runs nothing (an async or generator function).
+        ``fn`` is not callable, or calling it runs nothing (an async or generator function),
+        or ``plan`` is not a Plan.
     colab_gpu.batch.SearchError
         (a ValueError) An option the search cannot work with (the message says what is
-        accepted), a ``device`` this machine lacks, or a ``multiple_of`` that leaves no size.
+        accepted), a ``device`` this machine lacks, a ``multiple_of`` that leaves no size, or
+        a ``plan`` with ``mode="throughput"``.
     colab_gpu.batch.RestoreError
         (a ValueError) A ``restore`` object whose state cannot be saved or put back.
     Exception
@@ -259,7 +286,7 @@ def find_batch(fn: Callable[[int], Any], *, variable: str = "batch_size", mode: 
     shown = reporter() if progress else None
     result = search_batch(fn, RestorePoint(objects=objects, found=found), variable=variable, mode=mode, start=start,
                           maximum=max, steps=steps, headroom=headroom, multiple_of=multiple_of,
-                          device=device, measure_memory=measure_memory, progress=shown)
+                          device=device, measure_memory=measure_memory, progress=shown, plan=plan)
     if isinstance(shown, NotebookProgress):
         shown.empty_if_out(result)
     return result

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from html import escape
 from typing import Optional
 
@@ -74,6 +75,8 @@ def _facts(result):
                f"(from {result.variable}={result.fit.sizes[0]} and {result.fit.sizes[1]})")
     ended = RUNNING if result.stopped == RUNNING else f"stopped: {result.stopped}"
     yield f"{result.tally()}, {count(result.samples_computed, 'sample')} computed; {ended}"
+    if result.plan is not None:
+        yield plan_fact(result)
     if result.largest_fitting is not None:
         yield f"largest that ran: {result.largest_fitting}"
     if result.fastest is not None:
@@ -84,6 +87,36 @@ def _facts(result):
                f"so these times and samples/s are uncertain: "
                + "; ".join(f"{result.variable}={trial.size}: {_runs_range(trial)}" for trial in uneven))
     yield from result.notes
+
+
+def plan_fact(result) -> str:
+    """What the trials said of the plan the search started from: "planned 384 for H100: 384
+    ran, 403 did not fit", or too high, or too low."""
+    planned, failed = result.plan.size, (OUT_OF_MEMORY, OVER_HEADROOM)
+    said = f"planned {result.variable}={planned} for {result.plan.gpu}"
+    if not same_gpu(result.plan.gpu, result.device):
+        said += f" (searched on {result.device or 'another device'})"
+    ran = next((trial for trial in result.trials if trial.size == planned), None)
+    if ran is None:
+        return f"{said}: not tried"
+    if ran.outcome in failed:
+        return f"{said}: too high, {planned} did not fit"
+    if not ran.fits:
+        return f"{said}: {planned} {ran.outcome}"
+    if (result.largest_fitting or 0) > planned:
+        return f"{said}: too low, {result.largest_fitting} ran too"
+    above = [trial.size for trial in result.trials if trial.outcome in failed and trial.size > planned]
+    return f"{said}: {planned} ran" + (f", {min(above)} did not fit" if above else "")
+
+
+def same_gpu(planned: str, device: str) -> bool:
+    """Whether the GPU a plan names is the CUDA device searched on: its model (``A100`` of
+    ``A100-40GB``, ``RTX3090``, NVML's ``NVIDIA H100 80GB HBM3``) is whole words of the
+    device's label (``cuda:0 (NVIDIA GeForce RTX 3090)``), spaces aside; ``L4`` is not ``L40S``."""
+    model = "".join(re.findall(r"[a-z0-9]+", planned.split("-")[0].lower()))
+    words = re.findall(r"[a-z0-9]+", device.lower())
+    return device.startswith("cuda") and any("".join(words[first:last]) == model
+                                             for first in range(len(words)) for last in range(first + 1, len(words) + 1))
 
 
 def render_line(result) -> str:

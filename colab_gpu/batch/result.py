@@ -84,6 +84,15 @@ class MemoryFit:
         return int((limit - self.intercept) // self.slope)
 
 
+@dataclasses.dataclass(frozen=True)
+class Prior:
+    """A plan's answer for ``gpu``, predicted before any trial: the search starts there, and
+    its trials confirm it (it ran, and a size just above did not) or show it too high or low."""
+
+    size: int
+    gpu: str
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class BatchResult(Shown):
     """The search's trials and its answer: ``answer`` is always a size that ran and fitted.
@@ -113,6 +122,8 @@ class BatchResult(Shown):
         Why the search ended, one sentence.
     notes : tuple of str
         What else the user should know (a rounded ``start``, headroom not applied ...).
+    plan : Prior or None
+        The planned size the search started from (``find_batch(plan=...)``, ``--plan this``).
     """
 
     variable: str
@@ -127,6 +138,7 @@ class BatchResult(Shown):
     fit: Optional[MemoryFit]
     stopped: str  # why the search ended, one sentence
     notes: Tuple[str, ...] = ()
+    plan: Optional[Prior] = None
     # True when the user asked for text (%config GPUMagics.output = 'text'): no HTML view, so a
     # notebook shows the result, as the cell's Out too, as plain text.
     text_only: bool = dataclasses.field(default=False, repr=False, compare=False)

@@ -25,7 +25,10 @@ memory cannot be measured. A fit that still predicts a size at or above a failur
 up there and is not followed: the search bisects. A --start above what fits halves to a
 first success, then measures a size BELOW times smaller, so that the fit, not blind
 bisection, places the rest. Where going past memory gets the process killed, no size the fit
-puts over the usable memory is run: the result says so instead of proving by a failure.
+puts over the usable memory is run: the result says so instead of proving by a failure. A
+plan's answer (a Prior) is the first size, and stands in for the fit's prediction until the
+trials give a fit, or a failure at or below it shows it too high: on a right plan, the planned
+size runs and the size TOLERANCE above fails, two trials.
 
 Throughput mode doubles from the start and stops when two doublings in a row gain less than
 5 % samples/s over the best, which is then the answer (not a larger size a noise's width
@@ -47,7 +50,7 @@ from ..errors import UserError
 from ..spelling import option
 from ..words import count
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTERRUPTED_NOTE,
-                     OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, BatchResult, MemoryFit, Trial)
+                     OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, BatchResult, MemoryFit, Prior, Trial)
 
 MODES = ("max", "throughput")
 DEFAULT_START = 2  # not 1: batch norm refuses a batch of one in training mode
@@ -217,7 +220,7 @@ class Search:
 
     def __init__(self, run: Callable[[int], Trial], *, variable: str = "batch_size",
                  mode: str = "max", start: Optional[int] = None, maximum: Optional[int] = None,
-                 multiple_of: int = 1, headroom=None, device: str = "",
+                 multiple_of: int = 1, headroom=None, device: str = "", prior: Optional[Prior] = None,
                  on_trial: Callable[["Search"], None] = lambda search: None):
         if mode not in MODES:
             raise SearchError(f"{option('mode', mode)}: use one of {', '.join(MODES)}")
@@ -227,7 +230,7 @@ class Search:
                           for name, value in (("start", start), ("max", maximum)))
         _check_multiple(multiple_of, start, maximum)
         self.step = multiple_of
-        first_size = max(DEFAULT_START, multiple_of)
+        first_size = max(DEFAULT_START if prior is None else prior.size, multiple_of)
         if start is None and maximum is not None:  # --max 1 alone asks for 1, not for 2
             first_size = min(first_size, maximum)
         self.start = self._align(start if start is not None else first_size)
@@ -238,7 +241,7 @@ class Search:
         self._run, self.variable, self.mode, self.device = run, variable, mode, device
         self._headroom = (headroom if isinstance(headroom, Headroom) or headroom is None
                           else Headroom(headroom))
-        self.on_trial = on_trial
+        self.on_trial, self.prior = on_trial, prior
         self.trials: List[Trial] = []
         # Sizes are multiples of multiple_of: a --start or --max between two is rounded down (a
         # start below the first multiple, up to it), as the user is told.
@@ -371,7 +374,9 @@ class Search:
             if size <= self.step:
                 self.stopped = f"even {self.variable}={size} does not fit"
                 return None
-            size = self._align(size // 2)
+            planned = len(self.trials) == 1 and self.prior is not None and size == self._align(self.prior.size)
+            under = self._under(size)  # a plan a little too high: a success just under it proves the answer
+            size = under if planned and under < size else self._align(size // 2)
         return size
 
     def _close(self, lo: int, upper: int) -> bool:
@@ -475,9 +480,20 @@ class Search:
             return None
         return size
 
+    def _planned(self) -> Optional[int]:
+        """The plan's size while it stands in for the fit: no failure at or below it (which
+        shows the plan too high)."""
+        if self.prior is None or any(trial.size <= self.prior.size for trial in self._failures()):
+            return None
+        return self.prior.size
+
     def _candidate(self, lo: int, hi: Optional[int]) -> float:
         fit, usable = self.fit(), self.usable
-        predicted = fit.largest_under(usable) if fit is not None and usable is not None else None
+        predicted: Optional[int]
+        if fit is not None and usable is not None:
+            predicted, fit_span = fit.largest_under(usable), lo - fit.sizes[0]
+        else:  # no fit measured yet: the plan's size, on a line from zero
+            predicted, fit_span = self._planned(), lo
         if predicted is not None and hi is not None and predicted >= hi:
             predicted = None  # a failure proved the fit wrong up there: bisect, not retry under it
         self._predicted = predicted
@@ -487,10 +503,10 @@ class Search:
             if self._cautious() and hi <= 2 * lo:
                 # what fails now may have fitted before a failure: a retry of the answer's neighbourhood
                 return self._probe_above(lo, hi)
-        if predicted is not None and fit is not None:
+        if predicted is not None:
             if predicted <= lo * (1 + TOLERANCE):  # the fit puts the top at lo: a failure just above proves it
                 return self._probe_above(lo, hi)
-            candidate = aim_after_success(lo, predicted, lo - fit.sizes[0], self._cautious())
+            candidate = aim_after_success(lo, predicted, fit_span, self._cautious())
             if candidate <= lo * (1 + TOLERANCE):  # as good as a probe, and probes in a row step up faster
                 return self._probe_above(lo, hi)
             if hi is None and candidate > LONGEST_JUMP * lo:
@@ -527,7 +543,7 @@ class Search:
         assert lo is not None  # called after the first success
         below = self._align(lo / BELOW)
         if self.hi is not None and len(self._measured()) == 1 and self.capacity is not None \
-                and below < lo:
+                and below < lo and not self._proven(lo, self.hi):
             self.attempt(below)
 
     def _fastest(self) -> None:
@@ -583,7 +599,7 @@ class Search:
         return BatchResult(
             variable=self.variable, mode=self.mode, device=self.device, trials=tuple(self.trials),
             answer=answer, largest_fitting=largest, fastest=fastest, capacity=self.capacity,
-            usable=self.usable, fit=fit, stopped=self.stopped,
+            usable=self.usable, fit=fit, stopped=self.stopped, plan=self.prior,
             notes=tuple(self.notes) + ((kill_note(),) if self._kill_headroom_binds(fit) else ())
             + tuple(caught_note(self.variable, answer, trial.caught_ooms) for trial in successes
                     if trial.size == answer and trial.caught_ooms))

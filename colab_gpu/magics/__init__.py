@@ -347,8 +347,10 @@ class GPUMagics(Magics):
     @argument("--plan", action=Once, metavar="GPU",
               help="Predict instead of run: the cell's step under torch's fake tensors (no data, no "
                    "GPU needed, CUDA never started), its peak memory at each size on GPU: T4, L4, "
-                   "V100-16GB, A100-40GB, A100-80GB, H100, RTX3090, a capacity like 15GiB, or this "
-                   "(the GPU here). Labelled PLANNED; the variable is set only with --apply.")
+                   "V100-16GB, A100-40GB, A100-80GB, H100, RTX3090 or a capacity like 15GiB. "
+                   "Labelled PLANNED; the variable is set only with --apply. --plan this (the GPU "
+                   "here) plans, then searches from the planned size, which a right plan confirms "
+                   "in two trials, and sets the variable as a search does.")
     @argument("--apply", action="store_true",
               help="With --plan: set the variable to the largest size planned to fit.")
     @argument("-o", action="store_true", dest="return_result",
@@ -373,20 +375,23 @@ class GPUMagics(Magics):
         args = parse(self.find_batch, line)
         if args.apply and args.plan is None:
             raise UsageError("--apply sets the variable to a planned size: use it with --plan GPU")
+        this = args.plan is not None and args.plan.strip().lower() == "this"  # as gpus.gpu_named reads it
+        if args.apply and this:
+            raise UsageError("--plan this searches after planning, and the search sets the variable: drop --apply")
         if args.plan is not None and (args.mode != "max" or args.device != "auto"):
             given = f"--mode {args.mode}" if args.mode != "max" else f"--device {args.device}"
             raise UsageError(f"--plan predicts memory on the GPU it names, so {given} has nothing to act on: "
                              f"drop it, or run the search without --plan")
         prepared = prepare(self.shell, line, cell, args)
-        if args.plan is not None:
-            plan = plan_cell(self.shell, prepared, args.plan, args.apply)
+        plan = plan_cell(self.shell, prepared, args.plan, args.apply) if args.plan is not None else None
+        if plan is not None and not this:  # a GPU not here: the plan is the answer
             if args.return_result:
                 return plan
             self.show(plan)
             return None
         notebook = in_notebook() and self.output != "text"
         progress = NotebookProgress(keep_report=not args.return_result) if notebook else TerminalProgress()
-        result = search_cell(self.shell, prepared, progress)
+        result = search_cell(self.shell, prepared, progress, plan=plan)
         if args.return_result:  # the cell's Out: every formatter runs, so text is asked of the result
             return dataclasses.replace(result, text_only=True) if self.output == "text" else result
         if not notebook:  # in a notebook the progress display has become the report

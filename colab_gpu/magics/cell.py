@@ -101,9 +101,10 @@ def _check_namespace(namespace: dict, variable: str, restore: List[str]) -> None
         raise UsageError(f"--restore: no variable named {', '.join(missing)} in the notebook")
 
 
-def search_cell(shell, prepared: Prepared, progress):
+def search_cell(shell, prepared: Prepared, progress, plan=None):
     """Run the search over the cell, the first run's output shown, the later runs' hidden
-    (later_runs.py); the variable is set to the answer. The BatchResult."""
+    (later_runs.py); the variable is set to the answer. ``plan``: the Plan it starts from
+    (``--plan this``). The BatchResult."""
     from ..batch import search_batch
     from ..words import count
 
@@ -120,7 +121,7 @@ def search_cell(shell, prepared: Prepared, progress):
             run_cell(prepared.code, namespace)
 
     result = search_batch(step, prepared.restore_point, progress=progress, around_run=later_runs.around_run,
-                          **prepared.options)
+                          plan=plan, **prepared.options)
     if result.answer is not None:
         namespace[prepared.variable] = result.answer
     if later_runs.with_output:
