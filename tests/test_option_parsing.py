@@ -193,6 +193,16 @@ def test_a_quoted_hash_stays(magic):
     assert magic("alloc_conf", '--check "max_split_size_mb:128 # x"').startswith("malformed setting ")
 
 
+@pytest.mark.parametrize("name, line", [("alloc_conf", "--check=--"), ("alloc_conf", "--unset=--"),
+                                        ("gpu_status", "--from=--"), ("gpu_status", "--interval=--"),
+                                        ("find_batch", "--start=--")])
+def test_a_double_dash_as_an_option_s_value_is_refused_in_one_line(magic, name, line):
+    """argparse handed ``--check=--`` to the option as an empty list, and the magic's own check
+    raised TypeError ("takes check as a string ... got list") as a traceback."""
+    option = line.split("=")[0]
+    assert magic(name, line).startswith(f"argument {option}: expected one argument, not -- (usage: %{'%' if name == 'find_batch' else ''}{name} ")
+
+
 @pytest.mark.parametrize("line", ['--from ""', "--from=", "--from ' ' --json", '--from "" --live --demo'])
 def test_an_empty_from_is_refused_saying_what_is_accepted(magic, shell, capsys, line):
     """`--from ""` showed a card whose source was 'replay of ' ('cannot replay : no such file'),

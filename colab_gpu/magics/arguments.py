@@ -113,14 +113,20 @@ def parse(magic: Any, line: str):  # a magic's method: magic_arguments gave it a
         argv, typed = _values_attached(list(lexer))
     except ValueError as error:  # an unclosed quote
         raise UsageError(f"{error.args[0][0].lower()}{error.args[0][1:]} in {line!r}") from None
+    usage = " ".join(magic.parser.format_usage().split()[1:])
+    accepted = f" (usage: {usage}; {usage.split()[0]}? explains each option)"
+    for word in argv:
+        option, separator, value = word.partition("=")
+        if option.startswith("-") and separator and value == "--":
+            # argparse hands ``--check=--`` to the option as an empty list, which no check expects
+            raise UsageError(f"argument {option}: expected one argument, not --{accepted}")
     try:
         # intermixed: names and settings may follow an option (`%clear_cache a --quiet b`)
         args = magic.parser.parse_intermixed_args(argv)
     except UsageError as error:  # argparse says what was wrong; add what is accepted
         message = functools.reduce(lambda text, made: text.replace(*made), typed.items(), str(error))
-        usage = " ".join(magic.parser.format_usage().split()[1:])
         message += _quote_hint(magic.parser, argv, message)
-        raise UsageError(f"{message} (usage: {usage}; {usage.split()[0]}? explains each option)") from None
+        raise UsageError(message + accepted) from None
     vars(args).pop(_GIVEN, None)
     return args
 
