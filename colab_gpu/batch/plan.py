@@ -49,10 +49,10 @@ __all__ = ["Plan", "PlannedSize", "plan_batch", "plan_step", "ERROR_NOTE"]
 
 # The plan against what fitted for real (benchmarks/plan_vs_measured.py, timm's models on an
 # RTX 3090 and milabench's curves on an H100): what a result says of how sure it is.
-ERROR_NOTE = ("how sure: against real recordings (benchmarks/plan_vs_measured.py), of 60 timm models trained "
-              "with AMP on an RTX 3090 the plan put 93 % exactly on timm's batch ladder and all within one "
-              "step, 4 of them one step too high; against milabench's H100 curves (28 points) peaks were "
-              "within 2 % in the median, 25 % at worst (batch 1, where the context dominates)")
+ERROR_NOTE = ("how sure: against real recordings (benchmarks/plan_vs_measured.py), of 64 timm models trained "
+              "with AMP on an RTX 3090 the plan put 95 % exactly on timm's batch ladder and all within one "
+              "step, 3 of them one step too high; against milabench's H100 curves (28 points) peaks were "
+              "within 1 % in the median, 25 % at worst (batch 1, where the context dominates)")
 CONVOLUTIONS = frozenset({"convolution", "convolution_backward"})
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "_addmm_activation"})
 DEFAULT_MAX = 65536
