@@ -5,10 +5,10 @@ The step runs under torch's fake tensors (FakeTensorMode: shapes and dtypes, no 
 device): ``device="cuda"`` tensors and ``model.to("cuda")`` work without CUDA, and autocast
 casts as on the GPU. Every storage the step creates is recorded when it is made and when it
 dies (a finalizer on its storage), so the step's allocations and frees, in order, replay on an
-emulation of CUDA's caching allocator (caching.py) for the GPU's size, with the cuBLAS
-workspaces, cuDNN's convolution workspaces and the context (gpus.py). The step runs twice: the second run has the optimizer's
-state and the gradients the first left. Memory of most steps is affine in the batch size
-storage by storage; where two sizes and a third agree on that, other sizes are computed, not
+emulation of CUDA's caching allocator (caching.py) for the GPU's size, with the cuBLAS and
+cuDNN workspaces and the context (gpus.py). The step runs twice: the second run has the
+optimizer's state and the gradients the first left. Memory of most steps is affine in the batch
+size storage by storage; where two sizes and a third agree on that, other sizes are computed, not
 run again. CUDA is never initialized.
 
 cuDNN's convolution workspace: torch allocates it from its caching allocator for each
@@ -18,10 +18,11 @@ returns), and where it finds no room torch catches the out-of-memory error and r
 algorithm, down to ones that need none. Its size is cuDNN's, unknown without cuDNN; what the plan
 counts is the part a documented rule fixes: tensor cores work on NHWC, so a convolution on NCHW
 tensors in half precision (float16 from Volta, bfloat16 and TF32 from Ampere: Gpu.tensor_cores)
-transforms its operands into the workspace (cuDNN's developer guide, "Tensor Transformations":
-NCHW-to-NHWC), one copy of each operand the call reads and writes. Channels-last tensors need
-no transform. The workspace is a transient allocation that yields: it raises the peak where it
-finds room and never makes a size run out of memory (caching.replay's ``optional``). What the
+transforms its operands (cuDNN's developer guide, "Tensor Transformations": NCHW-to-NHWC, the
+transposing kernels seen around each NCHW convolution under AMP), and the plan counts one NHWC
+copy of each operand the call reads and writes. Channels-last tensors need no transform. The
+workspace is a transient allocation that yields: it raises the peak where it finds room and
+never makes a size run out of memory by itself (caching.replay's ``optional``). What the
 chosen algorithm takes beyond the transforms (cudnn.benchmark's search, FFT and Winograd
 buffers) is not counted.
 """
@@ -327,14 +328,14 @@ def _tracker(torch, storages: Storages):
                 if isinstance(leaf, torch.Tensor):
                     storages.record(leaf)
             if name in CONVOLUTIONS:
-                for nbytes in cudnn_transforms(torch, storages.gpu, name, args, out):
+                for nbytes in _cudnn_transforms(torch, storages.gpu, name, args, out):
                     storages.transient(nbytes)
             return out
 
     return Tracker()
 
 
-def cudnn_transforms(torch, gpu: Gpu, name: str, args: Sequence[Any], out: Any) -> List[int]:
+def _cudnn_transforms(torch, gpu: Gpu, name: str, args: Sequence[Any], out: Any) -> List[int]:
     """Bytes of cuDNN's NCHW-to-NHWC transforms at ``aten.convolution`` or
     ``aten.convolution_backward`` (its input's gradient, then its weight's), one workspace each:
     the operands' bytes where the convolution runs on tensor cores from NCHW tensors (see the
