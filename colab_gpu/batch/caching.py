@@ -7,13 +7,15 @@ and a large one (under 10 MiB from 20 MiB segments, larger ones from segments ro
 2 MiB); the best-fitting free block of the pool is split when more than 512 B (small) or 1 MiB
 (large) is left; a freed block merges with free neighbours of its segment; when a new segment
 would pass the limit, every wholly free segment is given back first (as torch does before it
-raises out of memory). One stream, no expandable segments.
+raises out of memory). One stream, no expandable segments. A request marked optional (a cuDNN
+workspace, plan.py) that finds no room is skipped, not out of memory: torch then runs an
+algorithm that needs none.
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import AbstractSet, Dict, Iterable, List, Optional, Tuple
 
 from ..memory.rounding import LARGE_BUFFER, MIN_BLOCK, UNSPLIT_REMAINDER, block_size
 
@@ -137,8 +139,9 @@ class _Allocator:
         self._insert(block)
 
 
-def replay(events: Iterable[Event], limit: Optional[int] = None) -> Replay:
-    """Replay ``events`` on an allocator that may hold at most ``limit`` bytes (None: any)."""
+def replay(events: Iterable[Event], limit: Optional[int] = None, optional: AbstractSet[int] = frozenset()) -> Replay:
+    """Replay ``events`` on an allocator that may hold at most ``limit`` bytes (None: any).
+    The storages whose serials are in ``optional`` are left out where they find no room."""
     allocator = _Allocator(limit)
     live: Dict[int, _Block] = {}
     for serial, nbytes in events:
@@ -150,6 +153,8 @@ def replay(events: Iterable[Event], limit: Optional[int] = None) -> Replay:
         if nbytes == 0:  # an empty storage takes no block
             continue
         got = allocator.malloc(nbytes)
+        if got is None and serial in optional:
+            continue
         if got is None:
             return Replay(allocator.peak_allocated, allocator.peak_reserved, True)
         live[serial] = got

@@ -46,6 +46,16 @@ class Gpu:
         hopper = self.capability is not None and self.capability >= (9, 0)
         return 32 * MiB if hopper else 8 * MiB + 128 * 1024
 
+    def tensor_cores(self, dtype: str, tf32: bool = True) -> bool:
+        """Whether cuDNN runs a convolution in ``dtype`` ("float16", "bfloat16", "float32") on
+        tensor cores here: float16 from Volta (7.0), bfloat16 and TF32 (float32, unless
+        ``torch.backends.cudnn.allow_tf32`` is off) from Ampere (8.0). A GPU given by its
+        capacity alone is taken for a recent one."""
+        capability = self.capability or (8, 0)
+        if dtype == "float16":
+            return capability >= (7, 0)
+        return capability >= (8, 0) and (dtype == "bfloat16" or (dtype == "float32" and tf32))
+
     @property
     def usable(self) -> int:
         """What torch's allocator may reserve: the total less the context."""

@@ -5,11 +5,26 @@ The step runs under torch's fake tensors (FakeTensorMode: shapes and dtypes, no 
 device): ``device="cuda"`` tensors and ``model.to("cuda")`` work without CUDA, and autocast
 casts as on the GPU. Every storage the step creates is recorded when it is made and when it
 dies (a finalizer on its storage), so the step's allocations and frees, in order, replay on an
-emulation of CUDA's caching allocator (caching.py) for the GPU's size, with the cuBLAS
-workspaces and the context (gpus.py). The step runs twice: the second run has the optimizer's
-state and the gradients the first left. Memory of most steps is affine in the batch size
-storage by storage; where two sizes and a third agree on that, other sizes are computed, not
+emulation of CUDA's caching allocator (caching.py) for the GPU's size, with the cuBLAS and
+cuDNN workspaces and the context (gpus.py). The step runs twice: the second run has the
+optimizer's state and the gradients the first left. Memory of most steps is affine in the batch
+size storage by storage; where two sizes and a third agree on that, other sizes are computed, not
 run again. CUDA is never initialized.
+
+cuDNN's convolution workspace: torch allocates it from its caching allocator for each
+convolution, its input's gradient and its weight's gradient (aten/src/ATen/native/cudnn/
+Conv_v7.cpp, Conv_v8.cpp: a byte tensor of the chosen algorithm's size, freed when the call
+returns), and where it finds no room torch catches the out-of-memory error and runs the next
+algorithm, down to ones that need none. Its size is cuDNN's, unknown without cuDNN; what the plan
+counts is the part a documented rule fixes: tensor cores work on NHWC, so a convolution on NCHW
+tensors in half precision (float16 from Volta, bfloat16 and TF32 from Ampere: Gpu.tensor_cores)
+transforms its operands (cuDNN's developer guide, "Tensor Transformations": NCHW-to-NHWC, the
+transposing kernels seen around each NCHW convolution under AMP), and the plan counts one NHWC
+copy of each operand the call reads and writes. Channels-last tensors need no transform. The
+workspace is a transient allocation that yields: it raises the peak where it finds room and
+never makes a size run out of memory by itself (caching.replay's ``optional``). What the
+chosen algorithm takes beyond the transforms (cudnn.benchmark's search, FFT and Winograd
+buffers) is not counted.
 """
 from __future__ import annotations
 
@@ -23,7 +38,7 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ..render.shown import Shown
 from ..words import count
@@ -35,10 +50,11 @@ __all__ = ["Plan", "PlannedSize", "plan_batch", "plan_step", "ERROR_NOTE"]
 
 # The plan against what fitted for real (benchmarks/plan_vs_measured.py, timm's models on an
 # RTX 3090 and milabench's curves on an H100): what a result says of how sure it is.
-ERROR_NOTE = ("how sure: against real recordings (benchmarks/plan_vs_measured.py), of 60 timm models trained "
-              "with AMP on an RTX 3090 the plan put 93 % exactly on timm's batch ladder and all within one "
-              "step, 4 of them one step too high; against milabench's H100 curves (28 points) peaks were "
-              "within 2 % in the median, 25 % at worst (batch 1, where the context dominates)")
+ERROR_NOTE = ("how sure: against real recordings (benchmarks/plan_vs_measured.py), of 64 timm models trained "
+              "with AMP on an RTX 3090 the plan put 95 % exactly on timm's batch ladder and all within one "
+              "step, 3 of them one step too high; against milabench's H100 curves (28 points) peaks were "
+              "within 1 % in the median, 25 % at worst (batch 1, where the context dominates)")
+CONVOLUTIONS = frozenset({"convolution", "convolution_backward"})
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "_addmm_activation"})
 DEFAULT_MAX = 65536
 # What CUDA's autocast runs in float32 (its float32 list), where the CPU's autocast, which plans
@@ -127,6 +143,7 @@ class Trace:
     events: List[Event]
     unsupported: Optional[str] = None
     values_read: int = 0  # tensor values the step read (.item(), if tensor:), planned as 1
+    optional: FrozenSet[int] = frozenset()  # serials of cuDNN's workspaces, which yield
 
 
 def _fake_classes():
@@ -212,6 +229,7 @@ class Storages:
         self.seen: Dict[int, int] = {}  # storage's address -> serial
         self.serials = itertools.count()
         self.workspaces: set = set()  # backward? for each cuBLAS workspace taken
+        self.optional: Set[int] = set()  # serials of cuDNN's workspaces
         self.values_read = 0
         self.resident: Dict[int, Any] = {}  # a real tensor's storage -> its fake, kept alive
 
@@ -260,6 +278,12 @@ class Storages:
             self.workspaces.add(backward)
             self.events.append((next(self.serials), self.gpu.cublas_workspace))
 
+    def transient(self, nbytes: int) -> None:
+        """A workspace taken and given back within one op, where there is room for it."""
+        serial = next(self.serials)
+        self.optional.add(serial)
+        self.events += [(serial, nbytes), (serial, None)]
+
     def value(self, tensor):
         """What ``.item()`` or ``if tensor:`` reads: fake tensors hold none. Reads by torch's
         optimizers (Adam's step count) are not the step's to be told of: they size nothing."""
@@ -303,9 +327,33 @@ def _tracker(torch, storages: Storages):
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
                     storages.record(leaf)
+            if name in CONVOLUTIONS:
+                for nbytes in _cudnn_transforms(torch, storages.gpu, name, args, out):
+                    storages.transient(nbytes)
             return out
 
     return Tracker()
+
+
+def _cudnn_transforms(torch, gpu: Gpu, name: str, args: Sequence[Any], out: Any) -> List[int]:
+    """Bytes of cuDNN's NCHW-to-NHWC transforms at ``aten.convolution`` or
+    ``aten.convolution_backward`` (its input's gradient, then its weight's), one workspace each:
+    the operands' bytes where the convolution runs on tensor cores from NCHW tensors (see the
+    module's docstring), else none."""
+    if name == "convolution":
+        source, weight = args[0], args[1]
+        calls = [(source, weight, out)]
+    else:
+        grad_output, source, weight, mask = args[0], args[1], args[2], args[10]
+        calls = [(grad_output, weight, out[0])] if mask[0] else []
+        calls += [(source, grad_output, out[1])] if mask[1] else []
+    dtype = str(source.dtype).replace("torch.", "")
+    if source.dim() < 3 or not gpu.tensor_cores(dtype, torch.backends.cudnn.allow_tf32):
+        return []
+    channels_last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(source.dim())
+    if channels_last is not None and not source.is_contiguous() and source.is_contiguous(memory_format=channels_last):
+        return []
+    return [sum(tensor.numel() * tensor.element_size() for tensor in call) for call in calls]
 
 
 @contextlib.contextmanager
@@ -469,6 +517,7 @@ def trace_step(step: Callable[[int], Any], size: int, gpu: Gpu, namespace: Optio
                         unsupported = str(error)
                         break
             events = list(storages.events)
+            optional = frozenset(storages.optional)
     finally:
         for name, value in originals.items():
             if namespace.get(name) is copies[name]:
@@ -479,7 +528,7 @@ def trace_step(step: Callable[[int], Any], size: int, gpu: Gpu, namespace: Optio
             gc.enable()
     storages.seen.clear()
     storages.resident.clear()
-    return Trace(events, unsupported, storages.values_read)
+    return Trace(events, unsupported, storages.values_read, optional)
 
 
 def _affine(traces: Sequence[Tuple[int, List[Event]]]) -> Optional[Callable[[int], List[Event]]]:
@@ -538,10 +587,11 @@ def plan_step(step: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variab
             # the three largest sizes traced: a batch of one may take other paths (a squeeze)
             affine = _affine(sorted((s, t.events) for s, t in traced.items())[-3:])
         if affine is not None and size not in traced:
-            events, computed = affine(size), True
+            # the fit's sizes made the same storages, its workspaces with the same serials
+            events, optional, computed = affine(size), traced[max(traced)].optional, True
         else:
-            events = trace(size).events
-        result: Replay = replay(events, max(limit, 0))
+            events, optional = trace(size).events, trace(size).optional
+        result: Replay = replay(events, max(limit, 0), optional)
         fits = not result.out_of_memory and limit > 0
         if not fits:  # what it would have reserved with room enough, not where it stopped
             result = replay(events)
