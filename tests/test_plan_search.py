@@ -232,6 +232,7 @@ def test_plan_this_without_a_gpu_is_refused_in_one_line_as_before(shell, monkeyp
         shell.run_cell_magic("find_batch", "--plan this", "x = batch_size")
     message = str(refused.value)
     assert message.startswith("--plan this: no GPU here to plan for (") and "\n" not in message
+    assert message.endswith("give T4, L4, V100-16GB, A100-40GB, A100-80GB, H100, RTX3090, or a capacity like 15GiB")
     assert "batch_size" not in shell.user_ns
 
 

@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 from .search import BYTE_UNITS, SearchError
 
-__all__ = ["Gpu", "GPUS", "GpuError", "gpu_named", "accepted"]
+__all__ = ["Gpu", "GPUS", "GpuError", "gpu_named", "accepted", "names_this"]
 
 MiB = 1024 ** 2
 
@@ -74,9 +74,15 @@ GPUS = {gpu.name: gpu for gpu in (
 GENERIC_CONTEXT = 450 * MiB  # a capacity given as a number: a context like an A100's
 
 
-def accepted() -> str:
-    """What --plan takes, for a refusal."""
-    return f"{', '.join(GPUS)}, a capacity like 15GiB, or this (the GPU here)"
+def accepted(this: bool = True) -> str:
+    """What --plan takes, for a refusal (``this`` left out where no GPU is here)."""
+    named = f"{', '.join(GPUS)}, {'' if this else 'or '}a capacity like 15GiB"
+    return f"{named}, or this (the GPU here)" if this else named
+
+
+def names_this(spec: str) -> bool:
+    """Whether a --plan value names the GPU here (``this``, any case)."""
+    return str(spec).strip().lower() == "this"
 
 
 def gpu_named(spec: str) -> Gpu:
@@ -93,7 +99,7 @@ def gpu_named(spec: str) -> Gpu:
             raise GpuError(f"--plan {spec}: a GPU that small holds no more than a CUDA context; "
                            f"give {accepted()}")
         return Gpu(text, total, GENERIC_CONTEXT)
-    if text.lower() == "this":
+    if names_this(text):
         return _this_gpu(spec)
     raise GpuError(f"--plan {spec}: give {accepted()}")
 
@@ -111,7 +117,7 @@ def _this_gpu(spec: str) -> Gpu:
     gpus = [gpu for gpu in getattr(snapshot, "gpus", ()) if getattr(gpu, "memory_total", None)]
     if not gpus:
         why = getattr(snapshot, "problem", None) or "NVML sees no GPU"
-        raise GpuError(f"--plan {spec}: no GPU here to plan for ({why}); give {accepted()}")
+        raise GpuError(f"--plan {spec}: no GPU here to plan for ({why}); give {accepted(this=False)}")
     gpu = gpus[0]
     total = gpu.memory_total - (getattr(gpu, "memory_reserved", None) or 0)
     known = [entry for key, entry in GPUS.items()

@@ -368,6 +368,7 @@ class GPUMagics(Magics):
         are put back after every trial; Ctrl-C stops and keeps the best size so far. A
         cell error other than out-of-memory stops the search and is shown.
         """
+        from ..batch.gpus import names_this
         from ..batch.progress import NotebookProgress, TerminalProgress
         from ..runtime import in_notebook
 
@@ -375,7 +376,7 @@ class GPUMagics(Magics):
         args = parse(self.find_batch, line)
         if args.apply and args.plan is None:
             raise UsageError("--apply sets the variable to a planned size: use it with --plan GPU")
-        this = args.plan is not None and args.plan.strip().lower() == "this"  # as gpus.gpu_named reads it
+        this = args.plan is not None and names_this(args.plan)
         if args.apply and this:
             raise UsageError("--plan this searches after planning, and the search sets the variable: drop --apply")
         if args.plan is not None and (args.mode != "max" or args.device != "auto"):
