@@ -49,6 +49,7 @@ TOOLS = ("colab_gpu", "colab_gpu (no memory fit)", "colab_gpu:65536", "lightning
 TARGET_SHARE, TARGET_TRIALS, TARGET_OOMS = 0.9, 10, 3
 FRESH_TRIES = 3
 MAJORITY_OF = 5  # fresh processes a size is run in to say whether it runs in most
+BAND = (0.9, 1.1)  # shares of the fresh-process largest also run in MAJORITY_OF fresh processes, to show its spread
 
 
 def _env() -> dict:
@@ -198,6 +199,11 @@ def cpu_problem(problem: str, room_mib: int, tools, repeat: int, largest: int | 
         largest = largest_in_fresh_processes(lambda size: runs_in_most(problem, room_mib, size))
         print(f"largest size that runs in a fresh process: {largest} (bisection, each size in fresh "
               f"processes until {MAJORITY_OF // 2 + 1} of them agree; {time.perf_counter() - began:.0f} s)")
+        band = {share: sum(runs_fresh(problem, room_mib, round(share * largest)) for _ in range(MAJORITY_OF))
+                for share in BAND}
+        print("how sharp that boundary is: " + ", ".join(
+            f"{round(share * largest)} ({share:.0%}) ran in {ran} of {MAJORITY_OF} fresh processes"
+            for share, ran in band.items()))
     else:
         print(f"largest size that runs in a fresh process: {largest} (given, from an earlier run)")
     print(f"{'tool':<28}{'trials':>7}{'OOMs':>6}{'samples':>10}{'wall s':>8}{'found':>7}"
