@@ -107,6 +107,31 @@ def test_peaks_after_a_failure_that_left_memory_behind_are_not_fitted_with_earli
     assert search.fit().sizes == (2, 5) and search.fit().slope == 23 * MiB
 
 
+@pytest.mark.parametrize("given_back", [0, 8 * MiB])
+def test_heap_left_free_by_earlier_trials_does_not_read_as_a_flat_step(given_back):
+    """The MLP on the CPU under ``ulimit -v``: each trial leaves the heap it grew mapped (all of
+    it, or all but 8 MiB; the address space in use before the next trial shows it) and the next
+    reuses it, so a size's peak is a few MiB over the memory in use just before it. Read as the
+    slope's bound, that growth let the search jump from 6256 to 12673 where 7600 failed; and a
+    bound that holds no more than the size that ran made it creep up one sample a trial. Bounded
+    from the least memory in use before any trial, and probed just above where it binds, the
+    search tries nothing 5 % past what fits and ends in 8 trials with one failure."""
+    base, capacity, per_sample = 700 * MiB, 796 * MiB, 12 * 1024  # 12 KiB a sample: 8192 fit
+    state = {"mapped": base}
+
+    def run(size):
+        before, needed = state["mapped"], base + per_sample * size
+        if needed > capacity:
+            return Trial(size, OUT_OF_MEMORY, baseline=before, capacity=capacity, runs=1)
+        state["mapped"] = max(before, needed - given_back)
+        return Trial(size, FITS, peak_memory=max(before, needed), baseline=before, capacity=capacity,
+                     seconds_per_step=0.01, runs=3)
+
+    result = Search(run, device="cpu").run()
+    assert result.answer >= 0.95 * 8192 and result.out_of_memory_count == 1, pairs(result)
+    assert len(result.trials) <= 8 and max(trial.size for trial in result.trials) <= 1.05 * 8192, pairs(result)
+
+
 def test_a_fit_is_not_drawn_through_two_sizes_whose_peaks_differ_by_the_noise():
     """The issue's CNN: a fit through 49 and 51 (2 apart, their peaks apart by the allocator's
     noise, not the batch) ended the search at 51 while 54 ran. Every fit the search draws

@@ -427,16 +427,20 @@ class Search:
     def _within_growth(self) -> float:
         """The largest size the room left holds at the steepest slope the measured sizes allow:
         they grew too little for a fit, yet that growth and a noise floor bound the slope. With
-        one size measured, its growth over the memory in use before it bounds the slope too
-        (the step's fixed cost makes it steeper, never flatter)."""
+        one size measured, its growth over the least memory in use before any trial bounds the
+        slope too (the step's fixed cost makes it steeper, never flatter). Not over the memory in
+        use just before it: on the CPU that counts the heap earlier trials left free, which the
+        step reuses, and a peak a few MiB over it read as a slope near zero (an MLP jumped from
+        6256 to 12673 where 7600 failed)."""
         measured = self._measured()
         if not measured or self.capacity is None:
             return math.inf
         large = measured[-1]
+        baselines = [trial.baseline for trial in self.trials if trial.baseline is not None]
         if len(measured) >= 2:
             small_size, small_peak = measured[0].size, _peak(measured[0])
-        elif large.baseline is not None:
-            small_size, small_peak = 0, large.baseline
+        elif baselines:
+            small_size, small_peak = 0, min(baselines)
         else:
             return math.inf
         steepest = (_peak(large) - small_peak + noise_floor(self.capacity)) / (large.size - small_size)
@@ -513,8 +517,12 @@ class Search:
                 candidate = math.sqrt(lo * candidate)  # refine the fit halfway (geometrically)
             return candidate
         if hi is None:
-            measurable = self.capacity is not None and not self.refused
-            return min(lo * SECOND, self._within_growth()) if measurable else 2 * lo
+            if self.capacity is None or self.refused:
+                return 2 * lo
+            bound = self._within_growth()
+            if bound <= lo * (1 + TOLERANCE):  # the room holds no more at the steepest slope: a failure just above proves lo
+                return self._probe_above(lo, hi)
+            return min(lo * SECOND, bound)
         if self._jumped and self.trials[-1].size == hi and not self._cautious():
             return self._under(hi)  # a jump to the prediction overshot a little: a success there proves
         return (lo + hi) / 2
