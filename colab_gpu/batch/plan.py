@@ -590,7 +590,8 @@ def plan_step(step: Callable[[int], Any], gpu: Union[str, Gpu] = "T4", *, variab
             # the fit's sizes made the same storages, its workspaces with the same serials
             events, optional, computed = affine(size), traced[max(traced)].optional, True
         else:
-            events, optional = trace(size).events, trace(size).optional
+            traced_here = trace(size)
+            events, optional = traced_here.events, traced_here.optional
         result: Replay = replay(events, max(limit, 0), optional)
         fits = not result.out_of_memory and limit > 0
         if not fits:  # what it would have reserved with room enough, not where it stopped

@@ -11,7 +11,7 @@ from ..render import count, fold
 from ..render.chart import neutral_style, to_png
 from ..render.html import STYLE, unbroken_units
 from ..words import duration
-from .result import OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, trial_row
+from .result import OUT_OF_MEMORY, RUNNING, trial_row
 from .trial import CtrlC
 
 HEADER = ("size", "outcome", "peak memory", "time/step", "samples/s")
@@ -92,20 +92,20 @@ def _facts(result):
 def plan_fact(result) -> str:
     """What the trials said of the plan the search started from: "planned 384 for H100: 384
     ran, 403 did not fit", or too high, or too low."""
-    planned, failed = result.plan.size, (OUT_OF_MEMORY, OVER_HEADROOM)
+    planned = result.plan.size
     said = f"planned {result.variable}={planned} for {result.plan.gpu}"
     if not same_gpu(result.plan.gpu, result.device):
         said += f" (searched on {result.device or 'another device'})"
     ran = next((trial for trial in result.trials if trial.size == planned), None)
     if ran is None:
         return f"{said}: not tried"
-    if ran.outcome in failed:
+    if ran.too_large:
         return f"{said}: too high, {planned} did not fit"
     if not ran.fits:
         return f"{said}: {planned} {ran.outcome}"
     if (result.largest_fitting or 0) > planned:
         return f"{said}: too low, {result.largest_fitting} ran too"
-    above = [trial.size for trial in result.trials if trial.outcome in failed and trial.size > planned]
+    above = [trial.size for trial in result.trials if trial.too_large and trial.size > planned]
     return f"{said}: {planned} ran" + (f", {min(above)} did not fit" if above else "")
 
 
@@ -234,7 +234,7 @@ def _memory(memory, result) -> None:
     # An out-of-memory trial reached the capacity; one cut short by Ctrl-C, an error or the
     # headroom did not, so it has no mark there.
     out_of_memory = [t.size for t in result.trials if t.outcome == OUT_OF_MEMORY]
-    near = out_of_memory or any(t.outcome == OVER_HEADROOM for t in result.trials)
+    near = any(t.too_large for t in result.trials)
     capacity = result.capacity
     far = capacity is not None and not near and top < FAR_BELOW * min(capacity, result.usable or capacity)
     scale = max(top, 0 if capacity is None or far else capacity)

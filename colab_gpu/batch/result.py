@@ -49,6 +49,11 @@ class Trial:
         return self.outcome == FITS
 
     @property
+    def too_large(self) -> bool:
+        """The size did not fit: it ran out of memory, or over the headroom kept free."""
+        return self.outcome in (OUT_OF_MEMORY, OVER_HEADROOM)
+
+    @property
     def samples_per_second(self) -> Optional[float]:
         if not self.fits or not self.seconds_per_step:
             return None

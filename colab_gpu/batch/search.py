@@ -50,7 +50,7 @@ from ..errors import UserError
 from ..spelling import option
 from ..words import count
 from .result import (DEVICE_BROKEN, ERROR, INTERRUPTED, INTERRUPTED_EARLY, INTERRUPTED_NOTE,
-                     OUT_OF_MEMORY, OVER_HEADROOM, RUNNING, BatchResult, MemoryFit, Prior, Trial)
+                     OVER_HEADROOM, RUNNING, BatchResult, MemoryFit, Prior, Trial)
 
 MODES = ("max", "throughput")
 DEFAULT_START = 2  # not 1: batch norm refuses a batch of one in training mode
@@ -395,7 +395,7 @@ class Search:
                 f"{math.ceil(100 * (hi - lo) / lo)}% of the largest size that fits")
 
     def _failures(self) -> List[Trial]:
-        return [trial for trial in self.trials if trial.outcome in (OUT_OF_MEMORY, OVER_HEADROOM)]
+        return [trial for trial in self.trials if trial.too_large]
 
     def _lowered(self) -> bool:
         """Whether a failure may have lowered what fits in this process: the baseline measured
