@@ -17,11 +17,12 @@ from torch.utils.data import Dataset
 
 class GeneratedImages(Dataset):
     """``count`` JPEG images of ``side`` pixels: item ``i`` is (a float tensor 3 x side x side,
-    i), decoded and augmented anew each time (a rotation, a Gaussian blur of ``blur``)."""
+    i), decoded and augmented anew each time (a rotation, a Gaussian blur of ``blur``), after a
+    read that waits ``read`` seconds, as a file on a network drive (Colab's mounted Drive) does."""
 
-    def __init__(self, count: int = 256, side: int = 128, blur: float = 2.0, seed: int = 0):
+    def __init__(self, count: int = 256, side: int = 128, blur: float = 2.0, seed: int = 0, read: float = 0.0):
         rng = np.random.default_rng(seed)
-        self.blur = blur
+        self.blur, self.read = blur, read
         self.images = []
         for _ in range(count):
             pixels = (rng.random((side, side, 3)) * 255).astype(np.uint8)
@@ -33,6 +34,8 @@ class GeneratedImages(Dataset):
         return len(self.images)
 
     def __getitem__(self, index: int):
+        if self.read:
+            time.sleep(self.read)
         image = Image.open(io.BytesIO(self.images[index])).convert("RGB")
         image = image.rotate(17, resample=Image.BILINEAR).filter(ImageFilter.GaussianBlur(self.blur))
         return torch.from_numpy(np.asarray(image, dtype=np.float32)).permute(2, 0, 1), index

@@ -164,6 +164,13 @@ NUMBER_EDGES = """panel => [...panel.querySelectorAll('tr')].slice(1).map(row =>
   const box = row.querySelector('.cgpu-num'); return box ? Math.round(box.getBoundingClientRect().right) : null; })"""
 
 
+def on_panel(page, script: str):
+    """``script`` run on the live panel as the page holds it now, in one step of the page's own
+    JavaScript: the widget redraws its panel every 0.25 s, so a locator's two steps (find the
+    element, then act on it) may act on one a redraw has detached in between."""
+    return page.evaluate(f"({script})(document.querySelector('.cgpu-live'))")
+
+
 def panel_state(frame):
     """What a user sees change: the state line and the chart's first line."""
     return (frame.locator(".cgpu-state").first.inner_text(),
@@ -190,12 +197,12 @@ def test_jupyterlab_shows_the_live_widget_and_it_keeps_moving(browser, jupyterla
     assert later[1] != first[1]  # the chart's line grew
     for name, shot in (("JupyterLab Light", "jupyterlab-live-light.png"), ("JupyterLab Dark", "jupyterlab-live-dark.png")):
         theme(page, name)
-        panel.scroll_into_view_if_needed()
+        on_panel(page, "panel => panel.scrollIntoView({block: 'nearest'})")
         page.screenshot(path=str(ARTIFACTS / shot), full_page=True)
         # From the back of a classroom: labels of 13 px or more, in the theme's own text colour.
-        labels = panel.evaluate(LEGIBILITY)
+        labels = on_panel(page, LEGIBILITY)
         assert len(labels) > 20 and all(size >= 13 and contrast >= 4.5 for _, size, contrast in labels), (name, labels)
-        edges = panel.evaluate(NUMBER_EDGES)
+        edges = on_panel(page, NUMBER_EDGES)
         assert len(edges) == 4 and len(set(edges)) == 1, edges  # "5%" ends where "100%" does
     theme(page, "JupyterLab Light")
     page.close()
