@@ -5,6 +5,7 @@ from html import escape
 
 from .. import words
 from ..render import fold
+from .plan import ERROR_MARGIN
 
 
 def render_line(plan) -> str:
@@ -15,18 +16,15 @@ def render_line(plan) -> str:
     if plan.answer is None:
         return f"{head}: even {plan.variable}={plan.sizes[0].size if plan.sizes else '?'} is predicted not to fit"
     return (f"{head}: {plan.variable} = {plan.answer} (largest predicted to fit in "
-            f"{words.size(plan.usable)}, nothing ran on a GPU)")
+            f"{words.size(plan.usable)}, {_margin()} of it kept spare; nothing ran on a GPU)")
 
 
-def _rows(plan):
-    header = (plan.variable, "predicted", "peak")
-    rows = [(str(row.size), "fits" if row.fits else "out of memory", words.size(row.peak))
-            for row in plan.sizes]
-    return header, rows
+def _margin() -> str:
+    return f"{round(ERROR_MARGIN * 100)} %"
 
 
 def render_text(plan) -> str:
-    header, rows = _rows(plan)
+    header, rows = (plan.variable, "predicted", "peak"), plan.rows()
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
     table = ["  " + "  ".join(cell.rjust(width) if index != 1 else cell.ljust(width)
                               for index, (cell, width) in enumerate(zip(line, widths))).rstrip()
@@ -34,7 +32,9 @@ def render_text(plan) -> str:
     kept = plan.capacity - plan.usable
     facts = [f"capacity {words.size(plan.capacity)}"
              + (f", {words.size(kept)} of it kept free (--headroom)" if kept else "")
-             + f"; planned in {words.duration(plan.seconds)}"]
+             + f"; planned in {words.duration(plan.seconds)}",
+             f"kept spare: {words.size(plan.spare)} ({_margin()}), for the plan's own error; \"too close\": a "
+             f"peak that fits only without it"]
     if plan.applied and plan.answer is not None:
         facts.append(f"--apply: {plan.variable} = {plan.answer}")
     else:
